@@ -1,0 +1,80 @@
+"""The `nmt` command line: parsing only; every command calls a library function."""
+
+from __future__ import annotations
+
+import sys
+from enum import Enum
+from typing import Annotated, Optional
+
+import typer
+
+import nmt
+from nmt.errors import NmtError
+from nmt.log import logger, setup_logging, state
+
+app = typer.Typer(
+    name="nmt",
+    help="Neural machine translation with the Transformer: preprocess, train, average, generate, score.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+# Options every subcommand shares; call `common(...)` first thing in each command.
+Verbose = Annotated[int, typer.Option("--verbose", "-v", count=True, help="More detail; tracebacks on errors.")]
+Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="Only warnings and errors.")]
+
+
+class LogFormatChoice(str, Enum):
+    text = "text"
+    json = "json"
+
+
+LogFormat = Annotated[LogFormatChoice, typer.Option("--log-format", help="Log lines as rich text or JSON lines.")]
+Overrides = Annotated[Optional[list[str]], typer.Option(
+    "--set", metavar="KEY=VALUE", help="Override a model hyper-parameter of the arch, e.g. --set dropout=0.2 "
+    "(repeatable).")]
+
+
+def common(verbose: int, quiet: bool, log_format: LogFormatChoice) -> None:
+    setup_logging(verbose, quiet, LogFormatChoice(log_format).value)
+
+
+def version_callback(value: bool) -> None:
+    if value:
+        typer.echo(f"nmt {nmt.__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main_callback(
+    version: Annotated[bool, typer.Option("--version", callback=version_callback, is_eager=True,
+                                          help="Print the version and exit.")] = False,
+) -> None:
+    """Neural machine translation with the Transformer."""
+
+
+@app.command()
+def archs(
+    vocab_size: Annotated[int, typer.Option(help="Vocabulary size used for the parameter counts.")] = 37000,
+    verbose: Verbose = 0, quiet: Quiet = False, log_format: LogFormat = LogFormatChoice.text,
+) -> None:
+    """List the registered architectures with their hyper-parameters and parameter counts."""
+    common(verbose, quiet, log_format)
+    from nmt.models.listing import print_arch_table
+
+    print_arch_table(vocab_size)
+
+
+def main() -> None:
+    try:
+        app()
+    except NmtError as exc:
+        if state["verbose"]:
+            logger.exception("error")
+        typer.echo(f"error: {exc}", err=True)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        typer.echo("interrupted", err=True)
+        sys.exit(130)

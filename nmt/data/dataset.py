@@ -1,0 +1,122 @@
+"""Binarized datasets: one memory-mapped flat token array per split and language plus offsets.
+
+Layout of a data directory written by ``nmt preprocess``::
+
+    meta.json                      written last: its presence marks the directory complete
+    spm.model | spm.{lang}.model   the sentencepiece model(s)
+    {split}.{lang}.tokens.npy      all sentences' token ids (each ending in EOS), concatenated
+    {split}.{lang}.offsets.npy     int64, n+1 offsets into tokens
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from nmt.data.vocabulary import Vocabulary
+from nmt.errors import NmtError
+from nmt.files import atomic_write
+
+META_FILE = "meta.json"
+
+
+def smallest_dtype(vocab_size: int) -> np.dtype:
+    return np.dtype(np.uint16) if vocab_size <= np.iinfo(np.uint16).max + 1 else np.dtype(np.int32)
+
+
+def write_token_array(prefix: str | os.PathLike, sentences: list[list[int]], vocab_size: int) -> None:
+    """Write ``{prefix}.tokens.npy`` and ``{prefix}.offsets.npy`` atomically."""
+    lengths = np.fromiter((len(s) for s in sentences), dtype=np.int64, count=len(sentences))
+    offsets = np.zeros(len(sentences) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    tokens = np.empty(int(offsets[-1]), dtype=smallest_dtype(vocab_size))
+    for sentence, start, end in zip(sentences, offsets[:-1], offsets[1:]):
+        tokens[start:end] = sentence
+    for suffix, array in (("tokens", tokens), ("offsets", offsets)):
+        with atomic_write(f"{prefix}.{suffix}.npy", "wb") as handle:
+            np.save(handle, array)
+
+
+class TokenArray:
+    """Sentences of one split and language, read lazily from a memory map."""
+
+    def __init__(self, prefix: str | os.PathLike):
+        try:
+            self.tokens = np.load(f"{prefix}.tokens.npy", mmap_mode="r")
+            self.offsets = np.load(f"{prefix}.offsets.npy")
+        except (OSError, ValueError) as exc:
+            raise NmtError(f"cannot read binarized data {prefix}.*.npy: {exc}") from exc
+        if self.offsets.ndim != 1 or len(self.offsets) < 1 or self.offsets[-1] != len(self.tokens):
+            raise NmtError(f"binarized data {prefix} is inconsistent (offsets do not match tokens)")
+        self.sizes = np.diff(self.offsets)
+
+    def __len__(self) -> int:
+        return len(self.sizes)
+
+    def __getitem__(self, index: int) -> np.ndarray:
+        return np.asarray(self.tokens[self.offsets[index]:self.offsets[index + 1]], dtype=np.int64)
+
+
+@dataclass
+class ParallelDataset:
+    source: TokenArray
+    target: TokenArray
+
+    def __post_init__(self) -> None:
+        if len(self.source) != len(self.target):
+            raise NmtError(f"source has {len(self.source)} sentences but target has {len(self.target)}")
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+
+@dataclass
+class DataDir:
+    """A finished ``nmt preprocess`` output directory."""
+
+    path: Path
+    meta: dict
+
+    @classmethod
+    def open(cls, path: str | os.PathLike) -> "DataDir":
+        path = Path(path)
+        if not path.is_dir():
+            raise NmtError(f"data directory not found: {path}")
+        meta_path = path / META_FILE
+        if not meta_path.exists():
+            raise NmtError(f"{path} is not a finished `nmt preprocess` output (no {META_FILE}); run preprocess again")
+        try:
+            meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise NmtError(f"cannot read {meta_path}: {exc}") from exc
+        return cls(path, meta)
+
+    @property
+    def source_lang(self) -> str:
+        return self.meta["source_lang"]
+
+    @property
+    def target_lang(self) -> str:
+        return self.meta["target_lang"]
+
+    @property
+    def splits(self) -> list[str]:
+        return list(self.meta["splits"])
+
+    def vocabulary(self, lang: str) -> Vocabulary:
+        return Vocabulary.load(self.path / self.meta["vocab_files"][lang])
+
+    def split(self, name: str) -> ParallelDataset:
+        if name not in self.meta["splits"]:
+            raise NmtError(f"{self.path} has no split {name!r}; it has: {', '.join(self.splits)}")
+        return ParallelDataset(TokenArray(self.path / f"{name}.{self.source_lang}"),
+                               TokenArray(self.path / f"{name}.{self.target_lang}"))
+
+    def write_meta(self) -> None:
+        with atomic_write(self.path / META_FILE) as handle:
+            json.dump(self.meta, handle, indent=2, ensure_ascii=False)
+            handle.write("\n")

@@ -1,0 +1,95 @@
+"""SentencePiece subword vocabulary with the special-token ids every command shares."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+from typing import Iterable
+
+import sentencepiece as spm
+
+from nmt.errors import NmtError
+from nmt.files import atomic_write
+
+PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+
+
+class Vocabulary:
+    """A trained SentencePiece model, kept as its serialized bytes so checkpoints carry it."""
+
+    def __init__(self, model_proto: bytes):
+        self.model_proto = model_proto
+        self.processor = spm.SentencePieceProcessor()
+        try:
+            self.processor.LoadFromSerializedProto(model_proto)
+        except Exception as exc:  # sentencepiece raises bare RuntimeError/OSError
+            raise NmtError(f"not a valid sentencepiece model: {exc}") from exc
+        expected = {"pad": PAD_ID, "unk": UNK_ID, "bos": BOS_ID, "eos": EOS_ID}
+        actual = {"pad": self.processor.pad_id(), "unk": self.processor.unk_id(),
+                  "bos": self.processor.bos_id(), "eos": self.processor.eos_id()}
+        if actual != expected:
+            raise NmtError(f"sentencepiece model has special ids {actual}; nmt needs {expected} "
+                           "(train it with nmt preprocess, or with pad_id=0 unk_id=1 bos_id=2 eos_id=3)")
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "Vocabulary":
+        try:
+            with open(path, "rb") as handle:
+                return cls(handle.read())
+        except OSError as exc:
+            raise NmtError(f"cannot read sentencepiece model {path}: {exc.strerror or exc}") from exc
+
+    def save(self, path: str | os.PathLike) -> None:
+        with atomic_write(path, "wb") as handle:
+            handle.write(self.model_proto)
+
+    @classmethod
+    def train(cls, sentences: Iterable[str], vocab_size: int, model_type: str = "bpe",
+              character_coverage: float = 1.0, input_sentence_size: int = 0, seed_sentencepiece_size: int = 1_000_000,
+              num_threads: int = 1) -> "Vocabulary":
+        proto = io.BytesIO()
+        try:
+            spm.SentencePieceTrainer.train(
+                sentence_iterator=iter(sentences), model_writer=proto, vocab_size=vocab_size,
+                model_type=model_type, character_coverage=character_coverage,
+                input_sentence_size=input_sentence_size, shuffle_input_sentence=input_sentence_size > 0,
+                seed_sentencepiece_size=seed_sentencepiece_size, num_threads=num_threads,
+                pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
+                max_sentence_length=1 << 16, minloglevel=2,
+            )
+        except RuntimeError as exc:
+            message = str(exc).strip().splitlines()[-1] if str(exc).strip() else repr(exc)
+            if "Vocabulary size" in message or "vocab_size" in message:
+                raise NmtError(f"--vocab-size {vocab_size} is too large for this corpus: {message}") from exc
+            raise NmtError(f"sentencepiece training failed: {message}") from exc
+        return cls(proto.getvalue())
+
+    def __len__(self) -> int:
+        return self.processor.get_piece_size()
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Vocabulary) and other.model_proto == self.model_proto
+
+    __hash__ = None  # mutable-free but compared by content; not meant as a dict key
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.model_proto).hexdigest()
+
+    def encode(self, text: str) -> list[int]:
+        return self.processor.encode(text, out_type=int)
+
+    def encode_batch(self, texts: list[str], num_threads: int = 1) -> list[list[int]]:
+        return self.processor.encode(texts, out_type=int, num_threads=num_threads)
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Detokenize, dropping special tokens."""
+        return self.processor.decode([i for i in ids if i > EOS_ID])
+
+    def piece(self, token_id: int) -> str:
+        return self.processor.id_to_piece(token_id)
+
+    def normalize(self, text: str) -> str:
+        """The text as the model sees it (NFKC, whitespace): what decode(encode(text)) gives."""
+        return self.processor.decode(self.processor.encode(text, out_type=int))

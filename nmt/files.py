@@ -1,0 +1,76 @@
+"""File helpers shared by every command: atomic writes and checked text reading."""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import io
+import os
+import tempfile
+from pathlib import Path
+from typing import IO, Iterator
+
+from nmt.errors import NmtError
+
+
+@contextlib.contextmanager
+def atomic_write(path: str | os.PathLike, mode: str = "w", encoding: str | None = "utf-8") -> Iterator[IO]:
+    """Write to a temp file in the target's directory, fsync, then rename over the target.
+
+    A crash at any point leaves either the old file or the complete new one, never half of one.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    binary = "b" in mode
+    try:
+        with os.fdopen(fd, mode, **({} if binary else {"encoding": encoding})) as handle:
+            yield handle
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    fsync_dir(path.parent)
+
+
+def fsync_dir(directory: str | os.PathLike) -> None:
+    """Make a rename durable (POSIX needs the directory entry flushed too)."""
+    with contextlib.suppress(OSError):
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def open_text(path: str | os.PathLike) -> IO[str]:
+    """Open a plain or gzip-compressed UTF-8 text file for reading, with user-facing errors."""
+    path = Path(path)
+    if not path.exists():
+        raise NmtError(f"file not found: {path}")
+    if path.is_dir():
+        raise NmtError(f"expected a file, got a directory: {path}")
+    try:
+        raw = gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
+    except OSError as exc:
+        raise NmtError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    return io.TextIOWrapper(raw, encoding="utf-8", errors="strict", newline=None)
+
+
+def read_lines(path: str | os.PathLike) -> list[str]:
+    """All lines of a text file without their newlines; bad UTF-8 is reported with its line."""
+    lines: list[str] = []
+    handle = open_text(path)
+    with handle:
+        line_no = 0
+        try:
+            for line_no, line in enumerate(handle, start=1):
+                lines.append(line.rstrip("\n"))
+        except UnicodeDecodeError as exc:
+            raise NmtError(f"{path}: line {line_no + 1} is not valid UTF-8 ({exc.reason})") from exc
+        except (OSError, EOFError) as exc:
+            raise NmtError(f"cannot read {path}: {exc}") from exc
+    return lines

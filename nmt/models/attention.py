@@ -1,0 +1,51 @@
+"""Multi-head attention on top of ``scaled_dot_product_attention``, with a key/value cache."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+class MultiHeadAttention(nn.Module):
+    def __init__(self, d_model: int, heads: int, dropout: float = 0.0):
+        super().__init__()
+        if d_model % heads:
+            raise ValueError(f"d_model ({d_model}) must be divisible by heads ({heads})")
+        self.heads = heads
+        self.dropout = dropout
+        self.q_proj = nn.Linear(d_model, d_model)
+        self.k_proj = nn.Linear(d_model, d_model)
+        self.v_proj = nn.Linear(d_model, d_model)
+        self.out_proj = nn.Linear(d_model, d_model)
+        for proj in (self.q_proj, self.k_proj, self.v_proj, self.out_proj):
+            nn.init.xavier_uniform_(proj.weight)
+            nn.init.zeros_(proj.bias)
+
+    def split_heads(self, x: Tensor) -> Tensor:
+        batch, length, _ = x.shape
+        return x.view(batch, length, self.heads, -1).transpose(1, 2)
+
+    def project_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
+        return self.split_heads(self.k_proj(memory)), self.split_heads(self.v_proj(memory))
+
+    def forward(self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None = None,
+                is_causal: bool = False) -> Tensor:
+        """query (B, T, D); key/value already projected and split: (B, H, S, D/H).
+
+        ``mask`` is boolean, broadcastable to (B, H, T, S), True where attention is allowed.
+        """
+        q = self.split_heads(self.q_proj(query))
+        out = F.scaled_dot_product_attention(
+            q, key, value, attn_mask=mask, is_causal=is_causal,
+            dropout_p=self.dropout if self.training else 0.0,
+        )
+        batch, _, length, _ = out.shape
+        return self.out_proj(out.transpose(1, 2).reshape(batch, length, -1))
+
+
+def causal_mask(new: int, past: int, device: torch.device) -> Tensor:
+    """Allowed-attention mask for ``new`` queries that follow ``past`` cached positions."""
+    rows = torch.arange(new, device=device)[:, None] + past
+    cols = torch.arange(past + new, device=device)[None, :]
+    return cols <= rows

@@ -1,0 +1,267 @@
+"""The Transformer of "Attention Is All You Need" (Vaswani et al., 2017), and its archs.
+
+Post-norm residual blocks by default (``LayerNorm(x + Dropout(Sublayer(x)))``), pre-norm as an
+option; sinusoidal positions; embeddings scaled by sqrt(d_model) and tied with the output
+projection. The decoder supports incremental decoding through :class:`DecoderCache`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal, NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from nmt.errors import NmtError
+from nmt.models.attention import MultiHeadAttention, causal_mask
+from nmt.models.registry import register_arch, register_model
+
+
+@dataclass(frozen=True)
+class TransformerConfig:
+    encoder_layers: int = 6
+    decoder_layers: int = 6
+    d_model: int = 512
+    ffn_dim: int = 2048
+    heads: int = 8
+    dropout: float = 0.1
+    attention_dropout: float = 0.0
+    activation_dropout: float = 0.0
+    normalize_before: bool = False
+    # "all": source embedding = target embedding = output projection (joint vocabulary);
+    # "decoder": target embedding = output projection; "none": three separate matrices.
+    share_embeddings: Literal["all", "decoder", "none"] = "all"
+    max_positions: int = 1024
+
+    def validate(self) -> None:
+        if self.d_model % self.heads:
+            raise NmtError(f"d_model ({self.d_model}) must be divisible by heads ({self.heads})")
+        if self.d_model % 2:
+            raise NmtError("d_model must be even for sinusoidal positions")
+        for name in ("dropout", "attention_dropout", "activation_dropout"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise NmtError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        for name in ("encoder_layers", "decoder_layers", "d_model", "ffn_dim", "heads", "max_positions"):
+            if getattr(self, name) < 1:
+                raise NmtError(f"{name} must be positive, got {getattr(self, name)}")
+
+
+class EncoderOut(NamedTuple):
+    states: Tensor  # (B, S, D)
+    padding_mask: Tensor  # (B, S), True at padding
+
+
+def sinusoidal_positions(length: int, dim: int, offset: int = 0, device=None) -> Tensor:
+    """PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(...), as in the paper."""
+    positions = torch.arange(offset, offset + length, dtype=torch.float32, device=device)[:, None]
+    inv_freq = torch.exp(torch.arange(0, dim, 2, dtype=torch.float32, device=device) * (-math.log(10000.0) / dim))
+    table = torch.zeros(length, dim, device=device)
+    table[:, 0::2] = torch.sin(positions * inv_freq)
+    table[:, 1::2] = torch.cos(positions * inv_freq)
+    return table
+
+
+class FeedForward(nn.Module):
+    def __init__(self, d_model: int, ffn_dim: int, activation_dropout: float):
+        super().__init__()
+        self.fc1 = nn.Linear(d_model, ffn_dim)
+        self.fc2 = nn.Linear(ffn_dim, d_model)
+        self.activation_dropout = nn.Dropout(activation_dropout)
+        for fc in (self.fc1, self.fc2):
+            nn.init.xavier_uniform_(fc.weight)
+            nn.init.zeros_(fc.bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc2(self.activation_dropout(F.relu(self.fc1(x))))
+
+
+class Residual(nn.Module):
+    """One sub-layer's residual connection, post-norm or pre-norm."""
+
+    def __init__(self, d_model: int, dropout: float, normalize_before: bool):
+        super().__init__()
+        self.norm = nn.LayerNorm(d_model)
+        self.dropout = nn.Dropout(dropout)
+        self.normalize_before = normalize_before
+
+    def forward(self, x: Tensor, sublayer) -> Tensor:
+        if self.normalize_before:
+            return x + self.dropout(sublayer(self.norm(x)))
+        return self.norm(x + self.dropout(sublayer(x)))
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, c: TransformerConfig):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(c.d_model, c.heads, c.attention_dropout)
+        self.ffn = FeedForward(c.d_model, c.ffn_dim, c.activation_dropout)
+        self.attn_block = Residual(c.d_model, c.dropout, c.normalize_before)
+        self.ffn_block = Residual(c.d_model, c.dropout, c.normalize_before)
+
+    def forward(self, x: Tensor, key_mask: Tensor) -> Tensor:
+        def attend(h: Tensor) -> Tensor:
+            k, v = self.self_attn.project_kv(h)
+            return self.self_attn(h, k, v, mask=key_mask)
+
+        return self.ffn_block(self.attn_block(x, attend), self.ffn)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, c: TransformerConfig):
+        super().__init__()
+        self.self_attn = MultiHeadAttention(c.d_model, c.heads, c.attention_dropout)
+        self.cross_attn = MultiHeadAttention(c.d_model, c.heads, c.attention_dropout)
+        self.ffn = FeedForward(c.d_model, c.ffn_dim, c.activation_dropout)
+        self.self_block = Residual(c.d_model, c.dropout, c.normalize_before)
+        self.cross_block = Residual(c.d_model, c.dropout, c.normalize_before)
+        self.ffn_block = Residual(c.d_model, c.dropout, c.normalize_before)
+
+    def forward(self, x: Tensor, memory: Tensor, memory_mask: Tensor, cache: dict[str, Tensor] | None) -> Tensor:
+        def self_attend(h: Tensor) -> Tensor:
+            k, v = self.self_attn.project_kv(h)
+            past = 0
+            if cache is not None:
+                if "self_k" in cache:
+                    past = cache["self_k"].size(2)
+                    k = torch.cat([cache["self_k"], k], dim=2)
+                    v = torch.cat([cache["self_v"], v], dim=2)
+                cache["self_k"], cache["self_v"] = k, v
+            new = h.size(1)
+            if new == 1:
+                return self.self_attn(h, k, v)
+            if past == 0:
+                return self.self_attn(h, k, v, is_causal=True)
+            return self.self_attn(h, k, v, mask=causal_mask(new, past, h.device))
+
+        def cross_attend(h: Tensor) -> Tensor:
+            if cache is not None and "cross_k" in cache:
+                k, v = cache["cross_k"], cache["cross_v"]
+            else:
+                k, v = self.cross_attn.project_kv(memory)
+                if cache is not None:
+                    cache["cross_k"], cache["cross_v"] = k, v
+            return self.cross_attn(h, k, v, mask=memory_mask)
+
+        x = self.self_block(x, self_attend)
+        x = self.cross_block(x, cross_attend)
+        return self.ffn_block(x, self.ffn)
+
+
+class DecoderCache:
+    """Per-layer self-attention keys/values so far, and the encoder-decoder keys/values
+    (computed once per sentence). Rows follow the batch (times beam) dimension."""
+
+    def __init__(self, num_layers: int):
+        self.layers: list[dict[str, Tensor]] = [{} for _ in range(num_layers)]
+
+    @property
+    def length(self) -> int:
+        first = self.layers[0]
+        return first["self_k"].size(2) if "self_k" in first else 0
+
+    def reorder(self, indices: Tensor) -> None:
+        """Keep/duplicate rows: beam search calls this with the surviving beams' origins."""
+        for layer in self.layers:
+            for name, tensor in layer.items():
+                layer[name] = tensor.index_select(0, indices)
+
+
+@register_model("transformer")
+class Transformer(nn.Module):
+    config_class = TransformerConfig
+
+    def __init__(self, config: TransformerConfig, src_vocab_size: int, tgt_vocab_size: int, pad_id: int):
+        super().__init__()
+        config.validate()
+        if config.share_embeddings == "all" and src_vocab_size != tgt_vocab_size:
+            raise NmtError("share_embeddings=all needs a joint vocabulary "
+                           f"(source has {src_vocab_size} entries, target {tgt_vocab_size})")
+        self.config = config
+        self.pad_id = pad_id
+        self.embed_scale = math.sqrt(config.d_model)
+        self.tgt_embed = self._embedding(tgt_vocab_size)
+        self.src_embed = self.tgt_embed if config.share_embeddings == "all" else self._embedding(src_vocab_size)
+        if config.share_embeddings == "none":
+            self.output_proj = nn.Parameter(torch.empty(tgt_vocab_size, config.d_model))
+            nn.init.normal_(self.output_proj, mean=0.0, std=config.d_model ** -0.5)
+        self.encoder_layers = nn.ModuleList(EncoderLayer(config) for _ in range(config.encoder_layers))
+        self.decoder_layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.decoder_layers))
+        # Pre-norm stacks end un-normalized; post-norm already ends in a LayerNorm.
+        self.encoder_norm = nn.LayerNorm(config.d_model) if config.normalize_before else nn.Identity()
+        self.decoder_norm = nn.LayerNorm(config.d_model) if config.normalize_before else nn.Identity()
+        self.embed_dropout = nn.Dropout(config.dropout)
+
+    def _embedding(self, vocab_size: int) -> nn.Embedding:
+        embedding = nn.Embedding(vocab_size, self.config.d_model, padding_idx=self.pad_id)
+        nn.init.normal_(embedding.weight, mean=0.0, std=self.config.d_model ** -0.5)
+        nn.init.zeros_(embedding.weight[self.pad_id])
+        return embedding
+
+    def output_weight(self) -> Tensor:
+        return self.output_proj if self.config.share_embeddings == "none" else self.tgt_embed.weight
+
+    def _embed(self, embedding: nn.Embedding, tokens: Tensor, offset: int = 0) -> Tensor:
+        positions = sinusoidal_positions(tokens.size(1), self.config.d_model, offset, tokens.device)
+        return self.embed_dropout(embedding(tokens) * self.embed_scale + positions)
+
+    def encode(self, src_tokens: Tensor) -> EncoderOut:
+        padding_mask = src_tokens.eq(self.pad_id)
+        key_mask = ~padding_mask[:, None, None, :]
+        x = self._embed(self.src_embed, src_tokens)
+        for layer in self.encoder_layers:
+            x = layer(x, key_mask)
+        return EncoderOut(self.encoder_norm(x), padding_mask)
+
+    def decode(self, prev_output_tokens: Tensor, encoder_out: EncoderOut, cache: DecoderCache | None = None) -> Tensor:
+        """Logits for each given target position.
+
+        Without a cache, ``prev_output_tokens`` is the whole (teacher-forced) prefix. With one,
+        it holds only the new tokens, which continue the positions already cached.
+        """
+        offset = cache.length if cache is not None else 0
+        x = self._embed(self.tgt_embed, prev_output_tokens, offset)
+        memory_mask = ~encoder_out.padding_mask[:, None, None, :]
+        for i, layer in enumerate(self.decoder_layers):
+            x = layer(x, encoder_out.states, memory_mask, cache.layers[i] if cache is not None else None)
+        return F.linear(self.decoder_norm(x), self.output_weight())
+
+    def forward(self, src_tokens: Tensor, prev_output_tokens: Tensor) -> Tensor:
+        return self.decode(prev_output_tokens, self.encode(src_tokens))
+
+    def new_cache(self) -> DecoderCache:
+        return DecoderCache(len(self.decoder_layers))
+
+    @staticmethod
+    def reorder_encoder_out(encoder_out: EncoderOut, indices: Tensor) -> EncoderOut:
+        return EncoderOut(encoder_out.states.index_select(0, indices), encoder_out.padding_mask.index_select(0, indices))
+
+
+@register_arch("transformer", "transformer_base")
+def transformer_base() -> TransformerConfig:
+    return TransformerConfig()
+
+
+@register_arch("transformer", "transformer_big")
+def transformer_big() -> TransformerConfig:
+    """The paper's big model with its EN-DE dropout."""
+    return TransformerConfig(d_model=1024, ffn_dim=4096, heads=16, dropout=0.3)
+
+
+@register_arch("transformer", "transformer_big_en_fr")
+def transformer_big_en_fr() -> TransformerConfig:
+    return TransformerConfig(d_model=1024, ffn_dim=4096, heads=16, dropout=0.1)
+
+
+@register_arch("transformer", "transformer_small")
+def transformer_small() -> TransformerConfig:
+    """For one CPU machine and small corpora (Multi30k)."""
+    return TransformerConfig(encoder_layers=3, decoder_layers=3, d_model=256, ffn_dim=1024, heads=4, dropout=0.1)
+
+
+@register_arch("transformer", "transformer_tiny")
+def transformer_tiny() -> TransformerConfig:
+    """For tests and the demo: trains in seconds on a CPU."""
+    return TransformerConfig(encoder_layers=2, decoder_layers=2, d_model=64, ffn_dim=128, heads=4, dropout=0.1)
