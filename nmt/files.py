@@ -46,31 +46,38 @@ def fsync_dir(directory: str | os.PathLike) -> None:
             os.close(fd)
 
 
-def open_text(path: str | os.PathLike) -> IO[str]:
-    """Open a plain or gzip-compressed UTF-8 text file for reading, with user-facing errors."""
+def open_binary(path: str | os.PathLike) -> IO[bytes]:
+    """Open a plain or gzip-compressed file for reading bytes, with user-facing errors."""
     path = Path(path)
     if not path.exists():
         raise NmtError(f"file not found: {path}")
     if path.is_dir():
         raise NmtError(f"expected a file, got a directory: {path}")
     try:
-        raw = gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
+        return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
     except OSError as exc:
         raise NmtError(f"cannot read {path}: {exc.strerror or exc}") from exc
-    return io.TextIOWrapper(raw, encoding="utf-8", errors="strict", newline=None)
+
+
+def open_text(path: str | os.PathLike) -> IO[str]:
+    """Open a plain or gzip-compressed UTF-8 text file for reading, with user-facing errors."""
+    return io.TextIOWrapper(open_binary(path), encoding="utf-8", errors="strict", newline=None)
 
 
 def read_lines(path: str | os.PathLike) -> list[str]:
-    """All lines of a text file without their newlines; bad UTF-8 is reported with its line."""
+    """All lines of a text file without their line ends; bad UTF-8 is reported with its line.
+
+    Lines are split on "\\n" only (as ``wc -l`` counts them) and decoded one by one, so the
+    line number in an error is exact (a text wrapper decodes whole chunks ahead of the line).
+    """
     lines: list[str] = []
-    handle = open_text(path)
-    with handle:
+    with open_binary(path) as handle:
         line_no = 0
         try:
-            for line_no, line in enumerate(handle, start=1):
-                lines.append(line.rstrip("\n"))
+            for line_no, raw in enumerate(handle, start=1):
+                lines.append(raw.decode("utf-8").removesuffix("\n").removesuffix("\r"))
         except UnicodeDecodeError as exc:
-            raise NmtError(f"{path}: line {line_no + 1} is not valid UTF-8 ({exc.reason})") from exc
+            raise NmtError(f"{path}: line {line_no} is not valid UTF-8 ({exc.reason})") from exc
         except (OSError, EOFError) as exc:
             raise NmtError(f"cannot read {path}: {exc}") from exc
     return lines
