@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import re
 from typing import Iterable
 
 import sentencepiece as spm
@@ -13,6 +14,20 @@ from nmt.errors import NmtError
 from nmt.files import atomic_write
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+
+
+def training_error_message(error: str, vocab_size: int) -> str:
+    """One readable line for a sentencepiece trainer error (its raw text names C++ source lines)."""
+    message = error.strip().splitlines()[-1] if error.strip() else "unknown error"
+    message = re.sub(r"^.*?\] ", "", message)  # drop "INTERNAL: src/trainer_interface.cc(744) [check] "
+    if match := re.search(r"Vocabulary size too high .*<= (\d+)", message):
+        return f"--vocab-size {vocab_size} is too large for this corpus: at most {match[1]} is possible"
+    if match := re.search(r"smaller than required_chars\. \d+ vs (\d+)", message):
+        return (f"--vocab-size {vocab_size} is too small: the characters of this corpus and the special tokens "
+                f"need {match[1]} (raise --vocab-size or lower --character-coverage)")
+    if "sentences_.empty()" in error:
+        return "no text to train sentencepiece on"
+    return f"sentencepiece training failed: {message}"
 
 
 class Vocabulary:
@@ -59,10 +74,7 @@ class Vocabulary:
                 max_sentence_length=1 << 16, minloglevel=2,
             )
         except RuntimeError as exc:
-            message = str(exc).strip().splitlines()[-1] if str(exc).strip() else repr(exc)
-            if "Vocabulary size" in message or "vocab_size" in message:
-                raise NmtError(f"--vocab-size {vocab_size} is too large for this corpus: {message}") from exc
-            raise NmtError(f"sentencepiece training failed: {message}") from exc
+            raise NmtError(training_error_message(str(exc), vocab_size)) from exc
         return cls(proto.getvalue())
 
     def __len__(self) -> int:
