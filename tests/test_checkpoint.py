@@ -1,0 +1,92 @@
+import torch
+import pytest
+
+from nmt.checkpoint import (Vocabularies, load_checkpoint, model_from_checkpoint, model_state,
+                            save_checkpoint)
+from nmt.data.vocabulary import PAD_ID, Vocabulary
+from nmt.errors import NmtError
+from nmt.models.registry import build_model, get_arch, resolve_config
+
+WORDS = "the a cat dog sat on mat house tree red blue green big small runs jumps over under".split()
+
+
+@pytest.fixture(scope="module")
+def vocab() -> Vocabulary:
+    import random
+
+    rng = random.Random(0)
+    sentences = [" ".join(rng.choice(WORDS) for _ in range(8)) for _ in range(300)]
+    return Vocabulary.train(sentences, vocab_size=60)
+
+
+@pytest.fixture()
+def checkpoint_path(tmp_path, vocab):
+    torch.manual_seed(0)
+    arch = get_arch("transformer_tiny")
+    model = build_model(arch.model_name, arch.config, len(vocab), len(vocab), PAD_ID)
+    path = tmp_path / "ckpt.pt"
+    save_checkpoint(path, model_state(model, "transformer_tiny", arch.config, Vocabularies("en", "de", vocab, vocab)))
+    return path, model
+
+
+def test_model_rebuilds_from_the_checkpoint_alone(checkpoint_path, vocab):
+    path, original = checkpoint_path
+    model, vocabs = model_from_checkpoint(load_checkpoint(path))
+    assert vocabs.joint and vocabs.source == vocab and vocabs.source_lang == "en"
+    assert model.src_embed.weight is model.tgt_embed.weight  # tying survives a reload
+    for (name, a), (_, b) in zip(original.state_dict().items(), model.state_dict().items()):
+        assert torch.equal(a, b), name
+
+
+def test_truncated_checkpoint_is_reported(checkpoint_path, tmp_path):
+    path, _ = checkpoint_path
+    data = path.read_bytes()
+    truncated = tmp_path / "truncated.pt"
+    truncated.write_bytes(data[: len(data) // 2])
+    with pytest.raises(NmtError, match="corrupt or truncated"):
+        load_checkpoint(truncated)
+
+
+def test_garbage_and_foreign_files_are_reported(tmp_path):
+    garbage = tmp_path / "garbage.pt"
+    garbage.write_bytes(b"\x00not a checkpoint" * 10)
+    with pytest.raises(NmtError, match="corrupt or truncated"):
+        load_checkpoint(garbage)
+    foreign = tmp_path / "foreign.pt"
+    torch.save({"weights": torch.zeros(2)}, foreign)
+    with pytest.raises(NmtError, match="not an nmt checkpoint"):
+        load_checkpoint(foreign)
+    with pytest.raises(NmtError, match="not found"):
+        load_checkpoint(tmp_path / "missing.pt")
+
+
+def test_weights_of_another_shape_are_reported(checkpoint_path):
+    path, _ = checkpoint_path
+    checkpoint = load_checkpoint(path)
+    checkpoint["model_config"] = {**checkpoint["model_config"], "ffn_dim": 256}
+    with pytest.raises(NmtError, match="do not match"):
+        model_from_checkpoint(checkpoint)
+
+
+def test_save_is_atomic_and_leaves_no_temp_files(checkpoint_path):
+    path, _ = checkpoint_path
+    before = path.read_bytes()
+
+    class Unpicklable:
+        def __reduce__(self):
+            raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError):
+        save_checkpoint(path, {"bad": Unpicklable()})
+    assert path.read_bytes() == before
+    assert [p.name for p in path.parent.iterdir()] == [path.name]
+
+
+def test_resolved_overrides_are_stored(tmp_path, vocab):
+    arch = get_arch("transformer_tiny")
+    config = resolve_config(arch.config, {"dropout": "0.25"})
+    model = build_model(arch.model_name, config, len(vocab), len(vocab), PAD_ID)
+    path = tmp_path / "c.pt"
+    save_checkpoint(path, model_state(model, "transformer_tiny", config, Vocabularies("en", "de", vocab, vocab)))
+    rebuilt, _ = model_from_checkpoint(load_checkpoint(path))
+    assert rebuilt.config.dropout == 0.25

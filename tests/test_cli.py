@@ -1,0 +1,38 @@
+"""The CLI's shared conventions: version, help, listing archs, one-line errors."""
+
+import subprocess
+import sys
+
+from typer.testing import CliRunner
+
+import nmt
+from nmt.cli import app
+
+runner = CliRunner()
+
+
+def run_nmt(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "nmt", *args], capture_output=True, text=True)
+
+
+def test_version():
+    result = runner.invoke(app, ["--version"])
+    assert result.exit_code == 0 and result.output.strip() == f"nmt {nmt.__version__}"
+
+
+def test_help_lists_archs_command():
+    result = runner.invoke(app, ["--help"])
+    assert result.exit_code == 0 and "archs" in result.output
+
+
+def test_archs_table_has_paper_models():
+    result = runner.invoke(app, ["archs", "--vocab-size", "37000"], terminal_width=200)
+    assert result.exit_code == 0
+    assert "transformer_base" in result.output and "63.1M" in result.output
+    assert "transformer_big" in result.output and "214.2M" in result.output
+
+
+def test_bad_option_value_is_a_usage_error_without_traceback():
+    result = run_nmt("archs", "--vocab-size", "many")
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
