@@ -22,6 +22,7 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", encoding: str | None 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.fchmod(fd, 0o666 & ~current_umask())  # mkstemp makes 0600; give what a plain open() would
     binary = "b" in mode
     try:
         with os.fdopen(fd, mode, **({} if binary else {"encoding": encoding})) as handle:
@@ -34,6 +35,12 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", encoding: str | None 
             os.unlink(tmp)
         raise
     fsync_dir(path.parent)
+
+
+def current_umask() -> int:
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return umask
 
 
 def fsync_dir(directory: str | os.PathLike) -> None:
