@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from enum import Enum
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -65,6 +66,27 @@ def archs(
     from nmt.models.listing import print_arch_table
 
     print_arch_table(vocab_size)
+
+
+@app.command()
+def average(
+    inputs: Annotated[list[Path], typer.Argument(
+        metavar="INPUTS...", show_default=False,
+        help="A save dir (with --num-epoch-checkpoints/--num-update-checkpoints) or the checkpoint files to average.")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Where to write the averaged model-only checkpoint.")],
+    num_epoch_checkpoints: Annotated[Optional[int], typer.Option(
+        min=1, help="Average the last N checkpoint{epoch}.pt files of the save dir.")] = None,
+    num_update_checkpoints: Annotated[Optional[int], typer.Option(
+        min=1, help="Average the last N checkpoint_{epoch}_{update}.pt files of the save dir.")] = None,
+    inputs_flag: Annotated[bool, typer.Option(
+        "--inputs", help="Optional, fairseq's spelling: `--inputs a.pt b.pt` is the same as `a.pt b.pt`.")] = False,
+    verbose: Verbose = 0, quiet: Quiet = False, log_format: LogFormat = LogFormatChoice.text,
+) -> None:
+    """Average the parameters of checkpoints (the paper: last 5 for base, last 20 for big)."""
+    common(verbose, quiet, log_format)
+    from nmt.averaging import average as average_checkpoints
+
+    average_checkpoints(inputs, output, num_epoch_checkpoints, num_update_checkpoints)
 
 
 def main() -> None:

@@ -1,0 +1,176 @@
+"""Checkpoint averaging: the mean of the parameters of the last N checkpoints of a run.
+
+The paper averages the last 5 (base) or 20 (big) checkpoints. Checkpoints are read one at a
+time into a float64 running sum, so memory stays at one sum plus one checkpoint. The result is
+a model-only checkpoint (no optimizer state) that loads like any other.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+import nmt
+from nmt.checkpoint import load_checkpoint, save_checkpoint
+from nmt.errors import NmtError
+from nmt.log import logger
+
+# The names training writes: checkpoint{epoch}.pt at the end of an epoch and
+# checkpoint_{epoch}_{update}.pt every --save-interval-updates. checkpoint_last.pt and
+# checkpoint_best.pt match neither pattern, so the selectors never pick them.
+EPOCH_CHECKPOINT = re.compile(r"checkpoint(\d+)\.pt")
+UPDATE_CHECKPOINT = re.compile(r"checkpoint_(\d+)_(\d+)\.pt")
+
+
+def last_checkpoints(directory: str | Path, num_epoch_checkpoints: int | None = None,
+                     num_update_checkpoints: int | None = None) -> list[Path]:
+    """The last N epoch or update checkpoints of a save dir, oldest first, ordered by number."""
+    directory = Path(directory)
+    if (num_epoch_checkpoints is None) == (num_update_checkpoints is None):
+        raise NmtError("give exactly one of --num-epoch-checkpoints and --num-update-checkpoints")
+    if not directory.is_dir():
+        raise NmtError(f"not a directory: {directory}")
+    by_epoch = num_epoch_checkpoints is not None
+    pattern, count, kind = ((EPOCH_CHECKPOINT, num_epoch_checkpoints, "epoch") if by_epoch
+                            else (UPDATE_CHECKPOINT, num_update_checkpoints, "update"))
+    if count < 1:
+        raise NmtError(f"--num-{kind}-checkpoints must be at least 1, got {count}")
+    found = []
+    for path in directory.iterdir():
+        match = pattern.fullmatch(path.name)
+        if match:
+            # Update checkpoints sort by update number (then epoch), epoch checkpoints by epoch.
+            numbers = tuple(int(group) for group in match.groups())
+            found.append((numbers[::-1], path))
+    found.sort()
+    if len(found) < count:
+        names = ", ".join(path.name for _, path in found) or "none"
+        raise NmtError(f"asked for the last {count} {kind} checkpoints but {directory} has {len(found)} ({names})")
+    return [path for _, path in found[-count:]]
+
+
+def _first_difference(a: dict[str, Any], b: dict[str, Any]) -> str:
+    """Name the first model_config field that differs, for the error message."""
+    for key in sorted(set(a) | set(b)):
+        if a.get(key) != b.get(key):
+            return f"{key}: {a.get(key)!r} vs {b.get(key)!r}"
+    return ""
+
+
+def check_compatible(reference: dict[str, Any], reference_path: Path, other: dict[str, Any], other_path: Path) -> None:
+    """Refuse to average checkpoints of different models or vocabularies."""
+    prefix = f"cannot average {reference_path} and {other_path}"
+    if reference["model_name"] != other["model_name"]:
+        raise NmtError(f"{prefix}: different models ({reference['model_name']} vs {other['model_name']})")
+    if reference["model_config"] != other["model_config"]:
+        archs = f"arch {reference['arch']} vs {other['arch']}; " if reference["arch"] != other["arch"] else ""
+        raise NmtError(f"{prefix}: different model configs ({archs}"
+                       f"{_first_difference(reference['model_config'], other['model_config'])})")
+    for key in ("source_lang", "target_lang", "source", "target"):
+        if reference["vocab"].get(key) != other["vocab"].get(key):
+            what = "language pairs" if key.endswith("_lang") else f"{key} vocabularies"
+            raise NmtError(f"{prefix}: different {what}")
+
+
+def _aliases(state: dict[str, Tensor]) -> dict[str, str]:
+    """Map each key that shares its tensor with an earlier key (tied embeddings) to that key."""
+    seen: dict[tuple, str] = {}
+    aliases = {}
+    for key, tensor in state.items():
+        identity = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tuple(tensor.shape),
+                    tensor.stride(), tensor.dtype)
+        if identity in seen:
+            aliases[key] = seen[identity]
+        else:
+            seen[identity] = key
+    return aliases
+
+
+def average_checkpoints(paths: list[str | Path]) -> dict[str, Any]:
+    """A model-only checkpoint whose float tensors are the mean over ``paths``.
+
+    Float tensors are summed in float64 and cast back to their dtype; integer buffers come from
+    the last checkpoint. Tied weights stay one tensor in the result.
+    """
+    paths = [Path(path) for path in paths]
+    if not paths:
+        raise NmtError("no checkpoints to average")
+    seen_paths: dict[Path, Path] = {}
+    for path in paths:
+        resolved = path.resolve()
+        if resolved in seen_paths:
+            raise NmtError(f"checkpoint given twice: {seen_paths[resolved]} and {path}")
+        seen_paths[resolved] = path
+
+    first: dict[str, Any] | None = None
+    sums: dict[str, Tensor] = {}
+    last_state: dict[str, Tensor] = {}
+    for path in paths:
+        logger.info("reading %s", path)
+        checkpoint = load_checkpoint(path)
+        state = checkpoint["model"]
+        if first is None:
+            first = {key: checkpoint[key] for key in ("model_name", "arch", "model_config", "vocab")}
+            first_keys = {key: (tuple(tensor.shape), tensor.is_floating_point()) for key, tensor in state.items()}
+            aliases = _aliases(state)
+        else:
+            check_compatible(first, paths[0], checkpoint, path)
+            keys = {key: (tuple(tensor.shape), tensor.is_floating_point()) for key, tensor in state.items()}
+            if keys != first_keys:
+                changed = sorted(set(keys.items()) ^ set(first_keys.items()))
+                raise NmtError(f"cannot average {paths[0]} and {path}: their weights differ "
+                               f"(first difference at {changed[0][0]!r})")
+        for key, tensor in state.items():
+            if key in aliases or not tensor.is_floating_point():
+                continue
+            if key in sums:
+                sums[key] += tensor
+            else:
+                sums[key] = tensor.to(torch.float64, copy=True)
+        last_state = state
+        del checkpoint, state  # keep one checkpoint in memory at a time
+
+    averaged: dict[str, Tensor] = {}
+    for key, tensor in last_state.items():
+        if key in aliases:
+            averaged[key] = averaged[aliases[key]]
+        elif tensor.is_floating_point():
+            averaged[key] = sums.pop(key).div_(len(paths)).to(tensor.dtype)
+        else:
+            averaged[key] = tensor.clone()
+    return {"nmt_version": nmt.__version__, **first, "model": averaged,
+            "averaged_from": [str(path) for path in paths]}
+
+
+def average(inputs: list[str | Path], output: str | Path, num_epoch_checkpoints: int | None = None,
+            num_update_checkpoints: int | None = None) -> list[Path]:
+    """`nmt average`: pick the inputs (a save dir plus a count, or explicit files), average, save.
+
+    Returns the checkpoints that were averaged, oldest first.
+    """
+    inputs = [Path(path) for path in inputs]
+    if not inputs:
+        raise NmtError("give a save dir or checkpoint files to average")
+    if num_epoch_checkpoints is not None or num_update_checkpoints is not None:
+        if len(inputs) != 1 or not inputs[0].is_dir():
+            raise NmtError("--num-epoch-checkpoints/--num-update-checkpoints need exactly one save dir as input, "
+                           f"got {', '.join(map(str, inputs))}")
+        paths = last_checkpoints(inputs[0], num_epoch_checkpoints, num_update_checkpoints)
+    else:
+        for path in inputs:
+            if path.is_dir():
+                raise NmtError(f"{path} is a directory: add --num-epoch-checkpoints N or --num-update-checkpoints N "
+                               "to pick its last checkpoints")
+        paths = inputs
+    checkpoint = average_checkpoints(paths)
+    output = Path(output)
+    try:
+        save_checkpoint(output, checkpoint)
+    except OSError as exc:
+        raise NmtError(f"cannot write {output}: {exc.strerror or exc}") from exc
+    logger.info("averaged %d checkpoints (%s) into %s", len(paths), ", ".join(path.name for path in paths), output)
+    return paths
