@@ -6,6 +6,7 @@ import contextlib
 import gzip
 import io
 import os
+import sys
 import tempfile
 from pathlib import Path
 from typing import IO, Iterator
@@ -76,15 +77,18 @@ def read_lines(path: str | os.PathLike) -> list[str]:
 
     Lines are split on "\\n" only (as ``wc -l`` counts them) and decoded one by one, so the
     line number in an error is exact (a text wrapper decodes whole chunks ahead of the line).
+    "-" reads stdin (left open).
     """
     lines: list[str] = []
-    with open_binary(path) as handle:
+    stdin = str(path) == "-"
+    name = "stdin" if stdin else path
+    with contextlib.nullcontext(sys.stdin.buffer) if stdin else open_binary(path) as handle:
         line_no = 0
         try:
             for line_no, raw in enumerate(handle, start=1):
                 lines.append(raw.decode("utf-8").removesuffix("\n").removesuffix("\r"))
         except UnicodeDecodeError as exc:
-            raise NmtError(f"{path}: line {line_no} is not valid UTF-8 ({exc.reason})") from exc
+            raise NmtError(f"{name}: line {line_no} is not valid UTF-8 ({exc.reason})") from exc
         except (OSError, EOFError) as exc:
-            raise NmtError(f"cannot read {path}: {exc}") from exc
+            raise NmtError(f"cannot read {name}: {exc}") from exc
     return lines
