@@ -89,6 +89,56 @@ def average(
     average_checkpoints(inputs, output, num_epoch_checkpoints, num_update_checkpoints)
 
 
+class ModelTypeChoice(str, Enum):
+    bpe = "bpe"
+    unigram = "unigram"
+
+
+@app.command()
+def preprocess(
+    source_lang: Annotated[str, typer.Option("--source-lang", "-s", help="Source language: the suffix of its files.")],
+    target_lang: Annotated[str, typer.Option("--target-lang", "-t", help="Target language: the suffix of its files.")],
+    destdir: Annotated[str, typer.Option(help="Data directory to write (replaced only once complete).")],
+    trainpref: Annotated[Optional[str], typer.Option(
+        help="Training text: PREFIX.SRC and PREFIX.TGT, plain or .gz.")] = None,
+    validpref: Annotated[Optional[str], typer.Option(
+        help="Validation text prefix(es), comma-separated: splits valid, valid1, ...")] = None,
+    testpref: Annotated[Optional[str], typer.Option(
+        help="Test text prefix(es), comma-separated: splits test, test1, ...")] = None,
+    joint: Annotated[bool, typer.Option("--joint/--no-joint", help="One sentencepiece model for both languages.")] = True,
+    vocab_size: Annotated[int, typer.Option(help="Sentencepiece vocabulary size (per model).")] = 37000,
+    model_type: Annotated[ModelTypeChoice, typer.Option(help="Sentencepiece model type.")] = ModelTypeChoice.bpe,
+    character_coverage: Annotated[float, typer.Option(
+        help="Share of characters the vocabulary covers (0.9995 for languages with large alphabets).")] = 1.0,
+    input_sentence_size: Annotated[int, typer.Option(
+        help="Sentences sampled to train sentencepiece (0 = all).")] = 10_000_000,
+    spm_model: Annotated[Optional[str], typer.Option(
+        help="Reuse a sentencepiece model instead of training one: PATH, or SRC_PATH,TGT_PATH "
+        "(then --joint, --vocab-size and the other training options do not apply).")] = None,
+    max_len: Annotated[int, typer.Option(
+        help="Drop training pairs with a side over this many tokens, EOS included (0 = no limit).")] = 250,
+    max_len_ratio: Annotated[float, typer.Option(
+        help="Drop training pairs whose longer side has over this many times the tokens of the other (0 = off).")] = 9.0,
+    workers: Annotated[int, typer.Option(help="Sentencepiece threads for training and encoding.")] = 1,
+    force: Annotated[bool, typer.Option(help="Replace a destdir that holds a different dataset.")] = False,
+    verbose: Verbose = 0, quiet: Quiet = False, log_format: LogFormat = LogFormatChoice.text,
+) -> None:
+    """Train sentencepiece on parallel text and binarize it into a data directory for train and generate."""
+    common(verbose, quiet, log_format)
+    from rich.console import Console
+
+    from nmt.data import preprocess as lib
+
+    options = lib.PreprocessOptions(
+        source_lang=source_lang, target_lang=target_lang, destdir=destdir, trainpref=trainpref, validpref=validpref,
+        testpref=testpref, joint=joint, vocab_size=vocab_size, model_type=ModelTypeChoice(model_type).value,
+        character_coverage=character_coverage, input_sentence_size=input_sentence_size, spm_model=spm_model,
+        max_len=max_len, max_len_ratio=max_len_ratio, workers=workers, force=force)
+    datadir = lib.preprocess(options, show_progress=not quiet and LogFormatChoice(log_format) is LogFormatChoice.text)
+    if not quiet:
+        Console().print(lib.summary_table(datadir))
+
+
 def main() -> None:
     try:
         app()

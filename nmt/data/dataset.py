@@ -36,7 +36,12 @@ def write_token_array(prefix: str | os.PathLike, sentences: list[list[int]], voc
     tokens = np.empty(int(offsets[-1]), dtype=smallest_dtype(vocab_size))
     for sentence, start, end in zip(sentences, offsets[:-1], offsets[1:]):
         tokens[start:end] = sentence
-    for suffix, array in (("tokens", tokens), ("offsets", offsets)):
+    save_token_array(prefix, tokens, offsets)
+
+
+def save_token_array(prefix: str | os.PathLike, tokens: np.ndarray, offsets: np.ndarray) -> None:
+    """Write already flat ``tokens`` and their n+1 ``offsets`` as ``{prefix}.{tokens,offsets}.npy``."""
+    for suffix, array in (("tokens", tokens), ("offsets", offsets.astype(np.int64, copy=False))):
         with atomic_write(f"{prefix}.{suffix}.npy", "wb") as handle:
             np.save(handle, array)
 

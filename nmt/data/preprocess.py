@@ -1,0 +1,330 @@
+"""``nmt preprocess``: raw parallel text -> sentencepiece model(s) + binarized splits + meta.json.
+
+Every input is found and checked first (nmt/data/corpus.py), so bad input fails before any work.
+The sentencepiece model is then trained (or loaded), each split is encoded in batches with
+``workers`` sentencepiece threads, bad training pairs are dropped, and everything is written into
+a temporary directory next to ``destdir`` that is renamed into place at the end, meta.json last:
+a crash or Ctrl-C never leaves a ``destdir`` that DataDir.open accepts.
+
+Running again with the same options and unchanged input files (same size and mtime) does nothing
+and says the directory is up to date; ``force`` rebuilds it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import shutil
+import uuid
+from dataclasses import dataclass
+from itertools import chain
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import sentencepiece as spm
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+import nmt
+from nmt.data.corpus import SplitFiles, find_splits, read_parallel
+from nmt.data.dataset import META_FILE, DataDir, save_token_array, smallest_dtype
+from nmt.data.vocabulary import EOS_ID, UNK_ID, Vocabulary
+from nmt.errors import NmtError
+from nmt.files import fsync_dir
+from nmt.log import logger, stderr_console
+
+MODEL_TYPES = ("bpe", "unigram")
+LANG_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
+NOT_RECORDED = ("destdir", "workers", "force")  # options that never change the output
+ENCODE_BATCH = 50_000  # lines per sentencepiece batch: large enough for its threads, small for the progress bar
+SPM_SEED = 1  # sentencepiece samples --input-sentence-size sentences; a fixed seed makes runs repeatable
+
+
+@dataclass
+class PreprocessOptions:
+    """The options of ``nmt preprocess``; field names are the CLI option names (and recipe keys)."""
+
+    source_lang: str
+    target_lang: str
+    destdir: str
+    trainpref: str | None = None
+    validpref: str | None = None  # comma-separated prefixes become valid, valid1, valid2, ...
+    testpref: str | None = None  # likewise test, test1, ...
+    joint: bool = True  # one sentencepiece model for both languages
+    vocab_size: int = 37000
+    model_type: str = "bpe"
+    character_coverage: float = 1.0
+    input_sentence_size: int = 10_000_000  # sentences sampled to train sentencepiece; 0 = all
+    spm_model: str | None = None  # PATH (both languages) or SRC_PATH,TGT_PATH: reuse instead of training
+    max_len: int = 250  # train pairs with a side longer than this many tokens (EOS included) are dropped; 0 = no limit
+    max_len_ratio: float = 9.0  # train pairs whose longer side has more than this times the tokens are dropped; 0 = off
+    workers: int = 1
+    force: bool = False
+
+    def validate(self) -> None:
+        for option, lang in (("--source-lang", self.source_lang), ("--target-lang", self.target_lang)):
+            if not LANG_PATTERN.fullmatch(lang or ""):
+                raise NmtError(f"{option} {lang!r} is not a language code (letters, digits, - or _)")
+        if self.source_lang == self.target_lang:
+            raise NmtError(f"--source-lang and --target-lang are both {self.source_lang!r}")
+        if not str(self.destdir).strip():
+            raise NmtError("--destdir is empty")
+        if not (self.trainpref or self.validpref or self.testpref):
+            raise NmtError("nothing to do: give --trainpref, --validpref and/or --testpref")
+        if not self.trainpref and not self.spm_model:
+            raise NmtError("without --trainpref there is no text to train sentencepiece on; give --spm-model")
+        if self.spm_model and len(self.spm_model.split(",")) > 2:
+            raise NmtError("--spm-model takes one path (both languages) or two comma-separated paths (source,target)")
+        if self.model_type not in MODEL_TYPES:
+            raise NmtError(f"--model-type {self.model_type!r} is unknown; use one of {', '.join(MODEL_TYPES)}")
+        checks = [(self.vocab_size > 0, "--vocab-size must be positive"),
+                  (0 < self.character_coverage <= 1, "--character-coverage must be in (0, 1]"),
+                  (self.input_sentence_size >= 0, "--input-sentence-size must be >= 0 (0 = all sentences)"),
+                  (self.max_len >= 0, "--max-len must be >= 0 (0 = no limit)"),
+                  (self.max_len_ratio == 0 or self.max_len_ratio >= 1, "--max-len-ratio must be >= 1 (or 0 = off)"),
+                  (self.workers >= 1, "--workers must be >= 1")]
+        for ok, message in checks:
+            if not ok:
+                raise NmtError(message)
+
+
+def preprocess(options: PreprocessOptions, show_progress: bool = True) -> DataDir:
+    """Build (or find up to date) the data directory ``options.destdir`` and open it."""
+    options.validate()
+    splits = find_splits(options.source_lang, options.target_lang, options.trainpref, options.validpref,
+                         options.testpref)
+    destdir = Path(options.destdir)
+    recorded = {"options": recorded_options(options), "inputs": fingerprints(splits, options.spm_model)}
+    if is_up_to_date(destdir, recorded, options.force):
+        logger.info(f"{destdir} is up to date (same options and input files); nothing to do (--force rebuilds it)")
+        return DataDir.open(destdir)
+    texts = {}
+    for split in splits:
+        logger.info(f"reading {split.name}: {split.source}, {split.target}")
+        texts[split.name] = read_parallel(split)
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        console=stderr_console, disable=not show_progress)
+    with progress:
+        vocabs = build_vocabularies(options, texts.get("train"), progress)
+        destdir.parent.mkdir(parents=True, exist_ok=True)
+        workdir = destdir.parent / f".{destdir.name}.tmp-{uuid.uuid4().hex[:8]}"
+        workdir.mkdir()
+        try:
+            meta = {"format": 1, "nmt_version": nmt.__version__, "source_lang": options.source_lang,
+                    "target_lang": options.target_lang, **save_vocabularies(workdir, vocabs, options), "splits": {},
+                    **recorded}
+            for split in splits:
+                task = progress.add_task(f"encoding {split.name}", total=2 * len(texts[split.name][0]))
+                advance = lambda lines: progress.advance(task, lines)  # noqa: E731
+                meta["splits"][split.name] = binarize_split(workdir, split, texts.pop(split.name), vocabs, options,
+                                                            advance)
+                log_split(split.name, meta["splits"][split.name])
+            DataDir(workdir, meta).write_meta()
+            replace_directory(workdir, destdir)
+        except BaseException:
+            shutil.rmtree(workdir, ignore_errors=True)
+            raise
+    return DataDir.open(destdir)
+
+
+def recorded_options(options: PreprocessOptions) -> dict:
+    return {k: v for k, v in dataclasses.asdict(options).items() if k not in NOT_RECORDED}
+
+
+def fingerprints(splits: list[SplitFiles], spm_model: str | None) -> dict[str, dict[str, int]]:
+    """Size and mtime of every input file: enough to tell that a finished directory is current."""
+    paths = [p for split in splits for p in (split.source, split.target)]
+    paths += [Path(p) for p in spm_model.split(",")] if spm_model else []
+    result = {}
+    for path in paths:
+        try:
+            stat = path.stat()
+        except OSError as exc:
+            raise NmtError(f"cannot read {path}: {exc.strerror or exc}") from exc
+        result[str(path.resolve())] = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+    return result
+
+
+def is_up_to_date(destdir: Path, recorded: dict, force: bool) -> bool:
+    """True if destdir already holds this very dataset; refuse to overwrite anything else without force."""
+    if not destdir.exists():
+        return False
+    if not destdir.is_dir():
+        raise NmtError(f"--destdir {destdir} exists and is not a directory")
+    if force or not any(destdir.iterdir()):
+        return False
+    if not (destdir / META_FILE).exists():
+        raise NmtError(f"--destdir {destdir} already exists and is not a finished nmt dataset; "
+                       "use --force to replace it")
+    meta = DataDir.open(destdir).meta
+    changed = [key for key, value in recorded["options"].items() if meta.get("options", {}).get(key) != value]
+    if meta.get("inputs") != recorded["inputs"]:
+        changed.append("input files")
+    if not changed:
+        return True
+    raise NmtError(f"--destdir {destdir} already holds a different dataset (differs in: {', '.join(changed)}); "
+                   "use --force to replace it")
+
+
+def build_vocabularies(options: PreprocessOptions, train: tuple[list[str], list[str]] | None,
+                       progress: Progress) -> dict[str, Vocabulary]:
+    """One sentencepiece model per language (the same object twice when joint): loaded or trained."""
+    source_lang, target_lang = options.source_lang, options.target_lang
+    if options.spm_model:
+        paths = options.spm_model.split(",")
+        vocabs = [Vocabulary.load(path) for path in paths]
+        logger.info(f"using sentencepiece model(s) {options.spm_model} ({', '.join(str(len(v)) for v in vocabs)} "
+                    "pieces)")
+        return {source_lang: vocabs[0], target_lang: vocabs[-1]}
+    assert train is not None
+    spm.set_random_generator_seed(SPM_SEED)
+
+    def train_on(lines: list[str], description: str) -> Vocabulary:
+        task = progress.add_task(f"training {options.model_type} {description}", total=None)
+        vocab = Vocabulary.train((line for line in lines if line.strip()), options.vocab_size, options.model_type,
+                                 options.character_coverage, options.input_sentence_size,
+                                 num_threads=options.workers)
+        progress.update(task, total=1, completed=1)
+        return vocab
+
+    source, target = train
+    if options.joint:
+        vocab = train_on(list(chain(source, target)), f"{source_lang}+{target_lang}")
+        return {source_lang: vocab, target_lang: vocab}
+    return {source_lang: train_on(source, source_lang), target_lang: train_on(target, target_lang)}
+
+
+def save_vocabularies(workdir: Path, vocabs: dict[str, Vocabulary], options: PreprocessOptions) -> dict:
+    """Write spm.model (shared) or spm.{lang}.model and return the meta.json entries describing them."""
+    source, target = vocabs[options.source_lang], vocabs[options.target_lang]
+    joint = source == target
+    files = {lang: "spm.model" if joint else f"spm.{lang}.model" for lang in vocabs}
+    for lang, vocab in vocabs.items():
+        vocab.save(workdir / files[lang])
+    return {"joint": joint, "vocab_files": files,
+            "vocab_sizes": {lang: len(vocab) for lang, vocab in vocabs.items()},
+            "spm_sha256": {lang: vocab.sha256 for lang, vocab in vocabs.items()}}
+
+
+@dataclass
+class EncodedSide:
+    """One side of a split as flat token ids (no EOS yet) and per-sentence lengths."""
+
+    tokens: np.ndarray
+    lengths: np.ndarray
+
+
+def encode_lines(vocab: Vocabulary, lines: list[str], workers: int, advance: Callable[[int], None]) -> EncodedSide:
+    """Encode in batches straight into a compact numpy array (Python lists of ids would take ~20x the RAM)."""
+    dtype = smallest_dtype(len(vocab))
+    tokens, lengths = [], []
+    for start in range(0, len(lines), ENCODE_BATCH):
+        ids = vocab.encode_batch(lines[start:start + ENCODE_BATCH], num_threads=workers)
+        sizes = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+        tokens.append(np.fromiter(chain.from_iterable(ids), dtype=dtype, count=int(sizes.sum())))
+        lengths.append(sizes)
+        advance(len(ids))
+    return EncodedSide(np.concatenate(tokens), np.concatenate(lengths))
+
+
+def drop_reasons(source_lengths: np.ndarray, target_lengths: np.ndarray, max_len: int,
+                 max_len_ratio: float) -> dict[str, np.ndarray]:
+    """Masks of the training pairs to drop, each pair under its first reason only."""
+    source_sizes, target_sizes = source_lengths + 1, target_lengths + 1  # as stored, with EOS
+    empty = (source_lengths == 0) | (target_lengths == 0)
+    never = np.zeros_like(empty)
+    too_long = ~empty & ((source_sizes > max_len) | (target_sizes > max_len)) if max_len else never
+    longer, shorter = np.maximum(source_sizes, target_sizes), np.minimum(source_sizes, target_sizes)
+    ratio = ~empty & ~too_long & (longer > max_len_ratio * shorter) if max_len_ratio else never
+    return {"empty": empty, "too_long": too_long, "ratio": ratio}
+
+
+def with_eos(side: EncodedSide, keep: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The kept sentences as stored: flat tokens each followed by EOS, and n+1 offsets."""
+    offsets = np.zeros(int(keep.sum()) + 1, dtype=np.int64)
+    np.cumsum(side.lengths[keep] + 1, out=offsets[1:])
+    tokens = np.full(int(offsets[-1]), EOS_ID, dtype=side.tokens.dtype)
+    body = np.ones(len(tokens), dtype=bool)
+    body[offsets[1:] - 1] = False
+    tokens[body] = side.tokens[np.repeat(keep, side.lengths)]
+    return tokens, offsets
+
+
+def binarize_split(workdir: Path, split: SplitFiles, text: tuple[list[str], list[str]],
+                   vocabs: dict[str, Vocabulary], options: PreprocessOptions,
+                   advance: Callable[[int], None]) -> dict:
+    """Encode, filter (train only) and write one split; return its meta.json entry."""
+    langs = (options.source_lang, options.target_lang)
+    sides = [encode_lines(vocabs[lang], lines, options.workers, advance) for lang, lines in zip(langs, text)]
+    keep = np.ones(len(sides[0].lengths), dtype=bool)
+    entry: dict = {"sentences": 0, "input_lines": len(keep), "source_file": str(split.source),
+                   "target_file": str(split.target)}
+    if not split.keeps_every_line:
+        reasons = drop_reasons(sides[0].lengths, sides[1].lengths, options.max_len, options.max_len_ratio)
+        for mask in reasons.values():
+            keep &= ~mask
+        entry["dropped"] = {reason: int(mask.sum()) for reason, mask in reasons.items()}
+        if not keep.any():
+            raise NmtError(f"all training pairs were dropped ({format_dropped(entry['dropped'])}); "
+                           "check --max-len and --max-len-ratio")
+    entry["sentences"] = int(keep.sum())
+    for role, lang, side in zip(("source", "target"), langs, sides):
+        tokens, offsets = with_eos(side, keep)
+        save_token_array(workdir / f"{split.name}.{lang}", tokens, offsets)
+        entry[f"{role}_tokens"] = len(tokens)
+        entry[f"{role}_unk"] = int(np.count_nonzero(tokens == UNK_ID))
+    return entry
+
+
+def replace_directory(new: Path, destdir: Path) -> None:
+    """Rename the finished ``new`` to ``destdir``; an old destdir is moved aside first and deleted last."""
+    old = None
+    if destdir.exists():
+        old = destdir.parent / f".{destdir.name}.old-{uuid.uuid4().hex[:8]}"
+        os.rename(destdir, old)
+    try:
+        os.rename(new, destdir)
+    except BaseException:
+        if old is not None:
+            os.rename(old, destdir)
+        raise
+    fsync_dir(destdir.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def format_dropped(dropped: dict[str, int]) -> str:
+    """E.g. "12: empty 3, too long 9" (only the reasons that dropped something)."""
+    reasons = ", ".join(f"{reason.replace('_', ' ')} {count:,}" for reason, count in dropped.items() if count)
+    return f"{sum(dropped.values()):,}" + (f": {reasons}" if reasons else "")
+
+
+def unk_rate(entry: dict, role: str) -> float:
+    """Share of UNK among the real tokens (the EOS of each sentence not counted)."""
+    real = entry[f"{role}_tokens"] - entry["sentences"]
+    return entry[f"{role}_unk"] / real if real else 0.0
+
+
+def log_split(name: str, entry: dict) -> None:
+    dropped = f", dropped {format_dropped(entry['dropped'])}" if "dropped" in entry else ""
+    logger.info(f"{name}: {entry['sentences']} pairs, {entry['source_tokens']} + {entry['target_tokens']} tokens"
+                f"{dropped}", extra={"fields": {"split": name, **entry}})
+
+
+def summary_table(datadir: DataDir) -> Table:
+    """Sentences, tokens (EOS included), unknown-token rate and dropped pairs per split."""
+    source, target = datadir.source_lang, datadir.target_lang
+    table = Table(title=f"{datadir.path}  ({source}-{target}, vocab "
+                        f"{'/'.join(str(n) for n in dict.fromkeys(datadir.meta['vocab_sizes'].values()))}"
+                        f"{', joint' if datadir.meta['joint'] else ''})")
+    for column in ("split", "sentences", f"{source} tokens", f"{target} tokens", f"{source} unk", f"{target} unk"):
+        table.add_column(column, justify="left" if column == "split" else "right")
+    table.add_column("dropped")
+    for name, entry in datadir.meta["splits"].items():
+        dropped = entry.get("dropped")
+        table.add_row(name, f"{entry['sentences']:,}", f"{entry['source_tokens']:,}", f"{entry['target_tokens']:,}",
+                      f"{unk_rate(entry, 'source'):.3%}", f"{unk_rate(entry, 'target'):.3%}",
+                      format_dropped(dropped) if dropped is not None else "-")
+    return table
