@@ -139,6 +139,23 @@ def preprocess(
         Console().print(lib.summary_table(datadir))
 
 
+@app.command()
+def score(
+    system: Annotated[str, typer.Option("--sys", help="Detokenized system output, one line per segment ('-' = stdin).")],
+    ref: Annotated[list[str], typer.Option(help="Reference file (repeat for several references); plain or .gz.")],
+    metrics: Annotated[str, typer.Option(help="Comma-separated metrics from bleu, chrf, ter.")] = "bleu",
+    lowercase: Annotated[bool, typer.Option(help="Case-insensitive scores (sacrebleu's default is cased).")] = False,
+    json_output: Annotated[bool, typer.Option("--json", help="Print the scores as JSON.")] = False,
+    verbose: Verbose = 0, quiet: Quiet = False, log_format: LogFormat = LogFormatChoice.text,
+) -> None:
+    """Score a system output with sacrebleu (BLEU with 13a tokenization, cased) and print the signatures."""
+    common(verbose, quiet, log_format)
+    from nmt.scoring import format_results, parse_metrics, score_files
+
+    results = score_files(system, ref, parse_metrics(metrics), lowercase)
+    typer.echo(format_results(results, as_json=json_output))
+
+
 def main() -> None:
     try:
         app()

@@ -1,0 +1,115 @@
+import gzip
+import json
+import subprocess
+import sys
+
+import pytest
+import sacrebleu
+
+from nmt.errors import NmtError
+from nmt.scoring import format_results, parse_metrics, score, score_files
+
+HYPOTHESES = [
+    "The cat sat on the mat.",
+    "A quick brown fox jumps over the lazy dog!",
+    "Ich habe einundzwanzig Äpfel gekauft.",
+    "there is no reference like this one",
+]
+REFERENCES = [
+    "The cat sat on a mat.",
+    "The quick brown fox jumped over the lazy dog!",
+    "Ich habe einundzwanzig Äpfel gekauft.",
+    "This is a different sentence entirely.",
+]
+SECOND_REFERENCES = [
+    "A cat was sitting on the mat.",
+    "A quick brown fox jumps over a lazy dog.",
+    "Ich kaufte einundzwanzig Äpfel.",
+    "there is no reference like that one",
+]
+
+
+def write(path, lines):
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return path
+
+
+def run_nmt(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "nmt", *map(str, args)], capture_output=True, text=True, input=stdin)
+
+
+def test_bleu_equals_sacrebleu_corpus_bleu():
+    expected = sacrebleu.corpus_bleu(HYPOTHESES, [REFERENCES, SECOND_REFERENCES])
+    (bleu,) = score(HYPOTHESES, [REFERENCES, SECOND_REFERENCES])
+    assert bleu.name == "BLEU" and bleu.score == pytest.approx(expected.score, abs=1e-9)
+    assert 20 < bleu.score < 90  # a non-trivial value, not 0 or 100
+    assert "nrefs:2|case:mixed|eff:no|tok:13a|smooth:exp" in bleu.signature
+    assert bleu.formatted.startswith(f"BLEU|{bleu.signature} = {bleu.score:.2f}")
+
+
+def test_chrf_and_ter_match_sacrebleu_and_lowercase_is_applied():
+    results = score(HYPOTHESES, [REFERENCES], metrics=["bleu", "chrf", "ter"])
+    assert [result.name for result in results] == ["BLEU", "chrF2", "TER"]
+    assert results[1].score == pytest.approx(sacrebleu.corpus_chrf(HYPOTHESES, [REFERENCES]).score)
+    assert results[2].score == pytest.approx(sacrebleu.corpus_ter(HYPOTHESES, [REFERENCES]).score)
+    upper = [line.upper() for line in HYPOTHESES]
+    cased, lowered = score(upper, [REFERENCES]), score(upper, [REFERENCES], lowercase=True)
+    assert "case:lc" in lowered[0].signature
+    assert lowered[0].score == pytest.approx(score(HYPOTHESES, [REFERENCES], lowercase=True)[0].score)
+    assert cased[0].score < lowered[0].score
+
+
+def test_line_count_mismatch_is_an_error_not_a_truncation(tmp_path):
+    system = write(tmp_path / "hyp.txt", HYPOTHESES)
+    short = write(tmp_path / "ref.txt", REFERENCES[:3])
+    with pytest.raises(NmtError, match="hyp.txt has 4 lines but .*ref.txt has 3"):
+        score_files(system, [short])
+    with pytest.raises(NmtError, match="reference 1 has 3 lines but there are 4 hypotheses"):
+        score(HYPOTHESES, [REFERENCES[:3]])
+    result = run_nmt("score", "--sys", system, "--ref", short)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr.strip().startswith("error:") and "\n" not in result.stderr.strip()
+
+
+def test_empty_files_are_errors(tmp_path):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    reference = write(tmp_path / "ref.txt", REFERENCES)
+    with pytest.raises(NmtError, match="empty.txt is empty"):
+        score_files(empty, [reference])
+    with pytest.raises(NmtError, match="empty.txt is empty"):
+        score_files(reference, [empty])
+
+
+def test_unknown_metric_is_an_error():
+    assert parse_metrics("BLEU, chrf,bleu") == ["bleu", "chrf"]
+    with pytest.raises(NmtError, match="unknown metric meteor"):
+        parse_metrics("bleu,meteor")
+
+
+def test_cli_reads_stdin_and_gzip_references(tmp_path):
+    reference = tmp_path / "ref.txt.gz"
+    with gzip.open(reference, "wt", encoding="utf-8") as handle:
+        handle.write("".join(line + "\n" for line in REFERENCES))
+    result = run_nmt("score", "--sys", "-", "--ref", reference, stdin="".join(line + "\n" for line in HYPOTHESES))
+    assert result.returncode == 0, result.stderr
+    expected = sacrebleu.corpus_bleu(HYPOTHESES, [REFERENCES])
+    assert result.stdout.startswith("BLEU|nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|")
+    assert f"= {expected.score:.2f} " in result.stdout and len(result.stdout.splitlines()) == 1
+
+
+def test_cli_json_output_parses(tmp_path):
+    system = write(tmp_path / "hyp.txt", HYPOTHESES)
+    first, second = write(tmp_path / "ref1.txt", REFERENCES), write(tmp_path / "ref2.txt", SECOND_REFERENCES)
+    result = run_nmt("score", "--sys", system, "--ref", first, "--ref", second, "--metrics", "bleu,chrf,ter", "--json")
+    assert result.returncode == 0, result.stderr
+    parsed = json.loads(result.stdout)
+    assert [entry["name"] for entry in parsed] == ["BLEU", "chrF2", "TER"]
+    assert parsed[0]["score"] == pytest.approx(sacrebleu.corpus_bleu(HYPOTHESES, [REFERENCES, SECOND_REFERENCES]).score)
+    assert all(entry["signature"].startswith("nrefs:2|") for entry in parsed)
+
+
+def test_text_format_is_one_line_per_metric():
+    results = score(HYPOTHESES, [REFERENCES], metrics=["bleu", "ter"])
+    lines = format_results(results).splitlines()
+    assert len(lines) == 2 and lines[0].startswith("BLEU|") and lines[1].startswith("TER|")
