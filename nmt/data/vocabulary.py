@@ -96,8 +96,8 @@ class Vocabulary:
         return self.processor.encode(texts, out_type=int, num_threads=num_threads)
 
     def decode(self, ids: Iterable[int]) -> str:
-        """Detokenize, dropping special tokens."""
-        return self.processor.decode([i for i in ids if i > EOS_ID])
+        """Detokenize, dropping pad/bos/eos; UNK stays visible (" ⁇ "), so this matches normalize()."""
+        return self.processor.decode([i for i in ids if i not in (PAD_ID, BOS_ID, EOS_ID)])
 
     def piece(self, token_id: int) -> str:
         return self.processor.id_to_piece(token_id)
