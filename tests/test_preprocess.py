@@ -1,0 +1,403 @@
+"""nmt preprocess: the data directory it writes, the pairs it drops, its atomicity, and every bad input."""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import io
+import json
+import logging
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import sentencepiece as spm
+import typer.main
+
+from nmt.cli import app, main
+from nmt.data import preprocess as preprocess_module
+from nmt.data.corpus import split_names
+from nmt.data.dataset import DataDir
+from nmt.data.preprocess import PreprocessOptions, drop_reasons, preprocess
+from nmt.data.vocabulary import EOS_ID, UNK_ID
+from nmt.errors import NmtError
+from nmt.log import logger
+
+MULTI30K = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
+EN = "a the man woman child dog cat runs sits plays in on with red blue green big small house street park ball " \
+     "water tree".split()
+DE = "ein der mann frau kind hund katze läuft sitzt spielt im auf mit rot blau grün groß klein haus straße park " \
+     "ball wasser baum".split()
+
+
+def parallel_lines(count: int, seed: int) -> tuple[list[str], list[str]]:
+    """Word-for-word 'translations' of random sentences: enough variety for a 100-piece BPE model."""
+    rng = random.Random(seed)
+    english, german = [], []
+    for _ in range(count):
+        words = [rng.randrange(len(EN)) for _ in range(rng.randint(3, 12))]
+        english.append(" ".join(EN[w] for w in words).capitalize() + ".")
+        german.append(" ".join(DE[w] for w in words).capitalize() + ".")
+    return english, german
+
+
+def write_pair(directory: Path, name: str, english: list[str], german: list[str], gz: bool = False) -> str:
+    """Write name.en and name.de (optionally gzipped); return the prefix."""
+    for lang, lines in (("en", english), ("de", german)):
+        data = "".join(line + "\n" for line in lines).encode("utf-8")
+        path = directory / f"{name}.{lang}{'.gz' if gz else ''}"
+        path.write_bytes(gzip.compress(data) if gz else data)
+    return str(directory / name)
+
+
+@pytest.fixture
+def corpus(tmp_path: Path) -> Path:
+    """train (300 pairs), valid (40) and test (30) under tmp_path/text."""
+    text = tmp_path / "text"
+    text.mkdir()
+    for name, count, seed in (("train", 300, 0), ("valid", 40, 1), ("test", 30, 2)):
+        write_pair(text, name, *parallel_lines(count, seed))
+    return text
+
+
+def make_options(corpus: Path, tmp_path: Path, **overrides) -> PreprocessOptions:
+    settings = dict(source_lang="en", target_lang="de", destdir=str(tmp_path / "bin"), trainpref=str(corpus / "train"),
+                    validpref=str(corpus / "valid"), testpref=str(corpus / "test"), vocab_size=100)
+    return PreprocessOptions(**{**settings, **overrides})
+
+
+def read_text(path: Path) -> list[str]:
+    with (gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else open(path, encoding="utf-8")) as f:
+        return [line.rstrip("\n") for line in f]
+
+
+def assert_round_trips(datadir: DataDir, split: str, source: list[str], target: list[str]) -> None:
+    """Every stored sentence ends in its only EOS and decodes to the normalized input line."""
+    data = datadir.split(split)
+    assert len(data) == len(source) == len(target)
+    for side, lines, lang in ((data.source, source, datadir.source_lang), (data.target, target, datadir.target_lang)):
+        vocab = datadir.vocabulary(lang)
+        for i, line in enumerate(lines):
+            ids = side[i]
+            assert ids[-1] == EOS_ID and EOS_ID not in ids[:-1]
+            assert vocab.decode(ids) == vocab.normalize(line)
+
+
+def test_builds_a_data_directory_that_round_trips(corpus, tmp_path):
+    datadir = preprocess(make_options(corpus, tmp_path), show_progress=False)
+    meta = datadir.meta
+    assert datadir.path == tmp_path / "bin" and datadir.splits == ["train", "valid", "test"]
+    assert meta["joint"] and meta["vocab_files"] == {"en": "spm.model", "de": "spm.model"}
+    assert meta["vocab_sizes"] == {"en": 100, "de": 100}
+    assert meta["spm_sha256"]["en"] == datadir.vocabulary("en").sha256
+    assert meta["nmt_version"] and meta["options"]["vocab_size"] == 100 and "workers" not in meta["options"]
+    for split in ("train", "valid", "test"):
+        source, target = read_text(corpus / f"{split}.en"), read_text(corpus / f"{split}.de")
+        assert_round_trips(datadir, split, source, target)
+        entry = meta["splits"][split]
+        data = datadir.split(split)
+        assert entry["sentences"] == len(source) and entry["input_lines"] == len(source)
+        assert entry["source_tokens"] == len(data.source.tokens) and entry["target_tokens"] == len(data.target.tokens)
+        assert data.source.tokens.dtype == np.uint16
+    assert meta["splits"]["train"]["dropped"] == {"empty": 0, "too_long": 0, "ratio": 0}
+    assert "dropped" not in meta["splits"]["valid"]
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary directory left
+
+
+def test_several_valid_and_test_prefixes_get_fairseq_split_names(corpus, tmp_path):
+    write_pair(corpus, "valid_b", *parallel_lines(5, 3), gz=True)
+    options = make_options(corpus, tmp_path, validpref=f"{corpus}/valid,{corpus}/valid_b", testpref=f"{corpus}/test")
+    datadir = preprocess(options, show_progress=False)
+    assert datadir.splits == ["train", "valid", "valid1", "test"]
+    assert len(datadir.split("valid1")) == 5 and datadir.meta["splits"]["valid1"]["source_file"].endswith(".en.gz")
+    assert split_names("test", 3) == ["test", "test1", "test2"]
+
+
+def test_train_drops_empty_too_long_and_badly_proportioned_pairs_only(corpus, tmp_path):
+    english, german = parallel_lines(200, 5)
+    bad = {3: ("", "Der hund."), 10: ("The dog.", "   "), 20: (" ".join(["the big house"] * 40), "Das."),
+           30: ("A dog.", " ".join(["der hund im park"] * 4))}  # 20: too long; 30: 7 vs 37 tokens
+    for index, (source, target) in bad.items():
+        english[index], german[index] = source, target
+    write_pair(corpus, "noisy", english, german)
+    options = make_options(corpus, tmp_path, trainpref=str(corpus / "noisy"), max_len=60, max_len_ratio=4)
+    datadir = preprocess(options, show_progress=False)
+    assert datadir.meta["splits"]["train"]["dropped"] == {"empty": 2, "too_long": 1, "ratio": 1}
+    assert datadir.meta["splits"]["train"]["input_lines"] == 200
+    kept = [i for i in range(200) if i not in bad]
+    assert_round_trips(datadir, "train", [english[i] for i in kept], [german[i] for i in kept])
+
+
+def test_drop_reasons_count_each_pair_once_and_zero_disables():
+    source, target = np.array([0, 5, 30, 2, 3]), np.array([4, 0, 3, 20, 3])
+    reasons = drop_reasons(source, target, max_len=25, max_len_ratio=3)
+    assert {k: v.tolist() for k, v in reasons.items()} == {
+        "empty": [True, True, False, False, False], "too_long": [False, False, True, False, False],
+        "ratio": [False, False, False, True, False]}
+    off = drop_reasons(source, target, max_len=0, max_len_ratio=0)
+    assert not off["too_long"].any() and not off["ratio"].any()
+
+
+def test_separate_vocabularies_and_reusing_a_model(corpus, tmp_path):
+    separate = preprocess(make_options(corpus, tmp_path, joint=False, vocab_size=80), show_progress=False)
+    assert separate.meta["vocab_files"] == {"en": "spm.en.model", "de": "spm.de.model"}
+    assert not separate.meta["joint"] and separate.vocabulary("en") != separate.vocabulary("de")
+    models = f"{separate.path}/spm.en.model,{separate.path}/spm.de.model"
+    reused = preprocess(make_options(corpus, tmp_path, destdir=str(tmp_path / "reused"), trainpref=None,
+                                     validpref=None, spm_model=models), show_progress=False)
+    assert reused.splits == ["test"] and reused.meta["spm_sha256"] == separate.meta["spm_sha256"]
+    assert_round_trips(reused, "test", read_text(corpus / "test.en"), read_text(corpus / "test.de"))
+
+
+def test_unigram_model_type(corpus, tmp_path):
+    datadir = preprocess(make_options(corpus, tmp_path, model_type="unigram"), show_progress=False)
+    proto = datadir.vocabulary("en").processor
+    assert len(proto) == 100 and datadir.meta["options"]["model_type"] == "unigram"
+
+
+def test_unknown_characters_in_valid_are_counted_as_unk(corpus, tmp_path):
+    english, german = parallel_lines(10, 7)
+    english[4] = "A dog with a ñandú."
+    write_pair(corpus, "valid", english, german)
+    datadir = preprocess(make_options(corpus, tmp_path), show_progress=False)
+    assert datadir.meta["splits"]["valid"]["source_unk"] >= 1 and datadir.meta["splits"]["valid"]["target_unk"] == 0
+    assert UNK_ID in datadir.split("valid").source[4]
+    assert_round_trips(datadir, "valid", english, german)
+
+
+def test_workers_do_not_change_the_output(corpus, tmp_path):
+    one = preprocess(make_options(corpus, tmp_path, destdir=str(tmp_path / "one")), show_progress=False)
+    two = preprocess(make_options(corpus, tmp_path, destdir=str(tmp_path / "two"), workers=2), show_progress=False)
+    pieces = lambda datadir: [datadir.vocabulary("en").piece(i) for i in range(100)]  # noqa: E731
+    assert pieces(one) == pieces(two)  # (the model files differ in the num_threads they record)
+    for name in ("train.en.tokens.npy", "train.de.offsets.npy", "valid.de.tokens.npy"):
+        assert (one.path / name).read_bytes() == (two.path / name).read_bytes()
+
+
+def test_same_request_is_up_to_date_a_different_one_needs_force(corpus, tmp_path, caplog, monkeypatch):
+    monkeypatch.setattr(logger, "propagate", True)  # the CLI's logging set-up turns it off; caplog listens at root
+    caplog.set_level(logging.INFO, logger="nmt")
+    options = make_options(corpus, tmp_path)
+    first = preprocess(options, show_progress=False)
+    meta_time = (first.path / "meta.json").stat().st_mtime_ns
+    assert preprocess(dataclasses.replace(options, workers=2), show_progress=False).meta == first.meta
+    assert (first.path / "meta.json").stat().st_mtime_ns == meta_time  # nothing rebuilt
+    assert "up to date" in caplog.text
+    with pytest.raises(NmtError, match=r"different dataset \(differs in: vocab_size\).*--force"):
+        preprocess(dataclasses.replace(options, vocab_size=90), show_progress=False)
+    write_pair(corpus, "test", *parallel_lines(31, 9))  # an input file changed
+    with pytest.raises(NmtError, match=r"differs in: input files"):
+        preprocess(options, show_progress=False)
+    rebuilt = preprocess(dataclasses.replace(options, vocab_size=90, force=True), show_progress=False)
+    assert rebuilt.meta["vocab_sizes"]["en"] == 90 and len(rebuilt.split("test")) == 31
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bin", "text"]  # the old one moved aside, then deleted
+
+
+def test_an_interrupted_build_leaves_no_dataset_and_the_old_one_intact(corpus, tmp_path, monkeypatch):
+    original = preprocess_module.binarize_split
+    calls = []
+
+    def interrupted(workdir, split, *args):
+        calls.append(split.name)
+        if split.name == "valid":
+            raise KeyboardInterrupt
+        return original(workdir, split, *args)
+
+    monkeypatch.setattr(preprocess_module, "binarize_split", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        preprocess(make_options(corpus, tmp_path), show_progress=False)
+    assert calls == ["train", "valid"] and sorted(p.name for p in tmp_path.iterdir()) == ["text"]
+
+    monkeypatch.setattr(preprocess_module, "binarize_split", original)
+    old = preprocess(make_options(corpus, tmp_path), show_progress=False)
+    old_meta = (old.path / "meta.json").read_text()
+    monkeypatch.setattr(preprocess_module, "binarize_split", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        preprocess(make_options(corpus, tmp_path, vocab_size=90, force=True), show_progress=False)
+    assert (old.path / "meta.json").read_text() == old_meta
+    assert DataDir.open(old.path).split("valid") is not None
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bin", "text"]
+
+
+def test_multi30k_end_to_end_round_trip(tmp_path):
+    if not (MULTI30K / "val.en.gz").exists():
+        pytest.skip(f"Multi30k not found at {MULTI30K} (the shared data directory is absent)")
+    # The 1,014-line val set stands in for train to keep this to about a second.
+    options = PreprocessOptions(source_lang="en", target_lang="de", destdir=str(tmp_path / "m30k"),
+                                trainpref=str(MULTI30K / "val"), validpref=str(MULTI30K / "test_2016_flickr"),
+                                vocab_size=1000, workers=2)
+    datadir = preprocess(options, show_progress=False)
+    for split, prefix in (("train", "val"), ("valid", "test_2016_flickr")):
+        source, target = read_text(MULTI30K / f"{prefix}.en.gz"), read_text(MULTI30K / f"{prefix}.de.gz")
+        assert datadir.meta["splits"][split]["input_lines"] == len(source)
+        assert_round_trips(datadir, split, source, target)  # so nothing was dropped from train either
+
+
+# --- the command line ---------------------------------------------------------------------------------------------
+
+
+def run_cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
+    """Run `nmt ...` in-process through the real entry point (which turns NmtError into `error: ...`)."""
+    monkeypatch.setattr(sys, "argv", ["nmt", *args])
+    with pytest.raises(SystemExit) as exit_info:
+        main()
+    captured = capsys.readouterr()
+    return exit_info.value.code, captured.out, captured.err
+
+
+def cli_args(corpus: Path, tmp_path: Path, *extra: str) -> list[str]:
+    return ["preprocess", "-s", "en", "-t", "de", "--trainpref", str(corpus / "train"), "--validpref",
+            str(corpus / "valid"), "--destdir", str(tmp_path / "bin"), "--vocab-size", "100", *extra]
+
+
+def assert_one_line_error(monkeypatch, capsys, args: list[str], *expected: str) -> str:
+    code, out, err = run_cli(monkeypatch, capsys, *args, "--quiet")
+    assert code == 1, err
+    assert err.count("\n") == 1 and err.startswith("error: ") and "Traceback" not in err, err
+    for text in expected:
+        assert text in err, err
+    return err
+
+
+def test_cli_builds_and_prints_a_summary(corpus, tmp_path, monkeypatch, capsys):
+    code, out, err = run_cli(monkeypatch, capsys, *cli_args(corpus, tmp_path, "--workers", "2"))
+    assert code == 0, err
+    assert "train" in out and "valid" in out and "300" in out and "dropped" in out
+    assert "encoding train" in err  # the progress bar
+    assert DataDir.open(tmp_path / "bin").meta["splits"]["valid"]["sentences"] == 40
+
+
+def test_cli_json_logs_have_no_progress_bars(corpus, tmp_path, monkeypatch, capsys):
+    code, out, err = run_cli(monkeypatch, capsys, *cli_args(corpus, tmp_path, "--log-format", "json"))
+    assert code == 0, err
+    records = [json.loads(line) for line in err.splitlines()]
+    train = next(r for r in records if r.get("split") == "train")
+    assert train["sentences"] == 300 and train["dropped"] == {"empty": 0, "too_long": 0, "ratio": 0}
+
+
+def test_cli_options_are_the_dataclass_fields_with_the_same_defaults():
+    command = typer.main.get_command(app).commands["preprocess"]
+    shared = {"verbose", "quiet", "log_format"}
+    cli = {param.name: param.default for param in command.params if param.name not in shared}
+    fields = {field.name: field.default for field in dataclasses.fields(PreprocessOptions)}
+    assert set(cli) == set(fields)
+    for name, default in fields.items():
+        if default is not dataclasses.MISSING:
+            assert getattr(cli[name], "value", cli[name]) == default, name
+    long_names = {param.name: param.opts for param in command.params}
+    assert all(f"--{name.replace('_', '-')}" in long_names[name] for name in fields)
+
+
+def test_missing_file(corpus, tmp_path, monkeypatch, capsys):
+    (corpus / "train.de").unlink()
+    assert_one_line_error(monkeypatch, capsys, cli_args(corpus, tmp_path), f"{corpus}/train.de", "not found",
+                          "train.en")
+    assert not (tmp_path / "bin").exists()
+
+
+def test_missing_prefix_and_directory(corpus, tmp_path, monkeypatch, capsys):
+    args = cli_args(corpus, tmp_path)
+    args[args.index("--validpref") + 1] = str(corpus / "vaild")
+    assert_one_line_error(monkeypatch, capsys, args, "vaild.en", "no file", "starts with vaild.")
+    args[args.index("--validpref") + 1] = str(tmp_path / "nowhere" / "valid")
+    assert_one_line_error(monkeypatch, capsys, args, "does not exist")
+    assert not (tmp_path / "bin").exists()
+
+
+def test_unknown_language_suffix_lists_the_files_there_are(corpus, tmp_path, monkeypatch, capsys):
+    args = cli_args(corpus, tmp_path)
+    args[args.index("-s") + 1] = "eng"
+    assert_one_line_error(monkeypatch, capsys, args, "train.eng", "'eng'", "train.de, train.en")
+    assert not (tmp_path / "bin").exists()
+
+
+def test_mismatched_line_counts_name_both_files(corpus, tmp_path, monkeypatch, capsys):
+    english, german = parallel_lines(40, 1)
+    write_pair(corpus, "valid", english, german[:-1])
+    assert_one_line_error(monkeypatch, capsys, cli_args(corpus, tmp_path), f"{corpus}/valid.en has 40 lines",
+                          f"{corpus}/valid.de has 39")
+    assert not (tmp_path / "bin").exists()
+
+
+def test_invalid_utf8_names_file_and_line(corpus, tmp_path, monkeypatch, capsys):
+    lines = (corpus / "train.de").read_bytes().split(b"\n")
+    lines[250] = b"Der hund \xff\xfe im park."
+    (corpus / "train.de").write_bytes(b"\n".join(lines))
+    assert_one_line_error(monkeypatch, capsys, cli_args(corpus, tmp_path), f"{corpus}/train.de: line 251",
+                          "not valid UTF-8")
+    assert not (tmp_path / "bin").exists()
+
+
+def test_empty_line_in_valid_is_an_error_naming_file_and_line(corpus, tmp_path, monkeypatch, capsys):
+    english, german = parallel_lines(40, 1)
+    german[16] = " "
+    write_pair(corpus, "valid", english, german)
+    assert_one_line_error(monkeypatch, capsys, cli_args(corpus, tmp_path), f"{corpus}/valid.de: line 17 is empty")
+    assert not (tmp_path / "bin").exists()
+
+
+@pytest.mark.parametrize("size, expected", [("5000", "--vocab-size 5000 is too large for this corpus: at most"),
+                                            ("20", "--vocab-size 20 is too small")])
+def test_vocab_size_the_corpus_cannot_give(corpus, tmp_path, monkeypatch, capsys, size, expected):
+    args = cli_args(corpus, tmp_path)
+    args[args.index("--vocab-size") + 1] = size
+    assert_one_line_error(monkeypatch, capsys, args, expected)
+    assert not (tmp_path / "bin").exists() and sorted(p.name for p in tmp_path.iterdir()) == ["text"]
+
+
+def test_destdir_with_another_dataset_is_refused_and_left_alone(corpus, tmp_path, monkeypatch, capsys):
+    code, _, err = run_cli(monkeypatch, capsys, *cli_args(corpus, tmp_path), "--quiet")
+    assert code == 0, err
+    before = {p.name: p.read_bytes() for p in (tmp_path / "bin").iterdir()}
+    assert_one_line_error(monkeypatch, capsys, cli_args(corpus, tmp_path, "--no-joint"), "different dataset",
+                          "joint", "--force")
+    assert {p.name: p.read_bytes() for p in (tmp_path / "bin").iterdir()} == before
+    code, _, err = run_cli(monkeypatch, capsys, *cli_args(corpus, tmp_path, "--no-joint", "--force"), "--quiet")
+    assert code == 0 and DataDir.open(tmp_path / "bin").meta["joint"] is False
+
+
+def test_destdir_with_other_files_is_refused(corpus, tmp_path, monkeypatch, capsys):
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "notes.txt").write_text("mine")
+    assert_one_line_error(monkeypatch, capsys, cli_args(corpus, tmp_path), "not a finished nmt dataset", "--force")
+    assert (tmp_path / "bin" / "notes.txt").read_text() == "mine"
+
+
+@pytest.mark.parametrize("extra, expected", [
+    (["-t", "en"], "--source-lang and --target-lang are both 'en'"),
+    (["-t", "de/x"], "--target-lang 'de/x' is not a language code"),
+    (["--max-len-ratio", "0.5"], "--max-len-ratio must be >= 1"),
+    (["--workers", "0"], "--workers must be >= 1"),
+    (["--spm-model", "a,b,c"], "--spm-model takes one path"),
+])
+def test_bad_option_values(corpus, tmp_path, monkeypatch, capsys, extra, expected):
+    assert_one_line_error(monkeypatch, capsys, cli_args(corpus, tmp_path, *extra), expected)
+    assert not (tmp_path / "bin").exists()
+
+
+def test_options_without_text_to_train_on():
+    with pytest.raises(NmtError, match="give --spm-model"):
+        preprocess(PreprocessOptions("en", "de", "out", testpref="x"))
+    with pytest.raises(NmtError, match="nothing to do"):
+        preprocess(PreprocessOptions("en", "de", "out"))
+
+
+def test_errors_reach_the_console_script_as_one_line(corpus, tmp_path):
+    (corpus / "valid.en").unlink()
+    result = subprocess.run([sys.executable, "-m", "nmt", *cli_args(corpus, tmp_path)], capture_output=True,
+                            text=True)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith(f"error: file not found: {corpus}/valid.en")
+
+
+def test_a_reused_model_with_other_special_ids_is_refused(corpus, tmp_path):
+    proto = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(read_text(corpus / "train.en")), model_writer=proto,
+                                   vocab_size=60, minloglevel=2)  # sentencepiece's own ids: unk=0, bos=1, eos=2
+    (tmp_path / "plain.model").write_bytes(proto.getvalue())
+    with pytest.raises(NmtError, match="special ids"):
+        preprocess(make_options(corpus, tmp_path, spm_model=str(tmp_path / "plain.model")), show_progress=False)
+    assert not (tmp_path / "bin").exists()
