@@ -107,41 +107,43 @@ def average_checkpoints(paths: list[str | Path]) -> dict[str, Any]:
         seen_paths[resolved] = path
 
     first: dict[str, Any] | None = None
-    sums: dict[str, Tensor] = {}
-    last_state: dict[str, Tensor] = {}
+    sums: dict[str, Tensor] = {}  # float64 running sums of the float tensors
+    integers: dict[str, Tensor] = {}  # integer buffers, from the last checkpoint
+    dtypes: dict[str, torch.dtype] = {}
     for path in paths:
         logger.info("reading %s", path)
-        checkpoint = load_checkpoint(path)
+        checkpoint = load_checkpoint(path, mmap=True)  # the optimizer state is never read
         state = checkpoint["model"]
+        layout = {key: (tuple(tensor.shape), tensor.is_floating_point()) for key, tensor in state.items()}
         if first is None:
             first = {key: checkpoint[key] for key in ("model_name", "arch", "model_config", "vocab")}
-            first_keys = {key: (tuple(tensor.shape), tensor.is_floating_point()) for key, tensor in state.items()}
-            aliases = _aliases(state)
+            first_layout, aliases = layout, _aliases(state)
         else:
             check_compatible(first, paths[0], checkpoint, path)
-            keys = {key: (tuple(tensor.shape), tensor.is_floating_point()) for key, tensor in state.items()}
-            if keys != first_keys:
-                changed = sorted(set(keys.items()) ^ set(first_keys.items()))
+            if layout != first_layout:
+                changed = sorted(set(layout.items()) ^ set(first_layout.items()))
                 raise NmtError(f"cannot average {paths[0]} and {path}: their weights differ "
                                f"(first difference at {changed[0][0]!r})")
         for key, tensor in state.items():
-            if key in aliases or not tensor.is_floating_point():
+            if key in aliases:
                 continue
-            if key in sums:
+            if not tensor.is_floating_point():
+                integers[key] = tensor.clone()
+            elif key in sums:
                 sums[key] += tensor
             else:
                 sums[key] = tensor.to(torch.float64, copy=True)
-        last_state = state
-        del checkpoint, state  # keep one checkpoint in memory at a time
+        dtypes = {key: tensor.dtype for key, tensor in state.items()}
+        del checkpoint, state  # only the sums outlive this checkpoint
 
     averaged: dict[str, Tensor] = {}
-    for key, tensor in last_state.items():
+    for key, dtype in dtypes.items():
         if key in aliases:
             averaged[key] = averaged[aliases[key]]
-        elif tensor.is_floating_point():
-            averaged[key] = sums.pop(key).div_(len(paths)).to(tensor.dtype)
+        elif key in integers:
+            averaged[key] = integers[key]
         else:
-            averaged[key] = tensor.clone()
+            averaged[key] = sums.pop(key).div_(len(paths)).to(dtype)
     return {"nmt_version": nmt.__version__, **first, "model": averaged,
             "averaged_from": [str(path) for path in paths]}
 

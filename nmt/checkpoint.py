@@ -68,14 +68,17 @@ def save_checkpoint(path: str | os.PathLike, checkpoint: dict[str, Any]) -> None
         torch.save(checkpoint, handle)
 
 
-def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu",
+                    mmap: bool = False) -> dict[str, Any]:
+    """``mmap=True`` maps the tensors from the file instead of reading them: entries never
+    touched (a training checkpoint's optimizer state, when averaging) cost no memory."""
     path = Path(path)
     if not path.exists():
         raise NmtError(f"checkpoint not found: {path}")
     if path.is_dir():
         raise NmtError(f"expected a checkpoint file, got a directory: {path}")
     try:
-        checkpoint = torch.load(path, map_location=map_location, weights_only=True)
+        checkpoint = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError, OSError) as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise NmtError(f"checkpoint {path} is corrupt or truncated ({reason})") from exc
