@@ -401,3 +401,13 @@ def test_a_reused_model_with_other_special_ids_is_refused(corpus, tmp_path):
     with pytest.raises(NmtError, match="special ids"):
         preprocess(make_options(corpus, tmp_path, spm_model=str(tmp_path / "plain.model")), show_progress=False)
     assert not (tmp_path / "bin").exists()
+
+
+def test_destdir_that_cannot_be_a_directory(corpus, tmp_path, monkeypatch, capsys):
+    (tmp_path / "file").write_text("x")
+    args = cli_args(corpus, tmp_path)
+    args[args.index("--destdir") + 1] = str(tmp_path / "file")
+    assert_one_line_error(monkeypatch, capsys, args, f"--destdir {tmp_path}/file exists and is not a directory")
+    args[args.index("--destdir") + 1] = str(tmp_path / "file" / "bin")
+    assert_one_line_error(monkeypatch, capsys, args, f"cannot create a directory in {tmp_path}/file for --destdir")
+    assert (tmp_path / "file").read_text() == "x"

@@ -6,6 +6,11 @@ Layout of a data directory written by ``nmt preprocess``::
     spm.model | spm.{lang}.model   the sentencepiece model(s)
     {split}.{lang}.tokens.npy      all sentences' token ids (each ending in EOS), concatenated
     {split}.{lang}.offsets.npy     int64, n+1 offsets into tokens
+
+Splits are train, valid, valid1, ..., test, test1, ... meta.json holds source_lang, target_lang,
+joint, vocab_files / vocab_sizes / spm_sha256 (each lang -> value), splits (name -> sentences,
+input_lines, source_tokens, target_tokens (EOS included), source_unk, target_unk, source_file,
+target_file, and for train: dropped {empty, too_long, ratio}), options, inputs, nmt_version, format.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ Every input is found and checked first (nmt/data/corpus.py), so bad input fails 
 The sentencepiece model is then trained (or loaded), each split is encoded in batches with
 ``workers`` sentencepiece threads, bad training pairs are dropped, and everything is written into
 a temporary directory next to ``destdir`` that is renamed into place at the end, meta.json last:
-a crash or Ctrl-C never leaves a ``destdir`` that DataDir.open accepts.
+a crash or Ctrl-C never leaves a ``destdir`` that DataDir.open accepts. (A run killed outright may
+leave a hidden ``.NAME.tmp-*`` directory beside it, which nothing reads and which can be deleted.)
 
 Running again with the same options and unchanged input files (same size and mtime) does nothing
 and says the directory is up to date; ``force`` rebuilds it.
@@ -20,7 +21,7 @@ import uuid
 from dataclasses import dataclass
 from itertools import chain
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 import numpy as np
 import sentencepiece as spm
@@ -108,25 +109,42 @@ def preprocess(options: PreprocessOptions, show_progress: bool = True) -> DataDi
                         console=stderr_console, disable=not show_progress)
     with progress:
         vocabs = build_vocabularies(options, texts.get("train"), progress)
-        destdir.parent.mkdir(parents=True, exist_ok=True)
-        workdir = destdir.parent / f".{destdir.name}.tmp-{uuid.uuid4().hex[:8]}"
-        workdir.mkdir()
+        workdir = make_workdir(destdir)
         try:
-            meta = {"format": 1, "nmt_version": nmt.__version__, "source_lang": options.source_lang,
-                    "target_lang": options.target_lang, **save_vocabularies(workdir, vocabs, options), "splits": {},
-                    **recorded}
-            for split in splits:
-                task = progress.add_task(f"encoding {split.name}", total=2 * len(texts[split.name][0]))
-                advance = lambda lines: progress.advance(task, lines)  # noqa: E731
-                meta["splits"][split.name] = binarize_split(workdir, split, texts.pop(split.name), vocabs, options,
-                                                            advance)
-                log_split(split.name, meta["splits"][split.name])
-            DataDir(workdir, meta).write_meta()
+            write_dataset(workdir, splits, texts, vocabs, options, recorded, progress)
             replace_directory(workdir, destdir)
-        except BaseException:
+        except BaseException as exc:
             shutil.rmtree(workdir, ignore_errors=True)
+            if isinstance(exc, OSError):  # disk full, permissions: the user's to fix, not a bug
+                raise NmtError(f"cannot write the data directory {destdir}: {exc}") from exc
             raise
     return DataDir.open(destdir)
+
+
+def make_workdir(destdir: Path) -> Path:
+    """An empty directory next to destdir (same filesystem, so the final rename is atomic)."""
+    workdir = destdir.parent / f".{destdir.name}.tmp-{uuid.uuid4().hex[:8]}"
+    try:
+        destdir.parent.mkdir(parents=True, exist_ok=True)
+        workdir.mkdir()
+    except OSError as exc:
+        raise NmtError(f"cannot create a directory in {destdir.parent} for --destdir: {exc.strerror or exc}") from exc
+    return workdir
+
+
+def write_dataset(workdir: Path, splits: list[SplitFiles], texts: dict[str, tuple[list[str], list[str]]],
+                  vocabs: dict[str, Vocabulary], options: PreprocessOptions, recorded: dict,
+                  progress: Progress) -> None:
+    """Everything of a data directory into workdir, meta.json last; texts are consumed split by split."""
+    meta = {"format": 1, "nmt_version": nmt.__version__, "source_lang": options.source_lang,
+            "target_lang": options.target_lang, **save_vocabularies(workdir, vocabs, options), "splits": {},
+            **recorded}
+    for split in splits:
+        task = progress.add_task(f"encoding {split.name}", total=2 * len(texts[split.name][0]))
+        advance = lambda lines: progress.advance(task, lines)  # noqa: E731
+        meta["splits"][split.name] = binarize_split(workdir, split, texts.pop(split.name), vocabs, options, advance)
+        log_split(split.name, meta["splits"][split.name])
+    DataDir(workdir, meta).write_meta()
 
 
 def recorded_options(options: PreprocessOptions) -> dict:
@@ -181,7 +199,7 @@ def build_vocabularies(options: PreprocessOptions, train: tuple[list[str], list[
     assert train is not None
     spm.set_random_generator_seed(SPM_SEED)
 
-    def train_on(lines: list[str], description: str) -> Vocabulary:
+    def train_on(lines: Iterable[str], description: str) -> Vocabulary:
         task = progress.add_task(f"training {options.model_type} {description}", total=None)
         vocab = Vocabulary.train((line for line in lines if line.strip()), options.vocab_size, options.model_type,
                                  options.character_coverage, options.input_sentence_size,
@@ -191,7 +209,7 @@ def build_vocabularies(options: PreprocessOptions, train: tuple[list[str], list[
 
     source, target = train
     if options.joint:
-        vocab = train_on(list(chain(source, target)), f"{source_lang}+{target_lang}")
+        vocab = train_on(chain(source, target), f"{source_lang}+{target_lang}")
         return {source_lang: vocab, target_lang: vocab}
     return {source_lang: train_on(source, source_lang), target_lang: train_on(target, target_lang)}
 
@@ -201,8 +219,8 @@ def save_vocabularies(workdir: Path, vocabs: dict[str, Vocabulary], options: Pre
     source, target = vocabs[options.source_lang], vocabs[options.target_lang]
     joint = source == target
     files = {lang: "spm.model" if joint else f"spm.{lang}.model" for lang in vocabs}
-    for lang, vocab in vocabs.items():
-        vocab.save(workdir / files[lang])
+    for filename, vocab in {files[lang]: vocab for lang, vocab in vocabs.items()}.items():
+        vocab.save(workdir / filename)
     return {"joint": joint, "vocab_files": files,
             "vocab_sizes": {lang: len(vocab) for lang, vocab in vocabs.items()},
             "spm_sha256": {lang: vocab.sha256 for lang, vocab in vocabs.items()}}
