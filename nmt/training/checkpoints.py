@@ -1,0 +1,128 @@
+"""Training checkpoints in a save dir: which files are written, pruned, and resumed from.
+
+Names (the same ones ``nmt average`` selects by)::
+
+    checkpoint_last.pt            after every save: what a re-run resumes from
+    checkpoint_best.pt            the lowest validation loss so far
+    checkpoint{epoch}.pt          at the end of each epoch
+    checkpoint_{epoch}_{update}.pt  every --save-interval-updates updates
+
+Each file is a full, independent ``torch.save`` written atomically (nmt.checkpoint.save_checkpoint);
+none is a copy of another, so no crash leaves a half-written one. A training checkpoint adds to
+the model state: optimizer, scheduler, scaler, rng (torch/cuda/python), train_state (epoch,
+position in the epoch, update, validation bookkeeping) and train_config (the resolved recipe).
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from nmt.averaging import EPOCH_CHECKPOINT, UPDATE_CHECKPOINT
+from nmt.checkpoint import Vocabularies, describe, load_checkpoint, save_checkpoint
+from nmt.errors import NmtError
+from nmt.log import logger
+
+LAST = "checkpoint_last.pt"
+BEST = "checkpoint_best.pt"
+
+
+def epoch_checkpoint_name(epoch: int) -> str:
+    return f"checkpoint{epoch}.pt"
+
+
+def update_checkpoint_name(epoch: int, update: int) -> str:
+    return f"checkpoint_{epoch}_{update}.pt"
+
+
+def write_checkpoints(save_dir: Path, checkpoint: dict[str, Any], names: list[str]) -> None:
+    """Write the checkpoint under each name, checkpoint_last.pt last (it is what a resume trusts)."""
+    for name in sorted(names, key=lambda name: name == LAST):
+        save_checkpoint(save_dir / name, checkpoint)
+    logger.debug("saved %s", ", ".join(names))
+
+
+def prune_checkpoints(save_dir: Path, keep_last_epochs: int, keep_interval_updates: int) -> None:
+    """Delete all but the newest N epoch / update checkpoints (N < 0 keeps all)."""
+    for pattern, keep in ((EPOCH_CHECKPOINT, keep_last_epochs), (UPDATE_CHECKPOINT, keep_interval_updates)):
+        if keep < 0:
+            continue
+        found = sorted((tuple(int(g) for g in match.groups())[::-1], path)
+                       for path in save_dir.iterdir() if (match := pattern.fullmatch(path.name)))
+        for _, path in found[: max(len(found) - keep, 0)]:
+            path.unlink(missing_ok=True)
+            logger.debug("removed %s", path.name)
+
+
+def rng_state() -> dict[str, Any]:
+    """Random generator states as tensors and plain types (torch.load runs with weights_only)."""
+    version, internal, gauss = random.getstate()
+    return {"torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+            "python": [version, list(internal), gauss]}
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+
+
+def find_resume_checkpoint(save_dir: Path, restore_file: str | None) -> tuple[Path, dict[str, Any]] | None:
+    """The checkpoint to start from: save_dir's checkpoint_last.pt, else --restore-file, else None.
+
+    A checkpoint_last.pt that does not load (truncated, corrupt) is reported and the newest
+    training checkpoint of the save dir that does load is used instead.
+    """
+    last = save_dir / LAST
+    if not last.exists():
+        if restore_file is None:
+            return None
+        path = Path(restore_file)
+        if not path.exists() and (save_dir / restore_file).exists():
+            path = save_dir / restore_file
+        if not path.exists():
+            raise NmtError(f"--restore-file not found: {restore_file}")
+        return path, load_checkpoint(path)
+    try:
+        return last, load_checkpoint(last)
+    except NmtError as exc:
+        logger.warning("%s; looking for the newest checkpoint in %s that loads", exc, save_dir)
+    others = sorted((p for p in save_dir.glob("checkpoint*.pt") if p.name != LAST),
+                    key=lambda p: p.stat().st_mtime, reverse=True)
+    for path in others:
+        try:
+            checkpoint = load_checkpoint(path)
+        except NmtError as exc:
+            logger.warning("%s", exc)
+            continue
+        if "train_state" in checkpoint:
+            logger.warning("resuming from %s instead of the broken %s", path.name, LAST)
+            return path, checkpoint
+    raise NmtError(f"{last} does not load and no other checkpoint in {save_dir} does; "
+                   "move the save dir away to start over")
+
+
+def check_compatible(checkpoint: dict[str, Any], path: Path, model_name: str, arch: str,
+                     model_config: dict[str, Any], vocabs: Vocabularies) -> None:
+    """Refuse to continue a checkpoint of another model or another vocabulary."""
+    if checkpoint["model_name"] != model_name or checkpoint["model_config"] != model_config:
+        stored = checkpoint["model_config"]
+        differences = [f"{key} {stored.get(key)!r} vs {model_config.get(key)!r}"
+                       for key in sorted(set(stored) | set(model_config)) if stored.get(key) != model_config.get(key)]
+        detail = f" ({', '.join(differences[:3])})" if differences else ""
+        raise NmtError(f"{path} holds a {describe(checkpoint)} model{detail}, not the {arch} this run asks for; "
+                       "use another --save-dir, or the checkpoint's --arch and --set")
+    stored_vocab = checkpoint["vocab"]
+    for side, lang_key, vocab in (("source", "source_lang", vocabs.source), ("target", "target_lang", vocabs.target)):
+        if stored_vocab[lang_key] != getattr(vocabs, lang_key):
+            raise NmtError(f"{path} translates {stored_vocab['source_lang']}->{stored_vocab['target_lang']}, "
+                           f"not {vocabs.source_lang}->{vocabs.target_lang}; use another --save-dir")
+        if stored_vocab[side] != vocab.model_proto:
+            raise NmtError(f"{path} was trained with another {side} vocabulary than this data directory's; "
+                           "use another --save-dir")

@@ -1,0 +1,148 @@
+"""Several training processes through torch.distributed: under torchrun, or spawned by ``--nproc``.
+
+torchrun (one node or many) sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT for
+every process; ``--nproc N`` sets the same variables itself for N local processes and a free
+port, so the trainer has one code path. NCCL carries the gradients between GPUs, gloo between
+CPU processes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import signal
+import socket
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from nmt.errors import NmtError
+from nmt.log import JsonLinesFormatter, logger, setup_logging, state
+
+
+@dataclass(frozen=True)
+class DistributedContext:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def is_distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def launched_by_torchrun() -> bool:
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def init_distributed(device_type: str) -> DistributedContext:
+    """Join the process group described by the environment (a single process when there is none)."""
+    if not launched_by_torchrun():
+        return DistributedContext()
+    context = DistributedContext(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]),
+                                 int(os.environ.get("LOCAL_RANK", 0)))
+    if context.is_distributed and not dist.is_initialized():
+        if device_type == "cuda":
+            torch.cuda.set_device(context.local_rank)
+        backend = "nccl" if device_type == "cuda" else "gloo"
+        try:
+            dist.init_process_group(backend, rank=context.rank, world_size=context.world_size)
+        except (RuntimeError, ValueError) as exc:
+            raise NmtError(f"cannot join the {backend} process group: {str(exc).splitlines()[0]}") from exc
+    if not context.is_main:
+        logger.setLevel(logging.ERROR)  # only rank 0 reports progress
+    return context
+
+
+def shutdown_distributed() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def all_reduce_sum(tensor: torch.Tensor, context: DistributedContext) -> torch.Tensor:
+    if context.is_distributed:
+        dist.all_reduce(tensor)
+    return tensor
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _worker(rank: int, target: Callable[[Any], Any], argument: Any, world_size: int, port: int,
+            log_settings: tuple[int, int, str], results: str) -> None:
+    """One spawned process: the torchrun environment, the parent's logging, then ``target``."""
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
+                      LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    if "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+    verbose, level, log_format = log_settings
+    setup_logging(verbose, level > logging.INFO, log_format)
+    try:
+        outcome = ("ok", target(argument))
+    except NmtError as exc:
+        outcome = ("error", str(exc))
+    with open(Path(results) / f"rank{rank}.pkl", "wb") as handle:
+        pickle.dump(outcome, handle)
+    if outcome[0] == "error":
+        raise SystemExit(1)
+
+
+def spawn(target: Callable[[Any], Any], argument: Any, nproc: int) -> Any:
+    """Run ``target(argument)`` in ``nproc`` local processes of one process group; rank 0's result.
+
+    An NmtError in a worker becomes an NmtError here. Ctrl-C is passed on to the workers, which
+    save checkpoint_last.pt and stop; a second Ctrl-C ends them at once.
+    """
+    handler = logger.handlers[0] if logger.handlers else None
+    log_format = "json" if handler is not None and isinstance(handler.formatter, JsonLinesFormatter) else "text"
+    log_settings = (state["verbose"], logger.level, log_format)
+    with tempfile.TemporaryDirectory(prefix="nmt-spawn-") as results:
+        context = mp.start_processes(_worker, args=(target, argument, nproc, free_port(), log_settings, results),
+                                     nprocs=nproc, join=False, start_method="spawn")
+        interrupted = False
+        while True:
+            try:
+                if context.join():
+                    break
+            except KeyboardInterrupt:
+                if interrupted:
+                    for process in context.processes:
+                        process.terminate()
+                    raise
+                interrupted = True
+                logger.warning("stopping: the workers finish their update and save checkpoint_last.pt "
+                               "(Ctrl-C again to end them now)")
+                for process in context.processes:
+                    if process.is_alive():
+                        os.kill(process.pid, signal.SIGINT)
+            except mp.ProcessExitedException:
+                break  # a worker gave up; its reason is in its result file
+        outcomes = {}
+        for rank in range(nproc):
+            path = Path(results) / f"rank{rank}.pkl"
+            if path.exists():
+                with open(path, "rb") as handle:
+                    outcomes[rank] = pickle.load(handle)
+    errors = [(rank, message) for rank, (kind, message) in sorted(outcomes.items()) if kind == "error"]
+    if errors:
+        rank, message = errors[0]
+        raise NmtError(message if rank == 0 else f"worker {rank}: {message}")
+    if interrupted:
+        raise KeyboardInterrupt
+    if 0 not in outcomes:
+        raise NmtError("a training worker was killed before it finished (out of memory?); "
+                       "re-run the command to resume from checkpoint_last.pt")
+    return outcomes[0][1]

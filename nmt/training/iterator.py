@@ -1,0 +1,159 @@
+"""Which batches each process trains on, in which order, and preparing them ahead of the GPU.
+
+The batches (lists of sentence indices) are built once from length buckets; each epoch visits
+them in an order that is a pure function of (seed, epoch). With N processes, the epoch's list
+is cut to a multiple of N and process r takes every N-th batch from r, so the k-th batch of all
+processes together is the global slice ``[k*N, (k+1)*N)``. A position in the epoch is the
+number of global batches consumed: a resumed run starts exactly where the checkpoint left off.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from dataclasses import dataclass
+from typing import Callable, Iterable, Iterator, TypeVar
+
+import numpy as np
+
+from nmt.data.batching import Batch, batch_by_size, collate
+from nmt.data.dataset import ParallelDataset
+from nmt.log import logger
+
+T = TypeVar("T")
+
+
+def make_batches(dataset: ParallelDataset, max_tokens: int | None, max_sentences: int | None = None,
+                 required_multiple: int = 1, skip_too_long: bool = False) -> list[np.ndarray]:
+    """Length-bucketed batches of the whole split; too-long pairs are an error unless skipped."""
+    source_sizes, target_sizes = dataset.source.sizes, dataset.target.sizes
+    if skip_too_long and max_tokens is not None:
+        keep = np.flatnonzero(np.maximum(source_sizes, target_sizes) <= max_tokens)
+        if len(keep) < len(dataset):
+            logger.warning("skipping %d of %d sentence pairs longer than --max-tokens %d",
+                           len(dataset) - len(keep), len(dataset), max_tokens)
+        batches = batch_by_size(source_sizes[keep], target_sizes[keep], max_tokens, max_sentences, required_multiple)
+        return [keep[batch] for batch in batches]
+    return batch_by_size(source_sizes, target_sizes, max_tokens, max_sentences, required_multiple)
+
+
+def epoch_order(num_batches: int, seed: int, epoch: int) -> np.ndarray:
+    """The order of the batches in an epoch: the same (seed, epoch) always gives the same order."""
+    return np.random.default_rng([seed, epoch]).permutation(num_batches)
+
+
+def load_batch(dataset: ParallelDataset, indices: np.ndarray, pin_memory: bool = False) -> Batch:
+    batch = collate(indices, [dataset.source[i] for i in indices], [dataset.target[i] for i in indices])
+    if pin_memory:
+        batch = Batch(batch.indices, batch.source.pin_memory(), batch.prev_output.pin_memory(),
+                      batch.target.pin_memory())
+    return batch
+
+
+@dataclass
+class Update:
+    batches: list[Batch]  # this process's batches, accumulated into one optimizer step
+    positions: list[int]  # where each of those batches stands in the epoch's global order
+    num_tokens: int  # target tokens of the whole update, over all processes
+    position: int  # global batches of the epoch consumed once this update is done
+
+
+class EpochIterator:
+    """One epoch of updates for one process, from a position, prepared by a background thread."""
+
+    def __init__(self, dataset: ParallelDataset, batches: list[np.ndarray], seed: int, epoch: int,
+                 world_size: int = 1, rank: int = 0, update_freq: int = 1, start: int = 0, prefetch: int = 4,
+                 pin_memory: bool = False):
+        order = epoch_order(len(batches), seed, epoch)
+        order = order[: len(order) - len(order) % world_size]
+        if len(order) == 0:
+            raise ValueError(f"{len(batches)} batches cannot be shared by {world_size} processes")
+        self.dataset = dataset
+        self.batches = [batches[i] for i in order]
+        self.tokens = np.array([int(dataset.target.sizes[b].sum()) for b in self.batches], dtype=np.int64)
+        self.world_size, self.rank, self.update_freq = world_size, rank, update_freq
+        self.start = min(start, len(self.batches))
+        self.prefetch, self.pin_memory = prefetch, pin_memory
+
+    @property
+    def num_batches(self) -> int:
+        """Global batches in the epoch (all processes together)."""
+        return len(self.batches)
+
+    def num_updates(self, start: int = 0) -> int:
+        per_process = (len(self.batches) - start) // self.world_size
+        return -(-per_process // self.update_freq)
+
+    def _updates(self) -> Iterator[Update]:
+        world = self.world_size
+        step = self.start // world  # index into this process's shard
+        shard_length = len(self.batches) // world
+        while step < shard_length:
+            count = min(self.update_freq, shard_length - step)
+            begin, end = step * world, (step + count) * world
+            positions = list(range(begin + self.rank, end, world))
+            mine = [load_batch(self.dataset, self.batches[i], self.pin_memory) for i in positions]
+            yield Update(mine, positions, int(self.tokens[begin:end].sum()), end)
+            step += count
+
+    def __iter__(self) -> Iterator[Update]:
+        return prefetched(self._updates, self.prefetch)
+
+
+def sharded_batches(dataset: ParallelDataset, batches: list[np.ndarray], world_size: int, rank: int,
+                    prefetch: int = 4, pin_memory: bool = False) -> Iterator[Batch]:
+    """This process's share of a fixed list of batches (validation): every N-th from r, untruncated."""
+    mine = batches[rank::world_size]
+    return prefetched(lambda: (load_batch(dataset, b, pin_memory) for b in mine), prefetch)
+
+
+class _Failure:
+    def __init__(self, error: BaseException):
+        self.error = error
+
+
+_DONE = object()
+
+
+def prefetched(make: Callable[[], Iterable[T]], size: int) -> Iterator[T]:
+    """Run an iterator in a background thread, up to ``size`` items ahead (0: no thread).
+
+    Errors in the thread are raised in the consumer; a consumer that stops early stops the thread.
+    """
+    if size <= 0:
+        yield from make()
+        return
+    items: queue.Queue = queue.Queue(maxsize=size)
+    stop = threading.Event()
+
+    def produce() -> None:
+        def put(item: object) -> bool:
+            while not stop.is_set():
+                try:
+                    items.put(item, timeout=0.1)
+                    return True
+                except queue.Full:
+                    continue
+            return False
+
+        try:
+            for item in make():
+                if not put(item):
+                    return
+            put(_DONE)
+        except BaseException as exc:  # handed to the consumer, which raises it
+            put(_Failure(exc))
+
+    thread = threading.Thread(target=produce, name="nmt-batch-prefetch", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = items.get()
+            if item is _DONE:
+                return
+            if isinstance(item, _Failure):
+                raise item.error
+            yield item
+    finally:
+        stop.set()
+        thread.join()

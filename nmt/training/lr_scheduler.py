@@ -1,0 +1,52 @@
+"""The inverse square-root learning-rate schedule, in the paper's form and in fairseq's.
+
+Paper (section 5.3): ``lr = d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)``: linear warm-up
+for ``warmup`` steps, then decay with the inverse square root of the step.
+
+fairseq's ``--lr`` form names the peak instead: ``lr = peak * step / warmup`` during warm-up,
+then ``peak * sqrt(warmup / step)``. The two are the same curve when
+``peak = d_model^-0.5 * warmup^-0.5`` (7.0e-4 for transformer_base with 4000 warm-up steps).
+
+``step`` counts updates from 1: the first update uses ``lr_at(1)``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from torch.optim import Optimizer
+
+
+class InverseSqrtSchedule:
+    def __init__(self, warmup_updates: int, d_model: int, peak_lr: float | None = None):
+        if warmup_updates < 1:
+            raise ValueError("warmup_updates must be at least 1")
+        self.warmup_updates = warmup_updates
+        self.d_model = d_model
+        self.peak_lr = peak_lr
+
+    @property
+    def form(self) -> str:
+        return "paper" if self.peak_lr is None else "peak"
+
+    def lr_at(self, step: int) -> float:
+        step = max(step, 1)
+        if self.peak_lr is None:
+            return self.d_model ** -0.5 * min(step ** -0.5, step * self.warmup_updates ** -1.5)
+        if step < self.warmup_updates:
+            return self.peak_lr * step / self.warmup_updates
+        return self.peak_lr * math.sqrt(self.warmup_updates / step)
+
+    def set_lr(self, optimizer: Optimizer, step: int) -> float:
+        """Set the learning rate for update number ``step`` and return it."""
+        lr = self.lr_at(step)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        return lr
+
+    def state_dict(self) -> dict[str, Any]:
+        """The schedule is a function of the update count, which the checkpoint's train_state holds;
+        its settings are stored so that a resumed run can say when they changed."""
+        return {"name": "inverse_sqrt", "warmup_updates": self.warmup_updates, "d_model": self.d_model,
+                "peak_lr": self.peak_lr}
