@@ -143,9 +143,9 @@ def test_mismatched_arch_is_refused_on_one_line(tmp_path, vocab):
 def test_mismatched_vocabulary_is_refused(tmp_path, vocab):
     save_model(tmp_path / "a.pt", vocab, seed=0)
     save_model(tmp_path / "b.pt", train_vocab(WORDS[::-1] + ["zebra", "yak"], seed=1), seed=1)
-    result = run_nmt("average", tmp_path / "a.pt", tmp_path / "b.pt", "-o", tmp_path / "out.pt")
-    message = error_line(result)
-    assert "a.pt" in message and "b.pt" in message and "vocabular" in message
+    with pytest.raises(NmtError, match=r"cannot average .*a\.pt and .*b\.pt: different source vocabularies"):
+        average([tmp_path / "a.pt", tmp_path / "b.pt"], tmp_path / "out.pt")
+    assert not (tmp_path / "out.pt").exists()
 
 
 def test_truncated_input_is_reported(tmp_path, vocab):
@@ -153,9 +153,8 @@ def test_truncated_input_is_reported(tmp_path, vocab):
     save_model(tmp_path / "b.pt", vocab, seed=1)
     data = (tmp_path / "b.pt").read_bytes()
     (tmp_path / "b.pt").write_bytes(data[: len(data) // 2])
-    result = run_nmt("average", tmp_path / "a.pt", tmp_path / "b.pt", "-o", tmp_path / "out.pt")
-    message = error_line(result)
-    assert "b.pt" in message and "corrupt or truncated" in message
+    with pytest.raises(NmtError, match=r"b\.pt is corrupt or truncated"):
+        average([tmp_path / "a.pt", tmp_path / "b.pt"], tmp_path / "out.pt")
     assert not (tmp_path / "out.pt").exists()
 
 
