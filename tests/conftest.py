@@ -27,7 +27,8 @@ def make_data_dir(directory: Path, splits: dict[str, list[tuple[str, str]]], voc
             write_token_array(directory / f"{split}.{lang}", sentences, len(vocab))
     DataDir(directory, {"source_lang": source_lang, "target_lang": target_lang,
                         "splits": {split: {"sentences": len(pairs)} for split, pairs in splits.items()},
-                        "vocab_files": {source_lang: "spm.model", target_lang: "spm.model"}, "joint": True}).write_meta()
+                        "vocab_files": {source_lang: "spm.model", target_lang: "spm.model"},
+                        "joint": True}).write_meta()
     return directory
 
 

@@ -18,6 +18,7 @@ import numpy as np
 
 from nmt.data.batching import Batch, batch_by_size, collate
 from nmt.data.dataset import ParallelDataset
+from nmt.errors import NmtError
 from nmt.log import logger
 
 T = TypeVar("T")
@@ -34,7 +35,12 @@ def make_batches(dataset: ParallelDataset, max_tokens: int | None, max_sentences
                            len(dataset) - len(keep), len(dataset), max_tokens)
         batches = batch_by_size(source_sizes[keep], target_sizes[keep], max_tokens, max_sentences, required_multiple)
         return [keep[batch] for batch in batches]
-    return batch_by_size(source_sizes, target_sizes, max_tokens, max_sentences, required_multiple)
+    try:
+        return batch_by_size(source_sizes, target_sizes, max_tokens, max_sentences, required_multiple)
+    except NmtError as exc:
+        if "--max-tokens" not in str(exc):
+            raise
+        raise NmtError(f"{exc}, or pass --skip-invalid-size-inputs") from exc
 
 
 def epoch_order(num_batches: int, seed: int, epoch: int) -> np.ndarray:

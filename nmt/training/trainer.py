@@ -173,7 +173,8 @@ class Trainer:
         # Built after every rank has read its checkpoint: DDP's first broadcast keeps rank 0 from saving before.
         self.network = (DistributedDataParallel(self.model, device_ids=[self.device.index] if self.device.type == "cuda"
                                                 else None) if context.is_distributed else self.model)
-        self.display = Display(context.is_main, show_bar=logger.isEnabledFor(logging.INFO), tensorboard_dir=config.tensorboard_dir)
+        self.display = Display(context.is_main, show_bar=logger.isEnabledFor(logging.INFO),
+                               tensorboard_dir=config.tensorboard_dir)
         self.out_of_memory = 0
         self.last_valid: dict[str, float] | None = None
         self.improved = False  # set by validate(): the last validation gave a new best loss

@@ -1,0 +1,95 @@
+import dataclasses
+
+import pytest
+import yaml
+
+from nmt.errors import NmtError
+from nmt.models.registry import get_arch
+from nmt.training.config import TrainConfig, load_train_config, parse_duration, read_recipe, write_config
+
+RECIPE = """
+preprocess:
+  vocab_size: 8000
+arch: transformer_small
+model:
+  dropout: 0.2
+  heads: 8
+train:
+  data: data-bin
+  max_tokens: 25000
+  update_freq: 8
+  adam_eps: 1e-9
+  adam_betas: [0.9, 0.997]
+  lr: 7e-4
+generate:
+  beam: 4
+"""
+
+
+@pytest.fixture()
+def recipe(tmp_path):
+    path = tmp_path / "recipe.yaml"
+    path.write_text(RECIPE)
+    return path
+
+
+def test_recipe_then_command_line_then_defaults(recipe):
+    config = load_train_config({"max_tokens": 2000, "update_freq": None, "seed": "7"}, recipe, {"dropout": "0.3"})
+    assert config.arch == "transformer_small" and config.data == "data-bin"
+    assert config.max_tokens == 2000  # given on the command line
+    assert config.update_freq == 8  # not given: the recipe's
+    assert config.seed == 7 and config.lr == 7e-4 and config.adam_eps == 1e-9  # "1e-9" is a string to PyYAML
+    assert config.adam_betas == (0.9, 0.997)
+    assert config.model == {"dropout": "0.3", "heads": 8}  # --set merges over the recipe's model mapping
+    assert config.warmup_updates == TrainConfig.warmup_updates  # neither: the default
+
+
+def test_cli_strings_are_coerced():
+    config = load_train_config({"data": "d", "adam_betas": "(0.9, 0.98)", "max_sentences": "none",
+                                "skip_invalid_size_inputs": "true", "max_time": "1:30:00"})
+    assert config.adam_betas == (0.9, 0.98) and config.max_sentences is None and config.skip_invalid_size_inputs
+    assert config.max_time_seconds == 5400
+
+
+def test_written_config_reads_back_the_same(tmp_path, recipe):
+    config = load_train_config({"max_time": "2h"}, recipe)
+    model_config = dataclasses.replace(get_arch("transformer_small").config, dropout=0.2, heads=8)
+    write_config(tmp_path / "config.yaml", config, model_config)
+    written = yaml.safe_load((tmp_path / "config.yaml").read_text())
+    assert written["model"] == dataclasses.asdict(model_config)
+    again = load_train_config({}, tmp_path / "config.yaml")
+    assert dataclasses.replace(again, model={}) == dataclasses.replace(config, model={})
+    assert read_recipe(tmp_path / "config.yaml")["model"]["heads"] == 8
+
+
+@pytest.mark.parametrize("text,message", [
+    ("train: {max_tokenz: 10}", "unknown train option 'max_tokenz'.*did you mean 'max_tokens'"),
+    ("train: [1, 2]", "must be a mapping"),
+    ("train: {max_tokens: many}", "max_tokens expects int"),
+    ("train: {precision: fp8}", "precision must be one of fp32, bf16, fp16"),
+    ("train: {adam_betas: [0.9]}", "adam_betas expects 2 values"),
+    ("train: {data: d, warmup_updates: 0}", "--warmup-updates must be at least 1"),
+    ("train: {data: d, max_time: soon}", "--max-time expects a duration"),
+    ("train: {data: d, label_smoothing: 1.5}", "--label-smoothing must be in"),
+    ("arch: a\ntrain: {arch: b}", "both at the top level and in `train:`"),
+    ("train: {max_tokens: 10\n", "not valid YAML at line"),
+    ("train: {}", "give the data directory"),
+])
+def test_bad_recipes_are_one_line_errors(tmp_path, text, message):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(NmtError, match=message) as error:
+        load_train_config({}, path)
+    assert "\n" not in str(error.value)
+
+
+def test_missing_recipe_and_unknown_cli_option(tmp_path):
+    with pytest.raises(NmtError, match="config file not found"):
+        load_train_config({}, tmp_path / "missing.yaml")
+    with pytest.raises(NmtError, match="unknown train option 'beam'"):
+        load_train_config({"data": "d", "beam": 4})
+
+
+def test_durations():
+    assert [parse_duration(text) for text in ("45", "45s", "90m", "12h", "2d", "1:00", "1:00:00")] == \
+        [45, 45, 5400, 43200, 172800, 60, 3600]

@@ -1,0 +1,86 @@
+import numpy as np
+import pytest
+
+from nmt.data.dataset import DataDir
+from nmt.data.vocabulary import PAD_ID
+from nmt.errors import NmtError
+from nmt.training.iterator import EpochIterator, epoch_order, make_batches, prefetched
+
+
+@pytest.fixture(scope="module")
+def train_set(tiny_data_dir):
+    return DataDir.open(tiny_data_dir).split("train")
+
+
+def indices_of(updates):
+    return [[batch.indices.tolist() for batch in update.batches] for update in updates]
+
+
+def test_every_batch_stays_under_max_tokens_padding_included(train_set):
+    for max_tokens, multiple in ((100, 1), (400, 8), (1000, 8)):
+        batches = make_batches(train_set, max_tokens, required_multiple=multiple)
+        assert sorted(np.concatenate(batches).tolist()) == list(range(len(train_set)))  # each pair once
+        for update in EpochIterator(train_set, batches, seed=1, epoch=1, prefetch=0):
+            (batch,) = update.batches
+            assert batch.source.numel() <= max_tokens and batch.target.numel() <= max_tokens
+            assert batch.target.ne(PAD_ID).sum() == update.num_tokens
+        sizes = [len(b) for b in batches]
+        assert sum(size % multiple == 0 for size in sizes) >= len(sizes) - 2  # a few odd ones at bucket ends
+
+
+def test_max_sentences_and_too_long_sentences(train_set):
+    assert max(len(b) for b in make_batches(train_set, 10_000, max_sentences=5)) == 5
+    longest = int(np.maximum(train_set.source.sizes, train_set.target.sizes).max())
+    with pytest.raises(NmtError, match="--skip-invalid-size-inputs"):
+        make_batches(train_set, longest - 1)
+    kept = np.concatenate(make_batches(train_set, longest - 1, skip_too_long=True))
+    too_long = np.maximum(train_set.source.sizes, train_set.target.sizes) > longest - 1
+    assert len(kept) == len(train_set) - too_long.sum() and not too_long[kept].any()
+
+
+def test_batch_order_is_a_pure_function_of_seed_and_epoch(train_set):
+    batches = make_batches(train_set, 400)
+    first = indices_of(EpochIterator(train_set, batches, seed=3, epoch=2))
+    again = indices_of(EpochIterator(train_set, batches, seed=3, epoch=2, prefetch=0))
+    assert first == again
+    assert first != indices_of(EpochIterator(train_set, batches, seed=3, epoch=3))
+    assert first != indices_of(EpochIterator(train_set, batches, seed=4, epoch=2))
+    assert np.array_equal(epoch_order(50, 3, 2), epoch_order(50, 3, 2))
+
+
+def test_ranks_share_the_epoch_like_update_freq(train_set):
+    batches = make_batches(train_set, 400)
+    single = list(EpochIterator(train_set, batches, seed=1, epoch=1, update_freq=2, prefetch=0))
+    ranks = [list(EpochIterator(train_set, batches, seed=1, epoch=1, world_size=2, rank=r, prefetch=0))
+             for r in range(2)]
+    assert len(ranks[0]) == len(ranks[1]) == len(batches) // 2
+    for k, (a, b) in enumerate(zip(*ranks)):
+        together = [a.batches[0].indices.tolist(), b.batches[0].indices.tolist()]
+        if k < len(single) and len(single[k].batches) == 2:
+            assert together == [batch.indices.tolist() for batch in single[k].batches]
+            assert a.num_tokens == b.num_tokens == single[k].num_tokens
+            assert a.positions == [2 * k] and b.positions == [2 * k + 1] and single[k].positions == [2 * k, 2 * k + 1]
+
+
+def test_resuming_from_a_position_gives_the_rest_of_the_epoch(train_set):
+    batches = make_batches(train_set, 400)
+    whole = list(EpochIterator(train_set, batches, seed=1, epoch=5, update_freq=3))
+    position = whole[2].position
+    rest = EpochIterator(train_set, batches, seed=1, epoch=5, update_freq=3, start=position)
+    assert indices_of(rest) == indices_of(whole[3:])
+    assert rest.num_updates(position) == len(whole) - 3 and rest.num_updates() == len(whole)
+    assert whole[-1].position == len(batches)
+
+
+def test_prefetch_passes_errors_on_and_stops_early():
+    def broken():
+        yield 1
+        raise NmtError("bad batch")
+
+    items = prefetched(broken, 2)
+    assert next(items) == 1
+    with pytest.raises(NmtError, match="bad batch"):
+        next(items)
+    endless = prefetched(lambda: iter(range(10 ** 9)), 2)
+    assert [next(endless) for _ in range(3)] == [0, 1, 2]
+    endless.close()  # joins the producer thread; would hang if it did not stop
