@@ -156,6 +156,109 @@ def score(
     typer.echo(format_results(results, as_json=json_output))
 
 
+class PrecisionChoice(str, Enum):
+    fp32 = "fp32"
+    bf16 = "bf16"
+    fp16 = "fp16"
+
+
+BATCHING, OPTIM, DEVICES, CHECKPOINTS, STOPPING, REPORTING = (
+    "Batching", "Optimisation", "Devices", "Checkpoints", "Stopping", "Validation and logging")
+
+
+def train_option(help: str, panel: str, *names: str, **kwargs) -> typer.models.OptionInfo:
+    return typer.Option(*names, help=help, rich_help_panel=panel, show_default=False, **kwargs)
+
+
+@app.command()
+def train(
+    data: Annotated[Optional[str], typer.Argument(
+        metavar="DATA_DIR", show_default=False, help="Data directory written by `nmt preprocess`.")] = None,
+    config: Annotated[Optional[Path], typer.Option(
+        help="YAML recipe: its `train:` section (keys = these options, with _) and top-level `arch:`/`model:`. "
+        "Options given here override it.")] = None,
+    arch: Annotated[Optional[str], typer.Option(
+        help="Architecture from `nmt archs` (default: transformer_base).")] = None,
+    model_set: Overrides = None,
+    save_dir: Annotated[Optional[str], train_option(
+        "Checkpoint directory (default: checkpoints).", CHECKPOINTS)] = None,
+    max_tokens: Annotated[Optional[int], train_option(
+        "Tokens per batch, padding included (default 4096; the paper: 25000).", BATCHING)] = None,
+    max_sentences: Annotated[Optional[int], train_option("Sentences per batch at most.", BATCHING)] = None,
+    required_batch_size_multiple: Annotated[Optional[int], train_option(
+        "Round batch sizes down to a multiple of this (tensor cores) (default: 8).", BATCHING)] = None,
+    update_freq: Annotated[Optional[int], train_option(
+        "Accumulate gradients over N batches per update (N times more GPUs) (default: 1).", BATCHING)] = None,
+    skip_invalid_size_inputs: Annotated[Optional[bool], train_option(
+        "Skip training pairs longer than --max-tokens (with a count) instead of stopping.", BATCHING,
+        "--skip-invalid-size-inputs/--no-skip-invalid-size-inputs")] = None,
+    prefetch: Annotated[Optional[int], train_option(
+        "Updates prepared ahead by a background thread (0: none) (default: 4).", BATCHING)] = None,
+    train_subset: Annotated[Optional[str], train_option("Split to train on (default: train).", BATCHING)] = None,
+    valid_subset: Annotated[Optional[str], train_option("Split to validate on (default: valid).", BATCHING)] = None,
+    lr: Annotated[Optional[float], train_option(
+        "Peak learning rate (fairseq's form, e.g. 7e-4); without it, the paper's d_model^-0.5 formula.", OPTIM)] = None,
+    lr_scheduler: Annotated[Optional[str], train_option(
+        "Learning-rate schedule (default: inverse_sqrt).", OPTIM)] = None,
+    warmup_updates: Annotated[Optional[int], train_option("Linear warm-up updates (default: 4000).", OPTIM)] = None,
+    adam_betas: Annotated[Optional[str], train_option(
+        "Adam betas, e.g. '0.9,0.98' (default: 0.9,0.98).", OPTIM)] = None,
+    adam_eps: Annotated[Optional[float], train_option("Adam epsilon (default: 1e-9).", OPTIM)] = None,
+    weight_decay: Annotated[Optional[float], train_option("Decoupled weight decay (default: 0).", OPTIM)] = None,
+    clip_norm: Annotated[Optional[float], train_option(
+        "Clip the gradient norm to this (default 0: off).", OPTIM)] = None,
+    label_smoothing: Annotated[Optional[float], train_option("Label smoothing epsilon (default: 0.1).", OPTIM)] = None,
+    seed: Annotated[Optional[int], train_option(
+        "Random seed: initialisation, batch order, dropout (default: 1).", OPTIM)] = None,
+    device: Annotated[Optional[str], train_option("auto, cpu or cuda (default: auto).", DEVICES)] = None,
+    precision: Annotated[Optional[PrecisionChoice], train_option(
+        "Autocast precision; bf16 works on CPU too, fp16 (GPU) uses a dynamic loss scale (default: fp32).",
+        DEVICES)] = None,
+    nproc: Annotated[Optional[int], train_option(
+        "Spawn N local worker processes (one per GPU; gloo on CPU). Under torchrun, leave it out (default: 1).",
+        DEVICES)] = None,
+    save_interval_updates: Annotated[Optional[int], train_option(
+        "Also save checkpoint_{epoch}_{update}.pt and checkpoint_last.pt every N updates "
+        "(default 0: at epoch ends only).",
+        CHECKPOINTS)] = None,
+    keep_last_epochs: Annotated[Optional[int], train_option(
+        "Keep only the newest N checkpoint{epoch}.pt (default -1: all).", CHECKPOINTS)] = None,
+    keep_interval_updates: Annotated[Optional[int], train_option(
+        "Keep only the newest N checkpoint_{epoch}_{update}.pt (default -1: all).", CHECKPOINTS)] = None,
+    restore_file: Annotated[Optional[str], train_option(
+        "Start from this checkpoint when the save dir has no checkpoint_last.pt.", CHECKPOINTS)] = None,
+    max_update: Annotated[Optional[int], train_option("Stop after N updates (default 0: no limit).", STOPPING)] = None,
+    max_epoch: Annotated[Optional[int], train_option("Stop after N epochs (default 0: no limit).", STOPPING)] = None,
+    max_time: Annotated[Optional[str], train_option(
+        "Stop after this much training time over all runs: 90m, 12h, 1:30:00 or seconds.", STOPPING)] = None,
+    patience: Annotated[Optional[int], train_option(
+        "Stop after N validations without a better validation loss (default 0: off).", STOPPING)] = None,
+    validate_interval_updates: Annotated[Optional[int], train_option(
+        "Also validate every N updates (default 0: at epoch ends only).", REPORTING)] = None,
+    log_interval: Annotated[Optional[int], train_option(
+        "A log line every N updates (default: 100).", REPORTING)] = None,
+    tensorboard_dir: Annotated[Optional[str], train_option(
+        "Write TensorBoard scalars here (needs the tensorboard package).", REPORTING)] = None,
+    verbose: Verbose = 0, quiet: Quiet = False, log_format: LogFormat = LogFormatChoice.text,
+) -> None:
+    """Train a model on a preprocessed data directory; re-running the same command resumes.
+
+    Several GPUs on one machine: --nproc N. Several machines: torchrun --nnodes M --nproc-per-node N
+    --rdzv-endpoint HOST:PORT -m nmt train ... (each process takes its share of every batch list).
+    """
+    options = dict(locals())  # every parameter but these is a TrainConfig field of the same name
+    common(verbose, quiet, log_format)
+    from nmt.models.registry import parse_overrides
+    from nmt.training.config import load_train_config
+    from nmt.training.trainer import train as run_training
+
+    for name in ("config", "model_set", "verbose", "quiet", "log_format"):
+        options.pop(name)
+    if precision is not None:
+        options["precision"] = PrecisionChoice(precision).value
+    run_training(load_train_config(options, config, parse_overrides(model_set)))
+
+
 def main() -> None:
     try:
         app()
