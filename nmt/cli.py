@@ -195,7 +195,8 @@ def train(
     prefetch: Annotated[Optional[int], train_option(
         "Updates prepared ahead by a background thread (0: none) (default: 4).", BATCHING)] = None,
     train_subset: Annotated[Optional[str], train_option("Split to train on (default: train).", BATCHING)] = None,
-    valid_subset: Annotated[Optional[str], train_option("Split to validate on (default: valid).", BATCHING)] = None,
+    valid_subset: Annotated[Optional[str], train_option(
+        "Split to validate on; none: no validation (default: valid).", BATCHING)] = None,
     lr: Annotated[Optional[float], train_option(
         "Peak learning rate (fairseq's form, e.g. 7e-4); without it, the paper's d_model^-0.5 formula.", OPTIM)] = None,
     lr_scheduler: Annotated[Optional[str], train_option(

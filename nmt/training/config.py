@@ -53,7 +53,7 @@ class TrainConfig:
     skip_invalid_size_inputs: bool = False  # drop training pairs longer than max_tokens instead of failing
     prefetch: int = 4  # updates prepared ahead by a background thread (0: in the training loop)
     train_subset: str = "train"
-    valid_subset: str = "valid"
+    valid_subset: str | None = "valid"  # None: no validation
 
     # Optimisation, the paper's defaults.
     lr: float | None = None  # peak learning rate (fairseq's form); None: the paper's d_model^-0.5 formula

@@ -149,7 +149,13 @@ class Trainer:
             raise NmtError(f"the training set makes {len(self.batches)} batches, fewer than the "
                            f"{context.world_size} processes; lower --max-tokens or use fewer processes")
         self.valid_set = self.valid_batches = None
-        if config.valid_subset in self.data.splits:
+        if config.valid_subset is not None and config.valid_subset not in self.data.splits:
+            if config.valid_subset != "valid":
+                raise NmtError(f"{config.data} has no split {config.valid_subset!r} to validate on; "
+                               f"it has: {', '.join(self.data.splits)}")
+            logger.warning("%s has no 'valid' split: training without validation (and without %s)",
+                           config.data, ckpt.BEST)
+        elif config.valid_subset is not None:
             self.valid_set = self.data.split(config.valid_subset)
             longest = int(np.maximum(self.valid_set.source.sizes, self.valid_set.target.sizes).max(initial=1))
             max_tokens = None if config.max_tokens is None else max(config.max_tokens, longest)

@@ -1,0 +1,169 @@
+"""The training loop in-process: learning, exact resume, checkpoint files, fallbacks, stopping."""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import pytest
+import torch
+
+from nmt.checkpoint import load_checkpoint, model_from_checkpoint
+from nmt.errors import NmtError
+from nmt.log import logger
+from nmt.training.config import load_train_config
+from nmt.training.trainer import train
+
+
+def tiny_config(data_dir, save_dir, **options):
+    """transformer_tiny on the tiny numbers task: 300 pairs, 9 batches of <= 1000 tokens per epoch."""
+    values = {"data": str(data_dir), "arch": "transformer_tiny", "save_dir": str(save_dir), "max_tokens": 1000,
+              "lr": 3e-3, "warmup_updates": 10, "log_interval": 5}
+    values.update(options)
+    return load_train_config(values)
+
+
+@pytest.fixture()
+def messages():
+    """The nmt logger's messages during the test."""
+    records: list[str] = []
+    handler = logging.Handler(logging.DEBUG)
+    handler.emit = lambda record: records.append(record.getMessage())
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    yield records
+    logger.removeHandler(handler)
+    logger.setLevel(level)
+
+
+def assert_same_weights(path_a, path_b):
+    a, b = load_checkpoint(path_a), load_checkpoint(path_b)
+    assert a["train_state"]["update"] == b["train_state"]["update"]
+    for name, tensor in a["model"].items():
+        assert torch.equal(tensor, b["model"][name]), name
+    for (key, state), other in zip(a["optimizer"]["state"].items(), b["optimizer"]["state"].values()):
+        assert all(torch.equal(state[k], other[k]) for k in state), key
+
+
+def test_loss_goes_down(tiny_data_dir, tmp_path):
+    summary = train(tiny_config(tiny_data_dir, tmp_path, max_tokens=400, max_epoch=3))
+    assert summary.epoch == 3 and summary.updates == 72 and summary.stop_reason == "reached --max-epoch 3"
+    uniform = math.log(120)  # the loss of a model that knows nothing
+    assert summary.valid_loss < 0.6 * uniform
+    assert summary.best_valid_loss == summary.valid_loss
+    model, vocabs = model_from_checkpoint(load_checkpoint(tmp_path / "checkpoint_best.pt"))
+    assert vocabs.source_lang == "en" and model.config.d_model == 64  # loads like any checkpoint
+
+
+def test_resumed_run_reaches_the_same_weights_bit_exactly(tiny_data_dir, tmp_path, messages):
+    # 9 batches per epoch with update_freq 2: 5 updates per epoch (the last of one batch); stop at 3
+    # (mid-epoch 1), 6 (one update into epoch 2) and 12 (two into epoch 3).
+    options = {"update_freq": 2, "save_interval_updates": 2}
+    straight = train(tiny_config(tiny_data_dir, tmp_path / "straight", max_update=12, **options))
+    assert straight.updates == 12
+    for max_update in (3, 6, 12):
+        train(tiny_config(tiny_data_dir, tmp_path / "resumed", max_update=max_update, **options))
+    assert "resuming from" in "\n".join(messages)
+    assert_same_weights(tmp_path / "straight" / "checkpoint_last.pt", tmp_path / "resumed" / "checkpoint_last.pt")
+    state = load_checkpoint(tmp_path / "resumed" / "checkpoint_last.pt")["train_state"]
+    assert state["epoch"] == 3 and state["position"] == 4  # 2 updates of 2 batches into epoch 3
+
+
+def test_checkpoint_files_and_pruning(tiny_data_dir, tmp_path):
+    train(tiny_config(tiny_data_dir, tmp_path, max_epoch=3, save_interval_updates=3, keep_last_epochs=2,
+                      keep_interval_updates=2))
+    names = sorted(path.name for path in tmp_path.iterdir())
+    # 9 updates per epoch: interval saves at 3, 6, ..., 24 (27 ends epoch 3); the newest 2 remain.
+    assert names == ["checkpoint2.pt", "checkpoint3.pt", "checkpoint_3_21.pt", "checkpoint_3_24.pt",
+                     "checkpoint_best.pt", "checkpoint_last.pt", "config.yaml"]
+    last = load_checkpoint(tmp_path / "checkpoint_last.pt")
+    assert last["train_state"]["epoch"] == 4 and last["train_state"]["position"] == 0
+    assert last["train_config"]["train"]["max_epoch"] == 3 and last["train_config"]["model"]["d_model"] == 64
+    assert set(last) >= {"optimizer", "scheduler", "scaler", "rng", "train_state", "train_config", "vocab"}
+    assert load_checkpoint(tmp_path / "checkpoint_3_21.pt")["train_state"]["update"] == 21
+
+
+def test_corrupt_last_checkpoint_falls_back_to_the_newest_that_loads(tiny_data_dir, tmp_path, messages):
+    train(tiny_config(tiny_data_dir, tmp_path, max_update=6, save_interval_updates=2))
+    last = tmp_path / "checkpoint_last.pt"
+    last.write_bytes(last.read_bytes()[:1000])
+    summary = train(tiny_config(tiny_data_dir, tmp_path, max_update=7, save_interval_updates=2))
+    log = "\n".join(messages)
+    assert "corrupt or truncated" in log and "instead of the broken checkpoint_last.pt" in log
+    assert summary.updates == 7  # resumed at 6, not started over
+    assert load_checkpoint(last)["train_state"]["update"] == 7  # and checkpoint_last.pt is whole again
+
+
+def test_nothing_loads_is_an_error_not_a_fresh_start(tiny_data_dir, tmp_path):
+    (tmp_path / "checkpoint_last.pt").write_bytes(b"garbage")
+    with pytest.raises(NmtError, match="does not load and no other checkpoint"):
+        train(tiny_config(tiny_data_dir, tmp_path, max_update=1))
+
+
+def test_restore_file_starts_from_a_model_only_checkpoint(tiny_data_dir, tmp_path, messages):
+    train(tiny_config(tiny_data_dir, tmp_path / "first", max_update=4))
+    checkpoint = load_checkpoint(tmp_path / "first" / "checkpoint_last.pt")
+    model_only = {key: checkpoint[key] for key in ("nmt_version", "model_name", "arch", "model_config", "vocab",
+                                                   "model")}
+    torch.save(model_only, tmp_path / "averaged.pt")
+    summary = train(tiny_config(tiny_data_dir, tmp_path / "second", max_update=2,
+                                restore_file=str(tmp_path / "averaged.pt")))
+    assert summary.updates == 2 and "model-only checkpoint" in "\n".join(messages)
+    with pytest.raises(NmtError, match="--restore-file not found"):
+        train(tiny_config(tiny_data_dir, tmp_path / "third", restore_file="missing.pt"))
+
+
+def test_resume_refuses_another_arch_or_vocabulary(tiny_data_dir, tmp_path, tmp_path_factory):
+    from conftest import make_data_dir, numbers_pairs
+
+    train(tiny_config(tiny_data_dir, tmp_path, max_update=1))
+    with pytest.raises(NmtError, match="holds a transformer_tiny .*d_model 64 vs 256.*not the transformer_small"):
+        train(tiny_config(tiny_data_dir, tmp_path, arch="transformer_small"))
+    with pytest.raises(NmtError, match=r"dropout 0\.1 vs 0\.3"):
+        train(load_train_config({"data": str(tiny_data_dir), "arch": "transformer_tiny", "save_dir": str(tmp_path),
+                                 "max_tokens": 1000}, model_overrides={"dropout": "0.3"}))
+    pairs = numbers_pairs(120, seed=5)
+    other = make_data_dir(tmp_path_factory.mktemp("other-vocab"), {"train": pairs[:100], "valid": pairs[100:]},
+                          vocab_size=120)
+    with pytest.raises(NmtError, match="another source vocabulary"):
+        train(tiny_config(other, tmp_path, max_update=2))
+
+
+def test_patience_stops_and_validation_interval(tiny_data_dir, tmp_path, messages):
+    # A learning rate this small cannot beat the first validation's loss for long.
+    summary = train(tiny_config(tiny_data_dir, tmp_path, lr=1e-9, validate_interval_updates=2, patience=2,
+                                max_epoch=5))
+    assert "--patience" in summary.stop_reason and summary.updates < 40
+    assert sum("valid on 'valid'" in message for message in messages) == 3
+
+
+def test_bf16_on_cpu_trains(tiny_data_dir, tmp_path):
+    summary = train(tiny_config(tiny_data_dir, tmp_path, precision="bf16", max_update=8))
+    assert summary.updates == 8 and math.isfinite(summary.valid_loss) and summary.valid_loss < math.log(120)
+
+
+def test_out_of_memory_batches_are_skipped_then_fatal(tiny_data_dir, tmp_path, monkeypatch, messages):
+    from nmt.models.transformer import Transformer
+
+    forward = Transformer.forward
+    calls = {"n": 0}
+
+    def sometimes_out_of_memory(self, *args):
+        calls["n"] += 1
+        if self.training and calls["n"] == 2:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
+        return forward(self, *args)
+
+    monkeypatch.setattr(Transformer, "forward", sometimes_out_of_memory)
+    summary = train(tiny_config(tiny_data_dir, tmp_path / "once", max_update=4))
+    assert summary.updates == 4 and any("out of memory at update 2" in m for m in messages)
+
+    def always_out_of_memory(self, *args):
+        if self.training:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
+        return forward(self, *args)
+
+    monkeypatch.setattr(Transformer, "forward", always_out_of_memory)
+    with pytest.raises(NmtError, match="out of memory on 10 updates; lower --max-tokens"):
+        train(tiny_config(tiny_data_dir, tmp_path / "always", max_update=4))
