@@ -353,6 +353,7 @@ class Trainer:
             stop_reason=stop, seconds=time.monotonic() - self.started,
             tokens_per_second=figures["tokens_per_second"] if run_meter.tokens else 0.0)
         if stop.startswith("interrupted"):
+            logger.warning("%s", stop)
             raise KeyboardInterrupt
         if context.is_main and logger.isEnabledFor(logging.INFO):
             stderr_console.print(summary_table({
@@ -392,7 +393,7 @@ class Trainer:
                 self.time_up = bool(totals[5])
                 if totals[4]:
                     self.save([ckpt.LAST])
-                    return f"interrupted at update {state.update}; re-run the same command to resume"
+                    return f"interrupted at update {state.update}: saved {ckpt.LAST}; re-run the same command to resume"
                 if update.position == epoch.num_batches:
                     break  # the epoch's end validates and saves below
                 stop = f"reached --max-time {config.max_time}" if self.time_up else self.limit_reached()
