@@ -260,6 +260,113 @@ def train(
     run_training(load_train_config(options, config, parse_overrides(model_set)))
 
 
+class LenpenStyleChoice(str, Enum):
+    gnmt = "gnmt"
+    fairseq = "fairseq"
+
+
+class OutputFormatChoice(str, Enum):
+    plain = "plain"
+    fairseq = "fairseq"
+
+
+class QuantizeChoice(str, Enum):
+    none = "none"
+    int8 = "int8"
+
+
+SEARCH = "Search"
+
+
+@app.command()
+def generate(
+    data: Annotated[Optional[str], typer.Argument(
+        metavar="[DATA_DIR]", show_default=False, help="Data directory from `nmt preprocess` (or use --input).")] = None,
+    path: Annotated[str, typer.Option(help="Checkpoint to translate with.")] = "checkpoints/checkpoint_best.pt",
+    split: Annotated[str, typer.Option(help="Split of DATA_DIR to translate.")] = "test",
+    input: Annotated[Optional[str], typer.Option(
+        "--input", "-i", help="Raw source text instead of DATA_DIR, one sentence a line ('-' = stdin).")] = None,
+    output: Annotated[Optional[str], typer.Option("--output", "-o", help="Write here (atomically) instead of stdout.")] = None,
+    beam: Annotated[int, typer.Option(help="Beam size (1 = greedy).", rich_help_panel=SEARCH)] = 4,
+    lenpen: Annotated[float, typer.Option(help="Length penalty alpha.", rich_help_panel=SEARCH)] = 0.6,
+    lenpen_style: Annotated[LenpenStyleChoice, typer.Option(
+        help="gnmt: score / ((5+|Y|)/6)^alpha (the paper's); fairseq: score / |Y|^alpha.",
+        rich_help_panel=SEARCH)] = LenpenStyleChoice.gnmt,
+    max_len_a: Annotated[float, typer.Option(help="Max output length = a * source length + b.",
+                                             rich_help_panel=SEARCH)] = 1.0,
+    max_len_b: Annotated[int, typer.Option(help="See --max-len-a.", rich_help_panel=SEARCH)] = 50,
+    min_len: Annotated[int, typer.Option(help="Min output length (EOS excluded).", rich_help_panel=SEARCH)] = 1,
+    no_repeat_ngram_size: Annotated[int, typer.Option(help="Never repeat an n-gram of this size (0 = off).",
+                                                      rich_help_panel=SEARCH)] = 0,
+    nbest: Annotated[int, typer.Option(help="Hypotheses to output per sentence.", rich_help_panel=SEARCH)] = 1,
+    sampling: Annotated[bool, typer.Option(help="Sample instead of searching.", rich_help_panel=SEARCH)] = False,
+    temperature: Annotated[float, typer.Option(help="Sampling temperature.", rich_help_panel=SEARCH)] = 1.0,
+    topk: Annotated[int, typer.Option(help="Sample from the k likeliest tokens (0 = all).", rich_help_panel=SEARCH)] = 0,
+    topp: Annotated[float, typer.Option(help="Nucleus sampling mass (0 = off).", rich_help_panel=SEARCH)] = 0.0,
+    seed: Annotated[int, typer.Option(help="Random seed for sampling.", rich_help_panel=SEARCH)] = 1,
+    format: Annotated[OutputFormatChoice, typer.Option(
+        help="plain: one translation per line; fairseq: S-/T-/H-/D-/P- lines.")] = OutputFormatChoice.plain,
+    print_scores: Annotated[bool, typer.Option(help="Plain format: prefix each line with its score and a tab.")] = False,
+    max_tokens: Annotated[Optional[int], typer.Option(help="Source tokens x beam per batch.")] = 8000,
+    batch_size: Annotated[Optional[int], typer.Option(help="Sentences per batch at most.")] = None,
+    device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
+    precision: Annotated[PrecisionChoice, typer.Option(help="Autocast precision.")] = PrecisionChoice.fp32,
+    quantize: Annotated[QuantizeChoice, typer.Option(
+        help="CPU only: int8 dynamic quantization of the linear layers.")] = QuantizeChoice.none,
+    score_reference: Annotated[bool, typer.Option(help="Print BLEU against the split's target side.")] = False,
+    verbose: Verbose = 0, quiet: Quiet = False, log_format: LogFormat = LogFormatChoice.text,
+) -> None:
+    """Translate a binarized split or raw text with beam search (defaults: the paper's beam 4, alpha 0.6)."""
+    options = dict(locals())
+    common(verbose, quiet, log_format)
+    from nmt.generation.generator import GenerateOptions, generate as run_generation
+
+    for name in ("verbose", "quiet", "log_format"):
+        options.pop(name)
+    options = {key: value.value if isinstance(value, Enum) else value for key, value in options.items()}
+    run_generation(GenerateOptions(**options, progress=not quiet))
+
+
+@app.command()
+def run(
+    recipe: Annotated[Path, typer.Argument(help="YAML recipe with preprocess/train/average/generate/score sections.")],
+    stages: Annotated[str, typer.Option(help="Comma-separated stages to run.")] =
+        "preprocess,train,average,generate,score",
+    verbose: Verbose = 0, quiet: Quiet = False, log_format: LogFormat = LogFormatChoice.text,
+) -> None:
+    """Run a recipe's whole pipeline: preprocess -> train -> average -> generate -> score."""
+    common(verbose, quiet, log_format)
+    from rich.console import Console
+
+    from nmt.pipeline import run_recipe
+
+    report = run_recipe(recipe, tuple(stage.strip() for stage in stages.split(",") if stage.strip()))
+    Console(stderr=True).print(report.table())
+    for result in report.scores:
+        typer.echo(result.formatted)
+
+
+@app.command()
+def demo(
+    workdir: Annotated[Path, typer.Option(help="Where the demo writes its data, model and translations.")] =
+        Path("nmt-demo"),
+    max_time: Annotated[str, typer.Option(help="Training time budget.")] = "90s",
+    verbose: Verbose = 0, quiet: Quiet = False, log_format: LogFormat = LogFormatChoice.text,
+) -> None:
+    """Train and evaluate on an embedded toy task (numbers in words, EN->DE) on the CPU: no download."""
+    common(verbose, quiet, log_format)
+    from rich.console import Console
+
+    from nmt.demo import run_demo
+
+    report = run_demo(workdir, max_time)
+    console = Console(stderr=True)
+    console.print(report.table())
+    for result in report.scores:
+        typer.echo(result.formatted)
+    typer.echo(f"data: {report.data}  model: {report.model}  translations: {report.translations}")
+
+
 def main() -> None:
     try:
         app()

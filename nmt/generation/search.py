@@ -1,0 +1,240 @@
+"""Beam search, greedy decoding and sampling as one loop over small, separately tested steps.
+
+Each step: the decoder scores the next token of every alive hypothesis (``beam`` rows per
+sentence); ``constrain`` bans tokens (min/max length, repeated n-grams); ``select`` proposes
+``2 * beam`` candidates per sentence (top-k for beam search, random draws for sampling); the
+candidates that end in EOS among the first ``beam`` are finished, scored with the length
+penalty; the first ``beam`` others stay alive. A sentence is done once it has ``beam``
+finished hypotheses and no alive one can still beat the worst of them; done sentences leave
+the batch, and the decoder cache is reordered to follow the surviving beams.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from nmt.data.vocabulary import BOS_ID, EOS_ID, PAD_ID
+
+NEG_INF = float("-inf")
+
+
+@dataclass(frozen=True)
+class SearchOptions:
+    beam: int = 4
+    lenpen: float = 0.6
+    lenpen_style: Literal["gnmt", "fairseq"] = "gnmt"
+    max_len_a: float = 1.0
+    max_len_b: int = 50
+    min_len: int = 1
+    no_repeat_ngram_size: int = 0
+    nbest: int = 1
+    sampling: bool = False
+    temperature: float = 1.0
+    topk: int = 0
+    topp: float = 0.0
+
+
+@dataclass
+class Hypothesis:
+    tokens: list[int]  # without BOS, ending in EOS
+    score: float  # length-normalized log-probability
+    positional_scores: list[float] = field(default_factory=list)  # log-probability of each token
+
+
+def length_penalty(lengths: Tensor, alpha: float, style: str = "gnmt") -> Tensor:
+    """GNMT's ((5 + |Y|) / 6)^alpha (the paper's, via Wu et al. 2016), or fairseq's |Y|^alpha.
+
+    |Y| counts the output tokens including the final EOS.
+    """
+    lengths = lengths.to(torch.float32)
+    if style == "gnmt":
+        return ((5.0 + lengths) / 6.0) ** alpha
+    if style == "fairseq":
+        return lengths ** alpha
+    raise ValueError(f"unknown length penalty style {style!r}")
+
+
+def max_lengths(source_lengths: Tensor, a: float, b: int) -> Tensor:
+    """Most output tokens (EOS excluded) per sentence: a * |source| + b, |source| without EOS."""
+    return (a * source_lengths.to(torch.float32) + b).floor().clamp(min=1).to(torch.long)
+
+
+def constrain(logprobs: Tensor, tokens: Tensor, step: int, max_len: Tensor, min_len: int,
+              no_repeat_ngram_size: int) -> Tensor:
+    """Ban tokens in place: specials never; EOS before min_len; only EOS at max_len; n-gram repeats.
+
+    ``tokens`` (rows, step + 1) is each hypothesis so far, BOS first; ``max_len`` is per row.
+    """
+    logprobs[:, PAD_ID] = NEG_INF
+    logprobs[:, BOS_ID] = NEG_INF
+    if step < min_len:
+        logprobs[:, EOS_ID] = NEG_INF
+    at_limit = max_len <= step
+    if at_limit.any():
+        eos = logprobs[at_limit, EOS_ID].clone()
+        logprobs[at_limit] = NEG_INF
+        logprobs[at_limit, EOS_ID] = torch.where(torch.isfinite(eos), eos, torch.zeros_like(eos))
+    n = no_repeat_ngram_size
+    generated = tokens[:, 1:]
+    if n > 0 and generated.size(1) >= n:
+        windows = generated.unfold(1, n, 1)  # (rows, count, n): every n-gram so far
+        prefix = generated[:, generated.size(1) - n + 1:]  # the n-1 last tokens
+        matches = (windows[:, :, :-1] == prefix[:, None, :]).all(dim=2) if n > 1 else \
+            torch.ones(windows.shape[:2], dtype=torch.bool, device=tokens.device)
+        rows, where = matches.nonzero(as_tuple=True)
+        logprobs[rows, windows[rows, where, -1]] = NEG_INF
+    return logprobs
+
+
+def select_top(scores: Tensor, beam: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Beam search: the 2*beam best (score, beam, token) continuations per sentence, best first.
+
+    ``scores`` is (sentences, beam, vocab) of cumulative log-probabilities.
+    """
+    sentences, _, vocab = scores.shape
+    count = min(2 * beam, beam * vocab)
+    best, flat = scores.view(sentences, -1).topk(count, dim=1)
+    return best, torch.div(flat, vocab, rounding_mode="floor"), flat % vocab
+
+
+def select_sample(scores: Tensor, logprobs: Tensor, beam: int, temperature: float, topk: int, topp: float,
+                  generator: torch.Generator | None) -> tuple[Tensor, Tensor, Tensor]:
+    """Sampling: two draws per alive row (the second is a spare for when the first is EOS).
+
+    The first ``beam`` candidates are each row's first draw, so every sample keeps its own line.
+    """
+    sentences, rows_per, vocab = scores.shape
+    weights = (logprobs.view(sentences * rows_per, vocab) / temperature).softmax(dim=-1)
+    if topk > 0:
+        kth = weights.topk(min(topk, vocab), dim=-1).values[:, -1:]
+        weights = weights.masked_fill(weights < kth, 0.0)
+    if topp > 0.0:
+        sorted_weights, order = weights.sort(dim=-1, descending=True)
+        outside = sorted_weights.cumsum(dim=-1) - sorted_weights > topp  # keep the smallest set reaching topp
+        weights = weights.scatter(1, order, sorted_weights.masked_fill(outside, 0.0))
+    alive = weights.sum(dim=-1) > 0
+    weights[~alive, EOS_ID] = 1.0  # a row with nothing allowed (cannot happen after constrain) ends
+    draws = torch.multinomial(weights, 2, replacement=True, generator=generator)  # (rows, 2)
+    draws = draws.view(sentences, rows_per, 2).transpose(1, 2).reshape(sentences, 2 * rows_per)
+    beams = torch.arange(rows_per, device=scores.device).repeat(2).expand(sentences, -1)
+    chosen = scores.gather(2, draws.view(sentences, 2, rows_per).transpose(1, 2)).transpose(1, 2)
+    return chosen.reshape(sentences, 2 * rows_per), beams, draws
+
+
+def beam_search(model, source: Tensor, options: SearchOptions, generator: torch.Generator | None = None
+                ) -> list[list[Hypothesis]]:
+    """Decode a padded batch of sources; returns the ``nbest`` hypotheses per sentence, best first."""
+    beam = options.beam
+    device = source.device
+    sentences = source.size(0)
+    source_lengths = source.ne(PAD_ID).sum(dim=1) - 1  # EOS excluded
+    limit = max_lengths(source_lengths, options.max_len_a, options.max_len_b)
+
+    encoder_out = model.encode(source)
+    expand = torch.arange(sentences, device=device).repeat_interleave(beam)
+    encoder_out = model.reorder_encoder_out(encoder_out, expand)
+    cache = model.new_cache()
+
+    rows = sentences * beam
+    tokens = torch.full((rows, 1), BOS_ID, dtype=torch.long, device=device)
+    token_scores = torch.zeros((rows, 0), device=device)
+    scores = torch.zeros(sentences, beam, device=device)
+    if not options.sampling:
+        scores[:, 1:] = NEG_INF  # all beams start identical: let only the first one expand
+    alive_ids = torch.arange(sentences, device=device)  # original index of each alive sentence
+    finished: list[list[Hypothesis]] = [[] for _ in range(sentences)]
+
+    for step in range(int(limit.max()) + 1):
+        logits = model.decode(tokens[:, -1:], encoder_out, cache)[:, -1].float()
+        logprobs = constrain(logits.log_softmax(dim=-1), tokens, step, limit[alive_ids].repeat_interleave(beam),
+                             options.min_len, options.no_repeat_ngram_size)
+        vocab = logprobs.size(-1)
+        candidates = scores.unsqueeze(2) + logprobs.view(-1, beam, vocab)
+        if options.sampling:
+            cand_scores, cand_beams, cand_tokens = select_sample(
+                candidates, logprobs, beam, options.temperature, options.topk, options.topp, generator)
+        else:
+            cand_scores, cand_beams, cand_tokens = select_top(candidates, beam)
+        base = (torch.arange(len(alive_ids), device=device) * beam).unsqueeze(1)
+        cand_rows = base + cand_beams  # (alive sentences, 2*beam) rows the candidates extend
+
+        # Finish the EOS candidates among the first `beam`; keep the first `beam` others alive.
+        is_eos = cand_tokens.eq(EOS_ID) & torch.isfinite(cand_scores)
+        finalize(finished, alive_ids, is_eos[:, :beam], cand_scores, cand_rows, tokens, token_scores, logprobs,
+                 step, options)
+        rank = torch.where(is_eos | ~torch.isfinite(cand_scores), 2 * beam, 0) + \
+            torch.arange(cand_scores.size(1), device=device)
+        keep = rank.topk(beam, dim=1, largest=False).indices.sort(dim=1).values
+        keep_rows = cand_rows.gather(1, keep)
+        keep_tokens = cand_tokens.gather(1, keep)
+        scores = cand_scores.gather(1, keep).masked_fill(rank.gather(1, keep) >= 2 * beam, NEG_INF)
+
+        done = is_done(finished, alive_ids, scores, limit, step, options)
+        if done.all():
+            break
+        still = (~done).nonzero(as_tuple=True)[0]
+        keep_rows, keep_tokens, scores = keep_rows[still], keep_tokens[still], scores[still]
+        alive_ids = alive_ids[still]
+        order = keep_rows.reshape(-1)
+        step_scores = logprobs[order, keep_tokens.reshape(-1)]
+        tokens = torch.cat([tokens[order], keep_tokens.reshape(-1, 1)], dim=1)
+        token_scores = torch.cat([token_scores[order], step_scores.unsqueeze(1)], dim=1)
+        cache.reorder(order)
+        encoder_out = model.reorder_encoder_out(encoder_out, order)
+
+    return [sorted(hyps, key=lambda h: -h.score)[: options.nbest] for hyps in finished]
+
+
+def finalize(finished: list[list[Hypothesis]], alive_ids: Tensor, eos: Tensor, cand_scores: Tensor,
+             cand_rows: Tensor, tokens: Tensor, token_scores: Tensor, logprobs: Tensor, step: int,
+             options: SearchOptions) -> None:
+    """Record the hypotheses that just produced EOS, with their length-normalized scores."""
+    if not eos.any():
+        return
+    penalty = float(length_penalty(torch.tensor(step + 1), options.lenpen, options.lenpen_style))
+    for sentence, slot in eos.nonzero().tolist():
+        hyps = finished[int(alive_ids[sentence])]
+        if len(hyps) >= options.beam and not could_improve(hyps, float(cand_scores[sentence, slot]) / penalty):
+            continue
+        row = int(cand_rows[sentence, slot])
+        hyps.append(Hypothesis(
+            tokens=tokens[row, 1:].tolist() + [EOS_ID],
+            score=float(cand_scores[sentence, slot]) / penalty,
+            positional_scores=token_scores[row].tolist() + [float(logprobs[row, EOS_ID])],
+        ))
+        hyps.sort(key=lambda h: -h.score)
+        del hyps[options.beam:]
+
+
+def could_improve(hyps: list[Hypothesis], score: float) -> bool:
+    return score > min(h.score for h in hyps)
+
+
+def is_done(finished: list[list[Hypothesis]], alive_ids: Tensor, alive_scores: Tensor, limit: Tensor, step: int,
+            options: SearchOptions) -> Tensor:
+    """A sentence is done when it has ``beam`` finished hypotheses that no alive one can beat.
+
+    Log-probabilities only fall as a hypothesis grows, and the penalty grows with length, so an
+    alive hypothesis's best reachable score is its current score divided by the penalty at the
+    longest length it may still reach (or at the next step when alpha < 0).
+    """
+    done = torch.zeros(len(alive_ids), dtype=torch.bool)
+    best_alive = alive_scores.max(dim=1).values.cpu()
+    for i, sentence in enumerate(alive_ids.tolist()):
+        hyps = finished[sentence]
+        if not math.isfinite(best_alive[i]) or int(limit[sentence]) <= step:
+            done[i] = True
+        elif len(hyps) >= options.beam:
+            if options.sampling:
+                done[i] = True
+                continue
+            longest = int(limit[sentence]) + 1 if options.lenpen >= 0 else step + 2
+            bound = float(best_alive[i]) / float(length_penalty(torch.tensor(longest), options.lenpen,
+                                                                  options.lenpen_style))
+            done[i] = not could_improve(hyps, bound)
+    return done.to(alive_ids.device)
