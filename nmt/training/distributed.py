@@ -94,6 +94,8 @@ def _worker(rank: int, target: Callable[[Any], Any], argument: Any, world_size: 
         outcome = ("ok", target(argument))
     except NmtError as exc:
         outcome = ("error", str(exc))
+    except KeyboardInterrupt:  # stopped by a signal, after saving
+        outcome = ("interrupted", None)
     with open(Path(results) / f"rank{rank}.pkl", "wb") as handle:
         pickle.dump(outcome, handle)
     if outcome[0] == "error":
@@ -140,7 +142,7 @@ def spawn(target: Callable[[Any], Any], argument: Any, nproc: int) -> Any:
     if errors:
         rank, message = errors[0]
         raise NmtError(message if rank == 0 else f"worker {rank}: {message}")
-    if interrupted:
+    if interrupted or any(kind == "interrupted" for kind, _ in outcomes.values()):
         raise KeyboardInterrupt
     if 0 not in outcomes:
         raise NmtError("a training worker was killed before it finished (out of memory?); "

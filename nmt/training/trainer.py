@@ -115,7 +115,8 @@ class StopRequest:
         if self.requested and self.second_aborts and signum == signal.SIGINT:
             raise KeyboardInterrupt
         if not self.requested:
-            logger.warning("stopping after this update and saving %s (Ctrl-C again to stop at once)", ckpt.LAST)
+            logger.warning("stopping after this update and saving %s%s", ckpt.LAST,
+                           " (Ctrl-C again to stop at once)" if self.second_aborts else "")
         self.requested = True
 
     def __enter__(self) -> "StopRequest":
