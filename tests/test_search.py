@@ -1,27 +1,83 @@
-"""Beam search steps and the whole search on a tiny random Transformer."""
+"""Beam search steps, each checked on a scripted toy decoder with known probabilities, and the
+whole search on a tiny random Transformer (its incremental cache and padding)."""
+
+from __future__ import annotations
 
 import itertools
+import math
+import zlib
+from typing import Callable
 
 import pytest
 import torch
 
-from nmt.data.vocabulary import BOS_ID, EOS_ID, PAD_ID
-from nmt.generation.search import (SearchOptions, beam_search, constrain, length_penalty, max_lengths,
-                                   select_top)
+from nmt.data.vocabulary import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from nmt.generation.search import (Hypothesis, SearchOptions, beam_search, constrain, is_done, length_penalty,
+                                   max_lengths, select_top)
 from nmt.models.registry import build_model, get_arch, resolve_config
 
-VOCAB = 7  # PAD UNK BOS EOS + three words
+VOCAB = 7  # PAD UNK BOS EOS + three words; UNK counts as a word too
+WORDS = (UNK_ID, 4, 5, 6)
+Table = Callable[[tuple[int, ...], tuple[int, ...]], torch.Tensor]
 
 
-def peaky_model(seed: int, vocab: int = VOCAB):
-    """A random tiny model whose distributions are far from uniform (no near-ties)."""
-    torch.manual_seed(seed)
-    arch = get_arch("transformer_tiny")
-    config = resolve_config(arch.config, {"dropout": 0.0, "d_model": 32, "ffn_dim": 64})
-    model = build_model(arch.model_name, config, vocab, vocab, PAD_ID).eval()
-    with torch.no_grad():
-        model.tgt_embed.weight.mul_(4.0)
-    return model
+class ToyCache:
+    def __init__(self) -> None:
+        self.prefix: torch.Tensor | None = None  # (rows, steps) the decoder inputs so far, BOS first
+
+    def reorder(self, indices: torch.Tensor) -> None:
+        self.prefix = self.prefix.index_select(0, indices)
+
+
+class ToyDecoder:
+    """The model API beam_search uses, with next-token log-probabilities from ``table(source, prefix)``:
+    ``source`` the sentence's ids (EOS included), ``prefix`` the tokens generated so far."""
+
+    def __init__(self, table: Table):
+        self.table = table
+
+    def encode(self, source: torch.Tensor) -> torch.Tensor:
+        return source
+
+    @staticmethod
+    def reorder_encoder_out(source: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+        return source.index_select(0, indices)
+
+    def new_cache(self) -> ToyCache:
+        return ToyCache()
+
+    def decode(self, new_tokens: torch.Tensor, source: torch.Tensor, cache: ToyCache) -> torch.Tensor:
+        assert new_tokens.size(1) == 1, "beam search feeds one new token per step"
+        cache.prefix = new_tokens if cache.prefix is None else torch.cat([cache.prefix, new_tokens], dim=1)
+        rows = [self.table(tuple(s[s.ne(PAD_ID)].tolist()), tuple(p[1:].tolist()))
+                for s, p in zip(source, cache.prefix)]
+        return torch.stack(rows)[:, None, :]
+
+
+def random_table(seed: int, sharpness: float = 2.0) -> Table:
+    """A fixed pseudo-random distribution for every (source, prefix)."""
+
+    def table(source: tuple[int, ...], prefix: tuple[int, ...]) -> torch.Tensor:
+        generator = torch.Generator().manual_seed(zlib.crc32(repr((seed, source, prefix)).encode()))
+        return (torch.randn(VOCAB, generator=generator) * sharpness).log_softmax(-1)
+
+    return table
+
+
+def scripted_table(rules: dict[tuple[int, ...], dict[int, float]], default: dict[int, float] | None = None) -> Table:
+    """``rules[prefix]`` gives some tokens' probabilities; the rest of the mass is spread evenly over
+    the other tokens (PAD and BOS excluded)."""
+
+    def table(source: tuple[int, ...], prefix: tuple[int, ...]) -> torch.Tensor:
+        given = rules.get(prefix, default or {EOS_ID: 0.5})
+        others = [t for t in range(VOCAB) if t not in given and t not in (PAD_ID, BOS_ID)]
+        probs = torch.zeros(VOCAB, dtype=torch.float64)
+        for token, p in given.items():
+            probs[token] = p
+        probs[others] = (1.0 - sum(given.values())) / len(others)
+        return probs.log().float()
+
+    return table
 
 
 def sources(*rows: list[int]) -> torch.Tensor:
@@ -29,22 +85,43 @@ def sources(*rows: list[int]) -> torch.Tensor:
     return torch.tensor([r + [EOS_ID] + [PAD_ID] * (length - len(r) - 1) for r in rows])
 
 
-def sequence_logprob(model, source: torch.Tensor, tokens: list[int]) -> float:
-    prev = torch.tensor([[BOS_ID] + tokens[:-1]])
-    logprobs = model(source, prev)[0].float().log_softmax(-1)
-    return float(sum(logprobs[i, t] for i, t in enumerate(tokens)))
+def table_logprob(table: Table, source: tuple[int, ...], tokens: list[int]) -> float:
+    return sum(float(table(source, tuple(tokens[:i]))[t]) for i, t in enumerate(tokens))
 
+
+def exhaustive_best(table: Table, source: list[int], max_len: int, lenpen: float, style: str = "gnmt"
+                    ) -> tuple[list[int], float]:
+    """The best normalized score over every output of 1..max_len words (+ EOS)."""
+    key = tuple(source) + (EOS_ID,)
+    best = (None, float("-inf"))
+    for length in range(1, max_len + 1):
+        for body in itertools.product(WORDS, repeat=length):
+            tokens = list(body) + [EOS_ID]
+            score = table_logprob(table, key, tokens) / float(length_penalty(torch.tensor(length + 1), lenpen, style))
+            if score > best[1]:
+                best = (tokens, score)
+    return best
+
+
+def search(table: Table, source: list[int], **options) -> list[Hypothesis]:
+    generator = options.pop("generator", None)
+    return beam_search(ToyDecoder(table), sources(source), SearchOptions(**options), generator)[0]
+
+
+# --- the small steps ---------------------------------------------------------------------------
 
 def test_length_penalties():
     lengths = torch.tensor([1, 7])
     torch.testing.assert_close(length_penalty(lengths, 0.6), ((5 + lengths.float()) / 6) ** 0.6)
     torch.testing.assert_close(length_penalty(lengths, 0.6, "fairseq"), lengths.float() ** 0.6)
     assert torch.equal(length_penalty(lengths, 0.0), torch.ones(2))
+    assert length_penalty(torch.tensor([1]), 0.6).item() == pytest.approx(1.0)  # GNMT: lp(1) = 1
 
 
 def test_max_lengths_is_a_times_source_plus_b():
     assert max_lengths(torch.tensor([0, 10, 31]), 1.0, 50).tolist() == [50, 60, 81]
     assert max_lengths(torch.tensor([10]), 1.5, 2).tolist() == [17]
+    assert max_lengths(torch.tensor([3]), 0.0, 0).tolist() == [1]  # at least one token
 
 
 def test_constrain_bans_specials_short_eos_and_forces_eos_at_the_limit():
@@ -54,6 +131,9 @@ def test_constrain_bans_specials_short_eos_and_forces_eos_at_the_limit():
     assert out[0, PAD_ID] == out[0, BOS_ID] == out[0, EOS_ID] == float("-inf")
     assert torch.isfinite(out[0, 4:]).all()
     assert torch.isfinite(out[1]).tolist() == [i == EOS_ID for i in range(VOCAB)]  # row 1 is at its limit
+    at_limit = constrain(logprobs.clone(), tokens, step=1, max_len=torch.tensor([1, 1]), min_len=0,
+                         no_repeat_ngram_size=0)
+    assert at_limit[0, EOS_ID] == logprobs[0, EOS_ID]  # the model's EOS probability is kept, not renormalized
 
 
 def test_no_repeat_ngram_bans_exactly_the_repeating_token():
@@ -62,6 +142,9 @@ def test_no_repeat_ngram_bans_exactly_the_repeating_token():
                     no_repeat_ngram_size=2)
     assert out[0, 5] == float("-inf")
     assert torch.isfinite(out[0, [4, 6, EOS_ID]]).all()
+    unigrams = constrain(torch.zeros(1, VOCAB), tokens, step=4, max_len=torch.tensor([50]), min_len=0,
+                         no_repeat_ngram_size=1)
+    assert torch.isinf(unigrams[0, [4, 5, 6]]).all() and torch.isfinite(unigrams[0, [UNK_ID, EOS_ID]]).all()
 
 
 def test_select_top_returns_best_continuations_with_their_beams():
@@ -72,29 +155,37 @@ def test_select_top_returns_best_continuations_with_their_beams():
     assert beams[0, :3].tolist() == [1, 0, 1] and tokens[0, :3].tolist() == [3, 2, 0]
 
 
-@pytest.mark.parametrize("lenpen", [0.0, 0.6])
-def test_full_beam_finds_the_exhaustive_optimum(lenpen):
-    model = peaky_model(seed=3)
-    source = sources([4, 5, 6])
-    limit, words = 3, [1, 4, 5, 6]  # max output length; tokens a hypothesis may use besides EOS
-    best_score, best_tokens = float("-inf"), None
-    with torch.no_grad():
-        for length in range(1, limit + 1):
-            for body in itertools.product(words, repeat=length):
-                tokens = list(body) + [EOS_ID]
-                score = sequence_logprob(model, source, tokens) / float(length_penalty(torch.tensor(length + 1), lenpen))
-                if score > best_score:
-                    best_score, best_tokens = score, tokens
-        options = SearchOptions(beam=len(words) ** limit, lenpen=lenpen, max_len_a=0.0, max_len_b=limit)
-        found = beam_search(model, source, options)[0][0]
-    assert found.tokens == best_tokens
-    assert found.score == pytest.approx(best_score, abs=1e-4)
+def test_is_done_only_when_no_alive_hypothesis_can_beat_the_worst_finished():
+    options = SearchOptions(beam=2, lenpen=0.6)
+    finished = [[Hypothesis([4, EOS_ID], -1.0), Hypothesis([5, EOS_ID], -2.0)]]
+    limit = torch.tensor([10])
+    best_possible = length_penalty(torch.tensor(11), 0.6).item()  # longest output: 10 words + EOS
+    for alive, expected in ((-2.0 * best_possible + 0.01, False), (-2.0 * best_possible - 0.01, True)):
+        scores = torch.tensor([[alive, float("-inf")]])
+        assert bool(is_done(finished, torch.tensor([0]), scores, limit, 3, options)[0]) is expected
+    one_finished = [finished[0][:1]]  # fewer than beam finished: never done before the limit
+    assert not is_done(one_finished, torch.tensor([0]), torch.tensor([[-50.0, -60.0]]), limit, 3, options)[0]
+    assert is_done(one_finished, torch.tensor([0]), torch.tensor([[-0.1, -0.2]]), limit, 10, options)[0]
 
 
-def greedy(model, source: torch.Tensor, max_len: int) -> list[int]:
+# --- the whole search on scripted decoders -----------------------------------------------------
+
+@pytest.mark.parametrize("lenpen,style", [(0.0, "gnmt"), (0.6, "gnmt"), (1.0, "gnmt"), (0.6, "fairseq")])
+def test_full_beam_finds_the_exhaustive_optimum(lenpen, style):
+    limit = 3
+    beam = (len(WORDS) + 1) ** limit  # |V|^L over the tokens a hypothesis may use (EOS included)
+    for seed in range(4):
+        table = random_table(seed)
+        expected_tokens, expected_score = exhaustive_best(table, [4, 5], limit, lenpen, style)
+        found = search(table, [4, 5], beam=beam, lenpen=lenpen, lenpen_style=style, max_len_a=0.0, max_len_b=limit)[0]
+        assert found.tokens == expected_tokens
+        assert found.score == pytest.approx(expected_score, abs=1e-5)
+
+
+def greedy(table: Table, source: list[int], max_len: int) -> list[int]:
     tokens: list[int] = []
     while len(tokens) < max_len:
-        logprobs = model(source, torch.tensor([[BOS_ID] + tokens]))[0, -1].float()
+        logprobs = table(tuple(source) + (EOS_ID,), tuple(tokens)).clone()
         logprobs[[PAD_ID, BOS_ID]] = float("-inf")
         if not tokens:
             logprobs[EOS_ID] = float("-inf")  # min_len 1
@@ -105,82 +196,157 @@ def greedy(model, source: torch.Tensor, max_len: int) -> list[int]:
 
 
 def test_beam_one_is_greedy():
-    for seed in range(4):
-        model = peaky_model(seed, vocab=12)
-        source = sources([4, 5, 6, 7, 8])
-        with torch.no_grad():
-            found = beam_search(model, source, SearchOptions(beam=1, lenpen=0.0, max_len_a=1.0, max_len_b=5))[0][0]
-            assert found.tokens == greedy(model, source, max_len=10)
+    for seed in range(10):
+        table = random_table(seed, sharpness=1.0)
+        found = search(table, [4, 5, 6], beam=1, lenpen=0.6, max_len_a=1.0, max_len_b=5)[0]
+        assert found.tokens == greedy(table, [4, 5, 6], max_len=8)
+
+
+# Short "4 EOS" has the higher log-probability, long "5 6 6 EOS" the higher GNMT score at alpha 0.6.
+LENGTH_RULES = {(): {4: 0.53, 5: 0.47}, (4,): {EOS_ID: 0.9}, (5,): {6: 0.99}, (5, 6): {6: 0.99},
+                (5, 6, 6): {EOS_ID: 0.99}}
+
+
+def test_lenpen_zero_prefers_the_likeliest_and_point_six_the_longer_output():
+    table = scripted_table(LENGTH_RULES)
+    assert search(table, [4], beam=4, lenpen=0.0)[0].tokens == [4, EOS_ID]
+    assert search(table, [4], beam=4, lenpen=0.6)[0].tokens == [5, 6, 6, EOS_ID]
+    short, long = math.log(0.53 * 0.9), math.log(0.47 * 0.99 ** 3)
+    assert short > long and long / ((5 + 4) / 6) ** 0.6 > short / ((5 + 2) / 6) ** 0.6  # the table does what it says
+
+
+def test_higher_lenpen_never_shortens_the_exact_best():
+    longer = 0
+    for seed in range(8):
+        table = random_table(seed, sharpness=1.0)
+        lengths = [len(search(table, [4, 5], beam=125, lenpen=lenpen, max_len_a=0.0, max_len_b=3)[0].tokens)
+                   for lenpen in (0.0, 0.6, 2.0)]
+        assert lengths == sorted(lengths)
+        longer += lengths[-1] > lengths[0]
+    assert longer > 0  # the penalty does change lengths on some of these tables
+
+
+def test_finished_hypotheses_wait_until_no_alive_one_can_beat_them():
+    """Beam 2 finishes "4 EOS" and "4 4 EOS" first; "5 6 6 6 EOS", still alive then, wins at alpha 0.6."""
+    rules = {(): {4: 0.5, 5: 0.45}, (4,): {EOS_ID: 0.6, 4: 0.38}, (4, 4): {EOS_ID: 0.99}, (5,): {6: 0.999},
+             (5, 6): {6: 0.999}, (5, 6, 6): {6: 0.999}, (5, 6, 6, 6): {EOS_ID: 0.999}}
+    table = scripted_table(rules)
+    hyps = search(table, [4], beam=2, nbest=2, lenpen=0.6, max_len_a=0.0, max_len_b=10)
+    assert [h.tokens for h in hyps] == [[5, 6, 6, 6, EOS_ID], [4, EOS_ID]]
+    assert hyps[0].tokens == exhaustive_best(table, [4], 5, 0.6)[0]
 
 
 def test_positional_scores_sum_to_the_unnormalized_score():
-    model = peaky_model(seed=1)
-    with torch.no_grad():
-        hyp = beam_search(model, sources([4, 5]), SearchOptions(beam=3, lenpen=0.6, max_len_b=10))[0][0]
-    penalty = float(length_penalty(torch.tensor(len(hyp.tokens)), 0.6))
-    assert sum(hyp.positional_scores) / penalty == pytest.approx(hyp.score, abs=1e-4)
-    assert len(hyp.positional_scores) == len(hyp.tokens) and hyp.tokens[-1] == EOS_ID
-
-
-def test_higher_lenpen_never_shortens_the_best_hypothesis():
-    longer = 0
-    for seed in range(4):
-        model = peaky_model(seed, vocab=12)
-        source = sources([4, 5, 6, 7, 8, 9])
-        with torch.no_grad():
-            short = beam_search(model, source, SearchOptions(beam=4, lenpen=0.0, max_len_b=12))[0][0]
-            long = beam_search(model, source, SearchOptions(beam=4, lenpen=2.0, max_len_b=12))[0][0]
-        assert len(long.tokens) >= len(short.tokens)
-        longer += len(long.tokens) > len(short.tokens)
-    assert longer > 0  # the penalty does change lengths on some of these models
+    table = random_table(1)
+    for hyp in search(table, [4, 5], beam=3, nbest=3, lenpen=0.6):
+        penalty = float(length_penalty(torch.tensor(len(hyp.tokens)), 0.6))
+        assert sum(hyp.positional_scores) / penalty == pytest.approx(hyp.score, abs=1e-5)
+        assert hyp.positional_scores[0] == pytest.approx(float(table((4, 5, EOS_ID), ())[hyp.tokens[0]]))
+        assert len(hyp.positional_scores) == len(hyp.tokens) and hyp.tokens[-1] == EOS_ID
 
 
 def test_max_length_and_min_length_are_respected():
-    model = peaky_model(seed=2, vocab=12)
-    source = sources([4, 5, 6])
-    with torch.no_grad():
-        for hyp in beam_search(model, source, SearchOptions(beam=4, nbest=4, max_len_a=0.0, max_len_b=2))[0]:
-            assert len(hyp.tokens) <= 3
-        for hyp in beam_search(model, source, SearchOptions(beam=4, nbest=4, min_len=5, max_len_b=10))[0]:
-            assert len(hyp.tokens) >= 6
+    never_ends = scripted_table({}, default={4: 0.9, EOS_ID: 0.01})
+    for hyp in search(never_ends, [4, 5, 6], beam=4, nbest=4, max_len_a=2.0, max_len_b=1):
+        assert len(hyp.tokens) <= 2 * 3 + 1 + 1  # a * |source| + b words, then EOS
+    assert len(search(never_ends, [4, 5, 6], beam=4, max_len_a=2.0, max_len_b=1)[0].tokens) == 8
+    ends_at_once = scripted_table({}, default={EOS_ID: 0.9})
+    for hyp in search(ends_at_once, [4], beam=4, nbest=4, min_len=5, max_len_b=10):
+        assert len(hyp.tokens) >= 6
+
+
+def test_no_repeat_ngram_size_in_the_search():
+    repeats = scripted_table({}, default={4: 0.6, 5: 0.3, EOS_ID: 0.01})
+    assert search(repeats, [4], beam=2, max_len_b=6)[0].tokens.count(4) > 1  # the option has work to do
+    for size in (1, 2):
+        for hyp in search(repeats, [4], beam=3, nbest=3, max_len_b=6, no_repeat_ngram_size=size):
+            ngrams = [tuple(hyp.tokens[i:i + size]) for i in range(len(hyp.tokens) - size + 1)]
+            assert len(ngrams) == len(set(ngrams)), hyp.tokens
 
 
 def test_nbest_is_sorted_and_distinct():
-    model = peaky_model(seed=4, vocab=12)
-    with torch.no_grad():
-        hyps = beam_search(model, sources([4, 5, 6]), SearchOptions(beam=5, nbest=5, max_len_b=10))[0]
+    hyps = search(random_table(4), [4, 5, 6], beam=5, nbest=5)
     assert len(hyps) == 5
     assert [h.score for h in hyps] == sorted((h.score for h in hyps), reverse=True)
     assert len({tuple(h.tokens) for h in hyps}) == 5
 
 
-def test_batched_search_equals_one_sentence_at_a_time():
-    model = peaky_model(seed=5, vocab=12)
-    rows = [[4, 5, 6, 7, 8, 9, 10], [4], [11, 10, 9], [5, 5, 5, 5], [6, 7]]
-    options = SearchOptions(beam=3, nbest=3, max_len_b=10)
-    with torch.no_grad():
-        batched = beam_search(model, sources(*rows), options)
-        alone = [beam_search(model, sources(row), options)[0] for row in rows]
-    assert [[h.tokens for h in hyps] for hyps in batched] == [[h.tokens for h in hyps] for hyps in alone]
+def test_batched_search_equals_one_sentence_at_a_time_on_a_toy_decoder():
+    decoder = ToyDecoder(random_table(5, sharpness=1.0))
+    rows = [[4, 5, 6, 4, 5, 6, 4], [4], [6, 5, 4], [5, 5, 5, 5], [6, 4]]
+    options = SearchOptions(beam=3, nbest=3, max_len_b=6)
+    batched = beam_search(decoder, sources(*rows), options)
+    alone = [beam_search(decoder, sources(row), options)[0] for row in rows]
+    assert [[(h.tokens, h.score) for h in hyps] for hyps in batched] == \
+        [[(h.tokens, h.score) for h in hyps] for hyps in alone]
+
+
+# --- sampling shares the loop ------------------------------------------------------------------
+
+def sample(table: Table, seed: int, **options) -> list[list[int]]:
+    return [h.tokens for h in search(table, [4, 5, 6], sampling=True, generator=torch.Generator().manual_seed(seed),
+                                     **options)]
 
 
 def test_sampling_is_reproducible_with_a_seed_and_varies_without():
-    model = peaky_model(seed=6, vocab=12)
-    source = sources([4, 5, 6])
-    options = SearchOptions(beam=4, nbest=4, sampling=True, temperature=1.5, max_len_b=8)
-
-    def sample(seed: int) -> list[list[int]]:
-        with torch.no_grad():
-            return [h.tokens for h in beam_search(model, source, options, torch.Generator().manual_seed(seed))[0]]
-
-    assert sample(1) == sample(1)
-    assert any(sample(1) != sample(seed) for seed in range(2, 6))
+    table = random_table(6, sharpness=0.5)
+    options = dict(beam=4, nbest=4, max_len_b=8)
+    assert sample(table, 1, **options) == sample(table, 1, **options)
+    assert any(sample(table, 1, **options) != sample(table, seed, **options) for seed in range(2, 6))
 
 
-def test_topk_one_sampling_is_greedy():
-    model = peaky_model(seed=7, vocab=12)
-    source = sources([4, 5, 6, 7])
+def test_sampling_follows_the_model_distribution_and_topk_topp_cut_it():
+    table = scripted_table({(): {4: 0.6, 5: 0.3, 6: 0.1 - 2e-6}}, default={EOS_ID: 1.0 - 1e-6})
+    first = [tokens[0] for tokens in sample(table, 0, beam=1000, nbest=1000, max_len_b=3)]
+    assert first.count(4) / 1000 == pytest.approx(0.6, abs=0.05)
+    assert first.count(5) / 1000 == pytest.approx(0.3, abs=0.05)
+    assert set(tokens[0] for tokens in sample(table, 0, beam=200, nbest=200, topk=2)) == {4, 5}
+    assert set(tokens[0] for tokens in sample(table, 0, beam=200, nbest=200, topp=0.8)) == {4, 5}
+    assert set(tokens[0] for tokens in sample(table, 0, beam=200, nbest=200, topp=0.5)) == {4}
+
+
+@pytest.mark.parametrize("cut", [dict(topk=1), dict(topp=1e-6), dict(temperature=1e-4)])
+def test_sampling_cut_to_the_top_token_is_greedy(cut):
+    for seed in range(4):
+        table = random_table(seed, sharpness=1.0)
+        sampled = sample(table, seed, beam=1, lenpen=0.0, max_len_b=6, **cut)[0]
+        assert sampled == greedy(table, [4, 5, 6], max_len=9)
+
+
+# --- a real (tiny, random) Transformer: incremental cache, reordering, padding -----------------
+
+def peaky_model(seed: int, vocab: int = 12):
+    """A random tiny model whose distributions are far from uniform (no near-ties)."""
+    torch.manual_seed(seed)
+    arch = get_arch("transformer_tiny")
+    config = resolve_config(arch.config, {"dropout": 0.0, "d_model": 32, "ffn_dim": 64})
+    model = build_model(arch.model_name, config, vocab, vocab, PAD_ID).eval()
     with torch.no_grad():
-        sampled = beam_search(model, source, SearchOptions(beam=1, lenpen=0.0, sampling=True, topk=1, max_len_b=6),
-                              torch.Generator().manual_seed(0))[0][0]
-    assert sampled.tokens == greedy(model, source, max_len=10)
+        model.tgt_embed.weight.mul_(4.0)
+    return model
+
+
+def model_table(model, source: torch.Tensor) -> Table:
+    """The model's full (uncached) forward pass as a table."""
+    return lambda _, prefix: model(source, torch.tensor([[BOS_ID, *prefix]]))[0, -1].float().log_softmax(-1)
+
+
+@torch.inference_mode()
+def test_transformer_beam_one_is_greedy_over_full_forward_passes():
+    for seed in range(3):
+        model = peaky_model(seed)
+        source = sources([4, 5, 6, 7, 8])
+        found = beam_search(model, source, SearchOptions(beam=1, lenpen=0.0, max_len_a=0.0, max_len_b=8))[0][0]
+        assert found.tokens == greedy(model_table(model, source), [4, 5, 6, 7, 8], max_len=8)
+
+
+@torch.inference_mode()
+def test_transformer_batched_with_padding_equals_one_sentence_at_a_time():
+    model = peaky_model(seed=5)
+    rows = [[4, 5, 6, 7, 8, 9, 10], [4], [11, 10, 9], [5, 5, 5, 5], [6, 7]]
+    options = SearchOptions(beam=3, nbest=3, max_len_a=1.0, max_len_b=4)
+    batched = beam_search(model, sources(*rows), options)
+    alone = [beam_search(model, sources(row), options)[0] for row in rows]
+    assert [[h.tokens for h in hyps] for hyps in batched] == [[h.tokens for h in hyps] for hyps in alone]
+    for got, expected in zip(batched, alone):
+        assert [h.score for h in got] == pytest.approx([h.score for h in expected], abs=1e-5)

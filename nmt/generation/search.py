@@ -177,15 +177,18 @@ def beam_search(model, source: Tensor, options: SearchOptions, generator: torch.
         done = is_done(finished, alive_ids, scores, limit, step, options)
         if done.all():
             break
-        still = (~done).nonzero(as_tuple=True)[0]
-        keep_rows, keep_tokens, scores = keep_rows[still], keep_tokens[still], scores[still]
-        alive_ids = alive_ids[still]
+        if done.any():  # done sentences leave the batch
+            still = (~done).nonzero(as_tuple=True)[0]
+            keep_rows, keep_tokens, scores = keep_rows[still], keep_tokens[still], scores[still]
+            alive_ids = alive_ids[still]
+            # The beams of a sentence share its encoder states: only whole sentences move.
+            encoder_out = model.reorder_encoder_out(encoder_out, (still * beam).repeat_interleave(beam) +
+                                                    torch.arange(beam, device=device).repeat(len(still)))
         order = keep_rows.reshape(-1)
         step_scores = logprobs[order, keep_tokens.reshape(-1)]
         tokens = torch.cat([tokens[order], keep_tokens.reshape(-1, 1)], dim=1)
         token_scores = torch.cat([token_scores[order], step_scores.unsqueeze(1)], dim=1)
         cache.reorder(order)
-        encoder_out = model.reorder_encoder_out(encoder_out, order)
 
     return [sorted(hyps, key=lambda h: -h.score)[: options.nbest] for hyps in finished]
 
