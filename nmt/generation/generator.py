@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -104,7 +105,9 @@ def prepare_model(checkpoint_path: str | Path, device: torch.device, quantize: s
     model, vocabs = model_from_checkpoint(load_checkpoint(checkpoint_path))
     model.eval()
     if quantize == "int8":
-        model = torch.ao.quantization.quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8)
+        with warnings.catch_warnings():  # torch.ao's eager quantization warns it will move to torchao
+            warnings.simplefilter("ignore")
+            model = torch.ao.quantization.quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8)
     return model.to(device), vocabs
 
 
