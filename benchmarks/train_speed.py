@@ -1,0 +1,123 @@
+"""Training speed on Multi30k: target tokens per second by arch and precision, and what bf16 does to the loss.
+
+    python benchmarks/train_speed.py                       # CPU: transformer_small and _base, fp32 and bf16
+    python benchmarks/train_speed.py --device cuda --precisions fp32,bf16,fp16 --max-tokens 8192
+
+Speed: a few warm-up updates, then ``--updates`` timed ones through the trainer's own update step
+(batches prepared by its prefetch thread, as in training). Loss: ``--loss-updates`` updates of
+``--loss-arch`` from the same seed in each precision, then the validation loss (nats per target
+token; the model is evaluated in the precision it was trained in).
+
+The binarized Multi30k is built in a temporary directory with the preprocess library (joint BPE,
+8000 pieces) unless ``--data`` names one. Needs ../shared/data/multi30k beside the repository.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from nmt.data.preprocess import PreprocessOptions, preprocess
+from nmt.log import setup_logging
+from nmt.training.config import TrainConfig
+from nmt.training.distributed import DistributedContext
+from nmt.training.iterator import EpochIterator
+from nmt.training.trainer import Trainer, train
+
+MULTI30K = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
+
+
+def build_multi30k(directory: Path) -> str:
+    if not MULTI30K.is_dir():
+        sys.exit(f"Multi30k not found at {MULTI30K}")
+    options = PreprocessOptions(source_lang="en", target_lang="de", destdir=str(directory / "multi30k"),
+                                trainpref=str(MULTI30K / "train"), validpref=str(MULTI30K / "val"), vocab_size=8000,
+                                workers=2)
+    return str(preprocess(options, show_progress=False).path)
+
+
+def measure_speed(config: TrainConfig, warmup: int, updates: int) -> dict[str, float]:
+    trainer = Trainer(config, DistributedContext())
+    epoch = iter(EpochIterator(trainer.train_set, trainer.batches, config.seed, 1, update_freq=config.update_freq,
+                               prefetch=config.prefetch, pin_memory=trainer.device.type == "cuda"))
+    tokens = 0.0
+    for step in range(warmup + updates):
+        if step == warmup:
+            if trainer.device.type == "cuda":
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+            started, tokens = time.perf_counter(), 0.0
+        sums, _ = trainer.train_step(next(epoch))
+        trainer.state.update += 1
+        tokens += sums[2].item()  # .item() waits for the GPU
+    seconds = time.perf_counter() - started
+    memory = torch.cuda.max_memory_allocated() / 2 ** 30 if trainer.device.type == "cuda" else None
+    return {"tokens_per_second": tokens / seconds, "seconds_per_update": seconds / updates, "memory": memory}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", help="binarized Multi30k (default: build one in a temporary directory)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--archs", default="transformer_small,transformer_base")
+    parser.add_argument("--precisions", default="fp32,bf16")
+    parser.add_argument("--max-tokens", type=int, default=4096)
+    parser.add_argument("--warmup", type=int, default=1, help="untimed updates first")
+    parser.add_argument("--updates", type=int, default=4, help="timed updates per arch and precision")
+    parser.add_argument("--loss-arch", default="transformer_small")
+    parser.add_argument("--loss-updates", type=int, default=30, help="0: skip the loss comparison")
+    parser.add_argument("--loss-max-tokens", type=int, default=1024)
+    args = parser.parse_args()
+    setup_logging(quiet=True)
+    console = Console(width=120)
+    console.print(f"command: python {' '.join(sys.argv)}")
+    console.print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
+                  f"CPU capability {torch.backends.cpu.get_cpu_capability()}"
+                  + (f", GPU {torch.cuda.get_device_name()}" if args.device.startswith("cuda") else ""))
+    with tempfile.TemporaryDirectory(prefix="nmt-train-speed-") as scratch:
+        data = args.data or build_multi30k(Path(scratch))
+        precisions = args.precisions.split(",")
+
+        speed = Table(title=f"training speed on Multi30k ({args.device}, max_tokens {args.max_tokens}, "
+                            f"{args.updates} timed updates)")
+        for column in ("arch", "precision", "target tokens/s", "s/update", "vs fp32", "peak GPU memory"):
+            speed.add_column(column, justify="left" if column in ("arch", "precision") else "right")
+        for arch in args.archs.split(","):
+            baseline = None
+            for precision in precisions:
+                config = TrainConfig(data=data, arch=arch, save_dir=str(Path(scratch) / "unused"),
+                                     max_tokens=args.max_tokens, device=args.device, precision=precision)
+                result = measure_speed(config, args.warmup, args.updates)
+                baseline = baseline or result["tokens_per_second"]
+                speed.add_row(arch, precision, f"{result['tokens_per_second']:,.0f}",
+                              f"{result['seconds_per_update']:.2f}",
+                              f"{result['tokens_per_second'] / baseline:.2f}x",
+                              "-" if result["memory"] is None else f"{result['memory']:.2f} GiB")
+                console.print(f"  {arch} {precision}: {result['tokens_per_second']:,.0f} tok/s")
+        console.print(speed)
+
+        if args.loss_updates:
+            loss = Table(title=f"validation loss after {args.loss_updates} updates of {args.loss_arch} "
+                               f"(max_tokens {args.loss_max_tokens}, peak lr 1e-3, 10 warm-up updates, seed 1)")
+            for column in ("precision", "valid loss", "valid ppl", "wall clock"):
+                loss.add_column(column, justify="left" if column == "precision" else "right")
+            for precision in precisions:
+                config = TrainConfig(data=data, arch=args.loss_arch, save_dir=str(Path(scratch) / f"loss-{precision}"),
+                                     max_tokens=args.loss_max_tokens, device=args.device, precision=precision,
+                                     lr=1e-3, warmup_updates=10, max_update=args.loss_updates,
+                                     log_interval=10 ** 9)
+                summary = train(config)
+                loss.add_row(precision, f"{summary.valid_loss:.3f}", f"{summary.valid_ppl:.1f}",
+                             f"{summary.seconds:.0f} s")
+            console.print(loss)
+
+
+if __name__ == "__main__":
+    main()
