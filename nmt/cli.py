@@ -312,11 +312,17 @@ def generate(
     device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
     precision: Annotated[PrecisionChoice, typer.Option(help="Autocast precision.")] = PrecisionChoice.fp32,
     quantize: Annotated[QuantizeChoice, typer.Option(
-        help="CPU only: int8 dynamic quantization of the linear layers.")] = QuantizeChoice.none,
-    score_reference: Annotated[bool, typer.Option(help="Print BLEU against the split's target side.")] = False,
+        help="CPU only: int8 dynamic quantization of the nn.Linear layers (the tied output projection stays fp32)."
+        )] = QuantizeChoice.none,
+    score_reference: Annotated[bool, typer.Option(
+        help="Print BLEU (on stderr) against the split's raw reference file, or its target side if that is gone.")] = False,
     verbose: Verbose = 0, quiet: Quiet = False, log_format: LogFormat = LogFormatChoice.text,
 ) -> None:
-    """Translate a binarized split or raw text with beam search (defaults: the paper's beam 4, alpha 0.6)."""
+    """Translate a binarized split or raw text with beam search (defaults: the paper's beam 4, alpha 0.6).
+
+    Output: one line per input line (--nbest K: K lines), in input order; an empty input line gives an
+    empty translation.
+    """
     options = dict(locals())
     common(verbose, quiet, log_format)
     from nmt.generation.generator import GenerateOptions, generate as run_generation
@@ -324,7 +330,9 @@ def generate(
     for name in ("verbose", "quiet", "log_format"):
         options.pop(name)
     options = {key: value.value if isinstance(value, Enum) else value for key, value in options.items()}
-    run_generation(GenerateOptions(**options, progress=not quiet))
+    result = run_generation(GenerateOptions(**options, progress=not quiet))
+    for metric in result.scores:  # stderr: stdout holds only translations
+        typer.echo(metric.formatted, err=True)
 
 
 @app.command()

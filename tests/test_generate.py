@@ -1,23 +1,57 @@
-"""nmt generate end to end: inputs, outputs, order, formats, quantization, errors."""
+"""nmt generate end to end: inputs, outputs, order, batching invariance, formats, quantization, errors."""
 
+from __future__ import annotations
+
+import io
+import shutil
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 
 from nmt.checkpoint import Vocabularies, model_state, save_checkpoint
+from nmt.cli import main
 from nmt.data.dataset import DataDir
-from nmt.data.vocabulary import PAD_ID
-from nmt.generation.generator import GenerateOptions, generate
+from nmt.data.vocabulary import EOS_ID, PAD_ID
+from nmt.generation.generator import GenerateOptions, generate, prepare_model, translate, translate_ids
 from nmt.models.registry import build_model, get_arch, resolve_config
+from nmt.scoring import score
+
+from conftest import make_data_dir, numbers_pairs
+
+LINES = ["five", "Turn to page twelve.", "the number four", "My room number is eighty-two.", "seven",
+         "I counted to nine thousand and one yesterday.", "She said three twice.", "the number sixty"]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Two OpenMP threads on two cores shared with other processes are many times slower than one."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tiny_data_dir, tmp_path_factory):
-    """An untrained but deterministic tiny model over the tiny data dir's vocabulary."""
-    datadir = DataDir.open(tiny_data_dir)
-    vocab = datadir.vocabulary("en")
+def data_dir(tmp_path_factory):
+    """Train/test splits of the numbers task; meta.json names the raw test reference like preprocess does."""
+    root = tmp_path_factory.mktemp("generate-data")
+    pairs = numbers_pairs(330, seed=1)
+    directory = make_data_dir(root / "bin", {"train": pairs[:300], "test": pairs[300:]})
+    raw = root / "test.de"
+    raw.write_text("".join(target + "\n" for _, target in pairs[300:]), encoding="utf-8")
+    datadir = DataDir.open(directory)
+    datadir.meta["splits"]["test"]["target_file"] = str(raw)
+    datadir.write_meta()
+    return directory
+
+
+@pytest.fixture(scope="module")
+def checkpoint(data_dir, tmp_path_factory):
+    """An untrained but deterministic tiny model over the data dir's vocabulary."""
+    vocab = DataDir.open(data_dir).vocabulary("en")
     torch.manual_seed(0)
     arch = get_arch("transformer_tiny")
     config = resolve_config(arch.config, {"d_model": 32, "ffn_dim": 64})
@@ -30,97 +64,192 @@ def checkpoint(tiny_data_dir, tmp_path_factory):
 
 
 def options(checkpoint, **kwargs) -> GenerateOptions:
-    return GenerateOptions(path=str(checkpoint), max_len_b=8, progress=False, **kwargs)
+    return GenerateOptions(**{"path": str(checkpoint), "max_len_b": 8, "progress": False, **kwargs})
 
 
-def texts(translations) -> list[str]:
-    return [t.hypotheses[0].tokens for t in translations]
+def best_tokens(result) -> list[list[int]]:
+    return [t.hypotheses[0].tokens for t in result.translations]
 
 
-def test_split_translations_keep_input_order(tiny_data_dir, checkpoint, tmp_path):
+def write(path, lines: list[str]):
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return str(path)
+
+
+def test_split_translations_keep_input_order(data_dir, checkpoint, tmp_path):
     out = tmp_path / "hyp.txt"
-    result = generate(options(checkpoint, data=str(tiny_data_dir), split="valid", output=str(out)))
-    assert [t.index for t in result] == list(range(40))
-    vocab = DataDir.open(tiny_data_dir).vocabulary("de")
-    assert out.read_text(encoding="utf-8").splitlines() == [vocab.decode(t.hypotheses[0].tokens) for t in result]
+    result = generate(options(checkpoint, data=str(data_dir), output=str(out)))
+    assert [t.index for t in result.translations] == list(range(30))
+    vocab = DataDir.open(data_dir).vocabulary("de")
+    assert out.read_text(encoding="utf-8").splitlines() == [vocab.decode(t) for t in best_tokens(result)]
+    split = DataDir.open(data_dir).split("test")
+    assert [t.source for t in result.translations] == [vocab.decode(split.source[i]) for i in range(30)]
 
 
-def test_batch_size_and_input_order_do_not_change_translations(checkpoint, tmp_path):
-    lines = ["five", "Turn to page twelve.", "the number four", "My room number is eighty-two.", "seven",
-             "I counted to nine thousand and one yesterday.", "She said three twice.", "the number sixty"]
-    forward, backward = tmp_path / "a.en", tmp_path / "b.en"
-    forward.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    backward.write_text("\n".join(reversed(lines)) + "\n", encoding="utf-8")
-    by_64 = generate(options(checkpoint, input=str(forward), batch_size=64, max_tokens=None))
-    by_1 = generate(options(checkpoint, input=str(forward), batch_size=1, max_tokens=None))
-    reversed_input = generate(options(checkpoint, input=str(backward)))
-    assert texts(by_64) == texts(by_1) == texts(reversed_input)[::-1]
+def test_hypotheses_do_not_depend_on_batching_or_input_order(data_dir, checkpoint):
+    model, _ = prepare_model(checkpoint, torch.device("cpu"))
+    split = DataDir.open(data_dir).split("test")
+    sources = [split.source[i] for i in range(len(split))]
+    assert len({len(s) for s in sources}) > 5  # lengths vary: batches hold padding
+    search = dict(beam=3, nbest=3, max_len_b=6)
+
+    def run(order: np.ndarray, **batching) -> list[list[list[int]]]:
+        hyps = translate_ids(model, [sources[i] for i in order], options(checkpoint, **search, **batching))
+        restored = [None] * len(sources)
+        for position, index in enumerate(order):
+            restored[index] = [h.tokens for h in hyps[position]]
+        return restored
+
+    identity = np.arange(len(sources))
+    shuffled = np.random.default_rng(0).permutation(len(sources))
+    alone = run(identity, batch_size=1, max_tokens=None)
+    assert run(identity, batch_size=64, max_tokens=None) == alone
+    assert run(identity, batch_size=3, max_tokens=None) == alone
+    assert run(identity, max_tokens=100) == alone
+    assert run(shuffled, batch_size=7, max_tokens=None) == alone  # other neighbours, other padding
+    assert run(identity[::-1], batch_size=64, max_tokens=None) == alone
 
 
-def test_raw_input_order_is_kept_whatever_the_lengths(checkpoint, tmp_path):
-    lines = ["Turn to page twelve.", "the number four", "I counted to nine thousand and one yesterday.", "five"]
-    source = tmp_path / "in.en"
-    source.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    together = generate(options(checkpoint, input=str(source)))
-    assert [t.source for t in together] == lines
-    for line, translation in zip(lines, together):
-        single = tmp_path / "one.en"
-        single.write_text(line + "\n", encoding="utf-8")
-        assert texts(generate(options(checkpoint, input=str(single)))) == [translation.hypotheses[0].tokens]
+def test_raw_input_translations_match_one_sentence_runs(checkpoint, tmp_path):
+    together = generate(options(checkpoint, input=write(tmp_path / "in.en", LINES)))
+    assert [t.source for t in together.translations] == LINES
+    for line, translation in zip(LINES[:3], together.translations):
+        single = generate(options(checkpoint, input=write(tmp_path / "one.en", [line])))
+        assert best_tokens(single) == [translation.hypotheses[0].tokens]
 
 
-def test_nbest_and_fairseq_format(checkpoint, tmp_path):
-    source = tmp_path / "in.en"
-    source.write_text("the number four\nfive\n", encoding="utf-8")
+def test_library_translate_gives_the_detokenized_best(checkpoint, tmp_path):
+    model, vocabs = prepare_model(checkpoint, torch.device("cpu"))
+    result = generate(options(checkpoint, input=write(tmp_path / "in.en", LINES)))
+    assert translate(model, vocabs, LINES, options(checkpoint)) == [t.best(vocabs) for t in result.translations]
+
+
+def test_empty_lines_become_empty_translations(checkpoint, tmp_path, capsys):
+    source = write(tmp_path / "in.en", ["five", "", "   ", "the number four"])
+    result = generate(options(checkpoint, input=source, nbest=2, beam=2))
+    lines = capsys.readouterr().out.split("\n")[:-1]
+    assert len(lines) == 8
+    assert lines[2:6] == ["", "", "", ""] and all(lines[i] for i in (0, 1, 6, 7))
+    assert result.translations[1].hypotheses[0].tokens == [EOS_ID]
+
+
+def test_max_length_is_a_times_source_plus_b(checkpoint, tmp_path):
+    result = generate(options(checkpoint, input=write(tmp_path / "in.en", LINES), max_len_a=0.0, max_len_b=3,
+                              min_len=3, nbest=4))
+    assert {len(h.tokens) for t in result.translations for h in t.hypotheses} == {4}  # 3 tokens + EOS
+    _, vocabs = prepare_model(checkpoint, torch.device("cpu"))
+    limit = [int(1.5 * len(vocabs.source.encode(line)) + 1) for line in LINES]
+    result = generate(options(checkpoint, input=str(tmp_path / "in.en"), max_len_a=1.5, max_len_b=1))
+    assert all(len(t.hypotheses[0].tokens) <= n + 1 for t, n in zip(result.translations, limit))
+    assert any(len(t.hypotheses[0].tokens) == n + 1 for t, n in zip(result.translations, limit))
+
+
+def test_nbest_fairseq_format_and_print_scores(checkpoint, tmp_path):
+    source = write(tmp_path / "in.en", ["the number four", "five"])
     out = tmp_path / "out.txt"
-    generate(options(checkpoint, input=str(source), nbest=2, format="fairseq", output=str(out)))
+    generate(options(checkpoint, input=source, nbest=2, format="fairseq", output=str(out)))
     lines = out.read_text(encoding="utf-8").splitlines()
     assert [line.split("\t")[0] for line in lines] == ["S-0", "H-0", "D-0", "P-0", "H-0", "D-0", "P-0",
                                                        "S-1", "H-1", "D-1", "P-1", "H-1", "D-1", "P-1"]
-    first, second = float(lines[1].split("\t")[1]), float(lines[4].split("\t")[1])
-    assert first >= second
+    assert float(lines[1].split("\t")[1]) >= float(lines[4].split("\t")[1])
+    assert len(lines[3].split("\t")[1].split()) == len(lines[1].split("\t")[2].split()) + 1  # + EOS
+    generate(options(checkpoint, input=source, print_scores=True, output=str(out)))
+    scored = [line.split("\t") for line in out.read_text(encoding="utf-8").splitlines()]
+    assert len(scored) == 2 and all(len(parts) == 2 and float(parts[0]) < 0 for parts in scored)
 
 
-def test_int8_quantization_runs_and_mostly_agrees(checkpoint, tiny_data_dir):
-    fp32 = generate(options(checkpoint, data=str(tiny_data_dir), split="valid"))
-    int8 = generate(options(checkpoint, data=str(tiny_data_dir), split="valid", quantize="int8"))
-    assert len(int8) == len(fp32)
-    agree = sum(a == b for a, b in zip(texts(fp32), texts(int8)))
-    assert agree >= len(fp32) // 2
+def test_split_reference_is_in_fairseq_format(data_dir, checkpoint, tmp_path):
+    out = tmp_path / "out.txt"
+    generate(options(checkpoint, data=str(data_dir), format="fairseq", output=str(out)))
+    kinds = [line.split("\t")[0].split("-")[0] for line in out.read_text(encoding="utf-8").splitlines()]
+    assert kinds[:5] == ["S", "T", "H", "D", "P"] and len(kinds) == 5 * 30
 
 
-def test_bf16_generation_runs_on_cpu(checkpoint, tiny_data_dir):
-    result = generate(options(checkpoint, data=str(tiny_data_dir), split="valid", precision="bf16"))
-    assert len(result) == 40 and all(t.hypotheses for t in result)
+def test_score_reference_uses_the_raw_reference_and_falls_back_to_the_split(data_dir, checkpoint, tmp_path, caplog):
+    result = generate(options(checkpoint, data=str(data_dir), score_reference=True, output=str(tmp_path / "h")))
+    raw = (tmp_path / "h").read_text(encoding="utf-8").splitlines()
+    reference = DataDir.open(data_dir).meta["splits"]["test"]["target_file"]
+    expected = score(raw, [open(reference, encoding="utf-8").read().splitlines()])[0]
+    assert [m.name for m in result.scores] == ["BLEU"] and result.scores[0].score == expected.score
+    moved = tmp_path / "moved"
+    shutil.copytree(data_dir, moved)
+    datadir = DataDir.open(moved)
+    datadir.meta["splits"]["test"]["target_file"] = str(tmp_path / "gone.de")
+    datadir.write_meta()
+    fallback = generate(options(checkpoint, data=str(moved), score_reference=True, output=str(tmp_path / "h2")))
+    assert fallback.scores and "raw reference file" in caplog.text
 
 
-def run_nmt(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "nmt", "generate", *args], capture_output=True, text=True, input=stdin)
+def test_sampling_is_reproducible_through_generate(checkpoint, tmp_path):
+    source = write(tmp_path / "in.en", LINES)
+    first, again, other = (best_tokens(generate(options(checkpoint, input=source, sampling=True, seed=seed, beam=1)))
+                           for seed in (3, 3, 4))
+    assert first == again and first != other
 
 
-def test_cli_reads_stdin_and_writes_stdout(checkpoint):
-    result = run_nmt("-i", "-", "--path", str(checkpoint), "--max-len-b", "5", "-q", stdin="five\nthe number four\n")
-    assert result.returncode == 0, result.stderr
-    assert len(result.stdout.splitlines()) == 2
+def test_int8_quantization_runs_and_mostly_agrees(checkpoint, data_dir):
+    fp32 = generate(options(checkpoint, data=str(data_dir), output="/dev/null"))
+    int8 = generate(options(checkpoint, data=str(data_dir), quantize="int8", output="/dev/null"))
+    model, _ = prepare_model(checkpoint, torch.device("cpu"), "int8")
+    quantized = [m for m in model.modules() if isinstance(m, torch.ao.nn.quantized.dynamic.Linear)]
+    assert len(quantized) == 2 * (4 + 2) + 2 * (4 + 4 + 2)  # every nn.Linear of both stacks
+    agree = sum(a == b for a, b in zip(best_tokens(fp32), best_tokens(int8)))
+    assert agree >= len(fp32.translations) // 2
+
+
+def test_bf16_generation_runs_on_cpu(checkpoint, data_dir):
+    result = generate(options(checkpoint, data=str(data_dir), precision="bf16", output="/dev/null"))
+    assert len(result.translations) == 30 and all(t.hypotheses for t in result.translations)
+
+
+def run_cli(monkeypatch, capsys, *args: str, stdin: str = "") -> tuple[int, str, str]:
+    """`nmt generate ARGS` in this process, through the same main() as the console script."""
+    monkeypatch.setattr(sys, "argv", ["nmt", "generate", *args])
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin.encode("utf-8"))))
+    with pytest.raises(SystemExit) as exit_info:
+        main()
+    out, err = capsys.readouterr()
+    return exit_info.value.code, out, err
+
+
+def test_cli_writes_only_translations_to_stdout(checkpoint, data_dir, monkeypatch, capsys):
+    code, out, err = run_cli(monkeypatch, capsys, str(data_dir), "--path", str(checkpoint), "--max-len-b", "5",
+                             "--score-reference")
+    assert code == 0
+    assert len(out.splitlines()) == 30
+    assert "translated 30 sentences" in err and "BLEU" in err and "BLEU" not in out
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--path", "missing.pt", "-i", "-"], "checkpoint not found"),
-    (["--split", "nope"], "has no split 'nope'"),
-    (["--beam", "2", "--nbest", "3"], "--nbest"),
+    (["-i", "-", "--path", "missing.pt"], "checkpoint not found"),
+    (["DATA", "--split", "nope"], "has no split 'nope'"),
+    (["DATA", "--beam", "2", "--nbest", "3"], "--nbest"),
+    (["-i", "-"], "is empty: nothing to translate"),
+    (["--path", "CKPT"], "give either DATA_DIR"),
+    (["-i", "-", "--score-reference"], "--score-reference needs a binarized split"),
+    (["-i", "-", "--path", "CORRUPT"], "corrupt or truncated"),
 ])
-def test_cli_errors_are_one_line(checkpoint, tiny_data_dir, args, message):
-    base = [str(tiny_data_dir), "--path", str(checkpoint)] if "-i" not in args else []
-    result = run_nmt(*base, *args, stdin="")
-    assert result.returncode == 1
-    assert message in result.stderr and "Traceback" not in result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1
-
-
-def test_cli_rejects_empty_input_and_corrupt_checkpoints(checkpoint, tmp_path):
-    result = run_nmt("-i", "-", "--path", str(checkpoint), stdin="")
-    assert result.returncode == 1 and "empty" in result.stderr
+def test_cli_errors_are_one_line(checkpoint, data_dir, tmp_path, monkeypatch, capsys, args, message):
     corrupt = tmp_path / "corrupt.pt"
     corrupt.write_bytes(checkpoint.read_bytes()[:1000])
-    result = run_nmt("-i", "-", "--path", str(corrupt), stdin="five\n")
-    assert result.returncode == 1 and "corrupt or truncated" in result.stderr and "Traceback" not in result.stderr
+    names = {"DATA": str(data_dir), "CKPT": str(checkpoint), "CORRUPT": str(corrupt)}
+    args = [names.get(arg, arg) for arg in args]
+    if "--path" not in args:
+        args += ["--path", str(checkpoint)]
+    output = tmp_path / "kept.txt"
+    output.write_text("old translations\n")
+    code, out, err = run_cli(monkeypatch, capsys, *args, "--output", str(output))
+    assert code == 1 and out == ""
+    assert err.startswith("error: ") and message in err and len(err.strip().splitlines()) == 1
+    assert output.read_text() == "old translations\n"  # a failed run leaves the old output whole
+
+
+def test_console_script_reads_stdin_and_reports_errors_without_traceback(checkpoint):
+    command = [sys.executable, "-m", "nmt", "generate", "-i", "-", "--path", str(checkpoint), "--max-len-b", "5"]
+    result = subprocess.run(command, input="five\n\nthe number four\n", capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.split("\n")[:-1]
+    assert len(lines) == 3 and lines[1] == "" and lines[0] and lines[2]
+    result = subprocess.run(command[:-4] + ["--path", "missing.pt"], input="five\n", capture_output=True, text=True)
+    assert result.returncode == 1 and result.stderr.startswith("error: checkpoint not found")
+    assert "Traceback" not in result.stderr

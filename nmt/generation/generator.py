@@ -1,23 +1,27 @@
 """``nmt generate``: translate a binarized split or raw text with a checkpoint.
 
-Inputs are sorted by length and batched to cut padding; translations come back in input order.
-The model runs under ``torch.inference_mode`` with optional autocast (bf16/fp16) or, on CPU,
-int8 dynamic quantization of its linear layers.
+Inputs are sorted by length and batched (``max_tokens`` counts source tokens times beam) to cut
+padding; translations come back in input order, and do not depend on the batching (each
+sentence's search is independent, and padding is masked). An empty input line (no tokens)
+becomes an empty translation without running the model, so output lines stay aligned with
+input lines. The model runs under ``torch.inference_mode`` with optional autocast (bf16/fp16),
+or on CPU with int8 dynamic quantization of its ``nn.Linear`` layers; the output projection
+(``F.linear`` with the tied embedding matrix) and attention stay fp32 then.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import sys
 import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import torch
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeElapsedColumn
+from rich.text import Text
 from torch import nn
 
 from nmt.checkpoint import Vocabularies, load_checkpoint, model_from_checkpoint
@@ -26,9 +30,13 @@ from nmt.data.dataset import DataDir
 from nmt.data.vocabulary import EOS_ID
 from nmt.device import autocast, resolve_device
 from nmt.errors import NmtError
-from nmt.files import atomic_write, read_lines
+from nmt.files import read_lines
+from nmt.generation.output import Translation, write_translations
 from nmt.generation.search import Hypothesis, SearchOptions, beam_search
 from nmt.log import logger, stderr_console
+
+if TYPE_CHECKING:
+    from nmt.scoring import MetricResult
 
 
 @dataclass
@@ -94,14 +102,15 @@ class GenerateOptions:
 
 
 @dataclass
-class Translation:
-    index: int  # line number in the input, from 0
-    source: str
-    hypotheses: list[Hypothesis]
-    reference: str | None = None
+class GenerateResult:
+    translations: list[Translation]  # in input order
+    scores: list[MetricResult]  # BLEU against the reference, with --score-reference
+    seconds: float  # translation time, loading excluded
+    output_tokens: int  # tokens of the best hypotheses, EOS included
 
 
-def prepare_model(checkpoint_path: str | Path, device: torch.device, quantize: str) -> tuple[nn.Module, Vocabularies]:
+def prepare_model(checkpoint_path: str | Path, device: torch.device, quantize: str = "none"
+                  ) -> tuple[nn.Module, Vocabularies]:
     model, vocabs = model_from_checkpoint(load_checkpoint(checkpoint_path))
     model.eval()
     if quantize == "int8":
@@ -111,25 +120,56 @@ def prepare_model(checkpoint_path: str | Path, device: torch.device, quantize: s
     return model.to(device), vocabs
 
 
-def translate(model: nn.Module, sources: list[np.ndarray], options: GenerateOptions,
-              device: torch.device = torch.device("cpu"), progress: Progress | None = None) -> list[list[Hypothesis]]:
-    """Hypotheses for each source (token ids ending in EOS), in the order given."""
+class TokenRateColumn(ProgressColumn):
+    def render(self, task) -> Text:
+        tokens = task.fields.get("tokens", 0)
+        return Text(f"{tokens / task.elapsed:,.0f} tokens/s" if task.elapsed else "")
+
+
+def progress_bar(show: bool) -> Progress:
+    """Sentences done and output tokens/s on stderr; never on stdout, where translations go."""
+    return Progress(TextColumn("translating"), BarColumn(), MofNCompleteColumn(), TextColumn("sentences"),
+                    TokenRateColumn(), TimeElapsedColumn(), console=stderr_console, transient=True,
+                    disable=not show)
+
+
+def empty_hypotheses(nbest: int) -> list[Hypothesis]:
+    return [Hypothesis(tokens=[EOS_ID], score=0.0, positional_scores=[0.0]) for _ in range(nbest)]
+
+
+def translate_ids(model: nn.Module, sources: list[np.ndarray], options: GenerateOptions,
+                  device: torch.device = torch.device("cpu"), progress: Progress | None = None
+                  ) -> list[list[Hypothesis]]:
+    """The ``nbest`` hypotheses for each source (token ids ending in EOS), in the order given."""
     search = options.search_options()
-    lengths = np.fromiter((len(s) for s in sources), dtype=np.int64, count=len(sources))
+    results = [empty_hypotheses(search.nbest) if len(s) <= 1 else [] for s in sources]
+    todo = np.asarray([i for i, s in enumerate(sources) if len(s) > 1], dtype=np.int64)
+    lengths = np.fromiter((len(sources[i]) for i in todo), dtype=np.int64, count=len(todo))
     # A sentence's beams take about beam * (source length + some output) rows of work.
-    max_tokens = None if options.max_tokens is None else max(options.max_tokens // search.beam, int(lengths.max(initial=1)))
-    batches = batch_by_size(lengths, None, max_tokens, options.batch_size)
-    results: list[list[Hypothesis]] = [[] for _ in sources]
+    max_tokens = None if options.max_tokens is None else max(options.max_tokens // search.beam,
+                                                             int(lengths.max(initial=1)))
     generator = torch.Generator(device=device).manual_seed(options.seed) if options.sampling else None
-    task = progress.add_task("translating", total=len(sources)) if progress else None
+    task = progress.add_task("translating", total=len(sources), completed=len(sources) - len(todo)) if progress else None
+    output_tokens = 0
     with torch.inference_mode(), autocast(device, options.precision):
-        for indices in batches:
+        for batch_positions in batch_by_size(lengths, None, max_tokens, options.batch_size):
+            indices = todo[batch_positions]
             batch = collate(indices, [sources[i] for i in indices]).to(device)
             for index, hyps in zip(indices.tolist(), beam_search(model, batch.source, search, generator)):
                 results[index] = hyps
             if progress:
-                progress.advance(task, len(indices))
+                output_tokens += sum(len(results[i][0].tokens) for i in indices)
+                progress.update(task, advance=len(indices), tokens=output_tokens)
     return results
+
+
+def translate(model: nn.Module, vocabs: Vocabularies, sentences: list[str], options: GenerateOptions | None = None,
+              device: torch.device = torch.device("cpu")) -> list[str]:
+    """The best translation of each raw sentence, detokenized: the library's one-call entry point."""
+    ids = vocabs.source.encode_batch(sentences)
+    sources = [np.asarray(s + [EOS_ID], dtype=np.int64) for s in ids]
+    return [vocabs.target.decode(hyps[0].tokens)
+            for hyps in translate_ids(model, sources, options or GenerateOptions(), device)]
 
 
 def read_inputs(options: GenerateOptions, vocabs: Vocabularies) -> tuple[list[np.ndarray], list[str], list[str] | None]:
@@ -152,51 +192,49 @@ def read_inputs(options: GenerateOptions, vocabs: Vocabularies) -> tuple[list[np
     return [np.asarray(s + [EOS_ID], dtype=np.int64) for s in ids], lines, None
 
 
-def format_translation(t: Translation, vocabs: Vocabularies, options: GenerateOptions) -> list[str]:
-    if options.format == "fairseq":
-        lines = [f"S-{t.index}\t{t.source}"]
-        if t.reference is not None:
-            lines.append(f"T-{t.index}\t{t.reference}")
-        for h in t.hypotheses:
-            pieces = " ".join(vocabs.target.piece(i) for i in h.tokens[:-1])
-            text = vocabs.target.decode(h.tokens)
-            lines += [f"H-{t.index}\t{h.score:.4f}\t{pieces}", f"D-{t.index}\t{h.score:.4f}\t{text}",
-                      f"P-{t.index}\t" + " ".join(f"{s:.4f}" for s in h.positional_scores)]
-        return lines
-    texts = [vocabs.target.decode(h.tokens) for h in t.hypotheses]
-    if options.print_scores:
-        return [f"{h.score:.4f}\t{text}" for h, text in zip(t.hypotheses, texts)]
-    return texts
+def raw_references(options: GenerateOptions, count: int) -> list[str] | None:
+    """The split's target text as given to `nmt preprocess`, if that file is still there, unchanged in length."""
+    entry = DataDir.open(options.data).meta["splits"][options.split]
+    path = entry.get("target_file")
+    if not path or not Path(path).is_file():
+        return None
+    lines = read_lines(path)
+    return lines if len(lines) == count else None
 
 
-def generate(options: GenerateOptions) -> list[Translation]:
-    """Translate, write the output (atomically to a file, or to stdout) and return the translations."""
+def score_against_references(options: GenerateOptions, hypotheses: list[str], decoded: list[str]
+                             ) -> list[MetricResult]:
+    """BLEU against the raw reference file when it can be found; else against the binarized target
+    side as sentencepiece decodes it (normalized text, UNK shown as " ⁇ "), with a warning."""
+    from nmt.scoring import score
+
+    references = raw_references(options, len(hypotheses))
+    if references is None:
+        logger.warning("the raw reference file of split %r was not found: scoring against its binarized target "
+                       "side (sentencepiece-normalized); for a reportable BLEU run `nmt score --ref FILE`",
+                       options.split)
+        references = decoded
+    return score(hypotheses, [references])
+
+
+def generate(options: GenerateOptions) -> GenerateResult:
+    """Translate, write the output (atomically to a file, or to stdout) and, with
+    ``score_reference``, score the best hypotheses against the split's reference."""
     options.validate()
     device = resolve_device(options.device)
     model, vocabs = prepare_model(options.path, device, options.quantize)
     sources, source_texts, references = read_inputs(options, vocabs)
-    show = options.progress and stderr_console.is_terminal
     start = time.perf_counter()
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=stderr_console, transient=True, disable=not show) as progress:
-        hypotheses = translate(model, sources, options, device, progress)
+    with progress_bar(options.progress and stderr_console.is_terminal) as progress:
+        hypotheses = translate_ids(model, sources, options, device, progress)
     seconds = time.perf_counter() - start
     translations = [Translation(i, source_texts[i], hyps, references[i] if references else None)
                     for i, hyps in enumerate(hypotheses)]
-    lines = [line for t in translations for line in format_translation(t, vocabs, options)]
-    if options.output:
-        with atomic_write(options.output) as handle:
-            handle.writelines(line + "\n" for line in lines)
-    else:
-        sys.stdout.writelines(line + "\n" for line in lines)
-        sys.stdout.flush()
-    output_tokens = sum(len(t.hypotheses[0].tokens) for t in translations if t.hypotheses)
+    write_translations(translations, vocabs, options.output, options.format, options.print_scores)
+    output_tokens = sum(len(t.hypotheses[0].tokens) for t in translations)
     logger.info("translated %d sentences in %.1f s (%.1f sentences/s, %.0f tokens/s)", len(translations), seconds,
-                len(translations) / seconds, output_tokens / seconds)
+                len(translations) / max(seconds, 1e-9), output_tokens / max(seconds, 1e-9))
+    scores = []
     if options.score_reference:
-        from nmt.scoring import score
-
-        best = [vocabs.target.decode(t.hypotheses[0].tokens) for t in translations]
-        for result in score(best, [references]):
-            logger.info("%s", result.formatted)
-    return translations
+        scores = score_against_references(options, [t.best(vocabs) for t in translations], references)
+    return GenerateResult(translations, scores, seconds, output_tokens)
