@@ -11,7 +11,6 @@ the batch, and the decoder cache is reordered to follow the surviving beams.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -196,20 +195,24 @@ def beam_search(model, source: Tensor, options: SearchOptions, generator: torch.
 def finalize(finished: list[list[Hypothesis]], alive_ids: Tensor, eos: Tensor, cand_scores: Tensor,
              cand_rows: Tensor, tokens: Tensor, token_scores: Tensor, logprobs: Tensor, step: int,
              options: SearchOptions) -> None:
-    """Record the hypotheses that just produced EOS, with their length-normalized scores."""
+    """Record the hypotheses that just produced EOS, with their length-normalized scores.
+
+    What they need is copied to the CPU in one go (one device sync per step, not one per hypothesis).
+    """
     if not eos.any():
         return
     penalty = float(length_penalty(torch.tensor(step + 1), options.lenpen, options.lenpen_style))
-    for sentence, slot in eos.nonzero().tolist():
-        hyps = finished[int(alive_ids[sentence])]
-        if len(hyps) >= options.beam and not could_improve(hyps, float(cand_scores[sentence, slot]) / penalty):
+    sentences, slots = eos.nonzero(as_tuple=True)
+    rows = cand_rows[sentences, slots]
+    owners = alive_ids[sentences].tolist()
+    scores = (cand_scores[sentences, slots].float() / penalty).tolist()
+    prefixes, prefix_scores = tokens[rows, 1:].tolist(), token_scores[rows].tolist()
+    eos_scores = logprobs[rows, EOS_ID].tolist()
+    for owner, score, prefix, prefix_score, eos_score in zip(owners, scores, prefixes, prefix_scores, eos_scores):
+        hyps = finished[owner]
+        if len(hyps) >= options.beam and not could_improve(hyps, score):
             continue
-        row = int(cand_rows[sentence, slot])
-        hyps.append(Hypothesis(
-            tokens=tokens[row, 1:].tolist() + [EOS_ID],
-            score=float(cand_scores[sentence, slot]) / penalty,
-            positional_scores=token_scores[row].tolist() + [float(logprobs[row, EOS_ID])],
-        ))
+        hyps.append(Hypothesis(prefix + [EOS_ID], score, prefix_score + [eos_score]))
         hyps.sort(key=lambda h: -h.score)
         del hyps[options.beam:]
 
@@ -224,20 +227,16 @@ def is_done(finished: list[list[Hypothesis]], alive_ids: Tensor, alive_scores: T
 
     Log-probabilities only fall as a hypothesis grows, and the penalty grows with length, so an
     alive hypothesis's best reachable score is its current score divided by the penalty at the
-    longest length it may still reach (or at the next step when alpha < 0).
+    longest length it may still reach (or at the next step when alpha < 0). Sampling stops at
+    ``beam`` samples; every search stops at the max length or when no hypothesis is left alive.
     """
-    done = torch.zeros(len(alive_ids), dtype=torch.bool)
-    best_alive = alive_scores.max(dim=1).values.cpu()
-    for i, sentence in enumerate(alive_ids.tolist()):
-        hyps = finished[sentence]
-        if not math.isfinite(best_alive[i]) or int(limit[sentence]) <= step:
-            done[i] = True
-        elif len(hyps) >= options.beam:
-            if options.sampling:
-                done[i] = True
-                continue
-            longest = int(limit[sentence]) + 1 if options.lenpen >= 0 else step + 2
-            bound = float(best_alive[i]) / float(length_penalty(torch.tensor(longest), options.lenpen,
-                                                                  options.lenpen_style))
-            done[i] = not could_improve(hyps, bound)
+    ids = alive_ids.tolist()
+    best_alive = alive_scores.max(dim=1).values.double().cpu()
+    limits = limit[alive_ids].cpu()
+    full = torch.tensor([len(finished[i]) >= options.beam for i in ids], dtype=torch.bool)
+    worst = torch.tensor([min((h.score for h in finished[i]), default=NEG_INF) for i in ids], dtype=torch.float64)
+    longest = limits + 1 if options.lenpen >= 0 else torch.full_like(limits, step + 2)
+    bound = best_alive / length_penalty(longest, options.lenpen, options.lenpen_style).double()
+    beaten = torch.ones_like(full) if options.sampling else bound <= worst
+    done = ~torch.isfinite(best_alive) | (limits <= step) | (full & beaten)
     return done.to(alive_ids.device)
