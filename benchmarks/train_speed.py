@@ -71,11 +71,15 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=4096)
     parser.add_argument("--warmup", type=int, default=1, help="untimed updates first")
     parser.add_argument("--updates", type=int, default=4, help="timed updates per arch and precision")
+    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice); 1 gives steadier "
+                        "figures on a machine shared with other jobs")
     parser.add_argument("--loss-arch", default="transformer_small")
     parser.add_argument("--loss-updates", type=int, default=30, help="0: skip the loss comparison")
     parser.add_argument("--loss-max-tokens", type=int, default=1024)
     args = parser.parse_args()
     setup_logging(quiet=True)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     console = Console(width=120)
     console.print(f"command: python {' '.join(sys.argv)}")
     console.print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
