@@ -236,6 +236,10 @@ def train(
         "Stop after N validations without a better validation loss (default 0: off).", STOPPING)] = None,
     validate_interval_updates: Annotated[Optional[int], train_option(
         "Also validate every N updates (default 0: at epoch ends only).", REPORTING)] = None,
+    eval_bleu: Annotated[Optional[bool], train_option(
+        "Also compute BLEU on the validation set (beam search, sacrebleu).", REPORTING,
+        "--eval-bleu/--no-eval-bleu")] = None,
+    eval_bleu_beam: Annotated[Optional[int], train_option("Beam size for --eval-bleu (default: 2).", REPORTING)] = None,
     log_interval: Annotated[Optional[int], train_option(
         "A log line every N updates (default: 100).", REPORTING)] = None,
     tensorboard_dir: Annotated[Optional[str], train_option(

@@ -9,7 +9,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 import torch
 
 from nmt.checkpoint import load_checkpoint

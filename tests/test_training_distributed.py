@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from nmt.checkpoint import load_checkpoint
 from nmt.errors import NmtError

@@ -186,3 +186,9 @@ def test_out_of_memory_batches_are_skipped_then_fatal(tiny_data_dir, tmp_path, m
     monkeypatch.setattr(Transformer, "forward", always_out_of_memory)
     with pytest.raises(NmtError, match="out of memory on 10 updates; lower --max-tokens"):
         train(tiny_config(tiny_data_dir, tmp_path / "always", max_update=4))
+
+
+def test_eval_bleu_reports_bleu_of_the_validation_set(tiny_data_dir, tmp_path, messages):
+    summary = train(tiny_config(tiny_data_dir, tmp_path, max_epoch=3, eval_bleu=True, eval_bleu_beam=2))
+    assert 0.0 <= summary.valid_bleu <= 100.0
+    assert sum(" bleu " in m for m in messages if m.startswith("valid on")) == 3

@@ -85,6 +85,8 @@ class TrainConfig:
 
     # Validation and logging.
     validate_interval_updates: int = 0  # also validate every N updates (always at epoch ends)
+    eval_bleu: bool = False  # also BLEU of the validation set, translated with a short beam
+    eval_bleu_beam: int = 2
     log_interval: int = 100
     tensorboard_dir: str | None = None
 
@@ -96,7 +98,7 @@ class TrainConfig:
         at_least = {"max_tokens": 1, "max_sentences": 1, "required_batch_size_multiple": 1, "update_freq": 1,
                     "prefetch": 0, "warmup_updates": 1, "nproc": 1, "save_interval_updates": 0,
                     "keep_last_epochs": -1, "keep_interval_updates": -1, "max_update": 0, "max_epoch": 0,
-                    "patience": 0, "validate_interval_updates": 0, "log_interval": 1}
+                    "patience": 0, "validate_interval_updates": 0, "eval_bleu_beam": 1, "log_interval": 1}
         for name, low in at_least.items():
             value = getattr(self, name)
             if value is not None and value < low:

@@ -3,7 +3,8 @@
 torchrun (one node or many) sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT for
 every process; ``--nproc N`` sets the same variables itself for N local processes and a free
 port, so the trainer has one code path. NCCL carries the gradients between GPUs, gloo between
-CPU processes.
+CPU processes. Stopping is the processes' business too: Ctrl-C and SIGTERM become a request that
+all processes honour at the same update (StopRequest), after saving.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import pickle
 import signal
 import socket
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -39,6 +41,34 @@ class DistributedContext:
     @property
     def is_distributed(self) -> bool:
         return self.world_size > 1
+
+
+class StopRequest:
+    """Ctrl-C / SIGTERM ask training to stop after the current update (and save); in a single
+    process a second Ctrl-C stops at once."""
+
+    def __init__(self, second_aborts: bool):
+        self.requested = False
+        self.second_aborts = second_aborts
+        self.previous: dict[int, Any] = {}
+
+    def handle(self, signum: int, frame: Any) -> None:
+        if self.requested and self.second_aborts and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        if not self.requested:
+            logger.warning("stopping after this update and saving checkpoint_last.pt%s",
+                           " (Ctrl-C again to stop at once)" if self.second_aborts else "")
+        self.requested = True
+
+    def __enter__(self) -> "StopRequest":
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                self.previous[signum] = signal.signal(signum, self.handle)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler)
 
 
 def launched_by_torchrun() -> bool:

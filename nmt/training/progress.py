@@ -54,6 +54,8 @@ class Meter:
 
 def format_figures(figures: dict[str, float], lr: float | None = None) -> str:
     parts = [f"loss {figures['loss']:.3f}", f"ppl {figures['ppl']:.2f}"]
+    if "bleu" in figures:
+        parts.append(f"bleu {figures['bleu']:.2f}")
     if lr is not None:
         parts.append(f"lr {lr:.2e}")
     if "tokens_per_second" in figures:

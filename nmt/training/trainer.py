@@ -14,8 +14,6 @@ import contextlib
 import dataclasses
 import logging
 import math
-import signal
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,12 +32,13 @@ from nmt.log import logger, stderr_console
 from nmt.models.registry import build_model, count_parameters, get_arch, resolve_config
 from nmt.training import checkpoints as ckpt
 from nmt.training.config import TrainConfig, config_to_dict, write_config
-from nmt.training.distributed import (DistributedContext, all_reduce_sum, init_distributed, launched_by_torchrun,
-                                      shutdown_distributed, spawn)
-from nmt.training.iterator import EpochIterator, Update, make_batches, sharded_batches
+from nmt.training.distributed import (DistributedContext, StopRequest, all_reduce_sum, init_distributed,
+                                      launched_by_torchrun, shutdown_distributed, spawn)
+from nmt.training.iterator import EpochIterator, Update, make_batches
 from nmt.training.loss import label_smoothed_cross_entropy
 from nmt.training.lr_scheduler import InverseSqrtSchedule
-from nmt.training.progress import Display, Meter, perplexity, summary_table
+from nmt.training.progress import Display, Meter, summary_table
+from nmt.training.validation import validation_bleu, validation_loss
 
 MAX_OOM_SKIPS = 10  # out-of-memory batches skipped before giving up
 
@@ -64,6 +63,7 @@ class TrainSummary:
     train_loss: float | None  # over this run's updates, per target token
     valid_loss: float | None  # the last validation
     valid_ppl: float | None
+    valid_bleu: float | None  # the last validation's, with --eval-bleu
     best_valid_loss: float | None
     stop_reason: str
     seconds: float  # this run's wall clock
@@ -100,34 +100,6 @@ def pick_device(name: str) -> torch.device:
 
 def batch_seed(seed: int, epoch: int, position: int) -> int:
     return int(np.random.SeedSequence([seed, epoch, position]).generate_state(1)[0])
-
-
-class StopRequest:
-    """Ctrl-C / SIGTERM ask training to stop after the current update (and save); in a single
-    process a second Ctrl-C stops at once."""
-
-    def __init__(self, second_aborts: bool):
-        self.requested = False
-        self.second_aborts = second_aborts
-        self.previous: dict[int, Any] = {}
-
-    def handle(self, signum: int, frame: Any) -> None:
-        if self.requested and self.second_aborts and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        if not self.requested:
-            logger.warning("stopping after this update and saving %s%s", ckpt.LAST,
-                           " (Ctrl-C again to stop at once)" if self.second_aborts else "")
-        self.requested = True
-
-    def __enter__(self) -> "StopRequest":
-        if threading.current_thread() is threading.main_thread():
-            for signum in (signal.SIGINT, signal.SIGTERM):
-                self.previous[signum] = signal.signal(signum, self.handle)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        for signum, handler in self.previous.items():
-            signal.signal(signum, handler)
 
 
 class Trainer:
@@ -289,22 +261,17 @@ class Trainer:
 
     # -- validation ------------------------------------------------------------------------------------
 
-    @torch.no_grad()
     def validate(self) -> None:
-        """Validation loss and perplexity; updates the best loss and the patience count."""
+        """Validation loss (and BLEU with --eval-bleu); updates the best loss and the patience count."""
         if self.valid_set is None:
             return
         self.model.eval()
-        sums = torch.zeros(3, device=self.device)
-        for batch in sharded_batches(self.valid_set, self.valid_batches, self.context.world_size, self.context.rank,
-                                     self.config.prefetch, self.device.type == "cuda"):
-            batch = batch.to(self.device)
-            with autocast(self.device, self.config.precision):
-                logits = self.model(batch.source, batch.prev_output)
-            loss, nll = label_smoothed_cross_entropy(logits, batch.target, self.config.label_smoothing, PAD_ID)
-            sums += torch.stack([loss, nll, batch.target.ne(PAD_ID).sum().to(loss.dtype)])
-        loss_sum, nll_sum, tokens = all_reduce_sum(sums, self.context).tolist()
-        figures = {"loss": loss_sum / tokens, "nll": nll_sum / tokens, "ppl": perplexity(nll_sum / tokens)}
+        figures = validation_loss(self.model, self.valid_set, self.valid_batches, self.config.label_smoothing,
+                                  self.config.precision, self.device, self.context, self.config.prefetch)
+        if self.config.eval_bleu:
+            figures["bleu"] = validation_bleu(self.model, self.valid_set, self.vocabs, self.config.eval_bleu_beam,
+                                              self.config.max_tokens, self.config.precision, self.device,
+                                              self.context)
         self.last_valid = figures
         if self.state.best_valid_loss is None or figures["loss"] < self.state.best_valid_loss:
             self.state.best_valid_loss = figures["loss"]
@@ -350,7 +317,8 @@ class Trainer:
             save_dir=str(self.save_dir), epoch=state.epoch - (state.position == 0), updates=state.update,
             train_loss=figures["loss"] if run_meter.tokens else None,
             valid_loss=self.last_valid["loss"] if self.last_valid else None,
-            valid_ppl=self.last_valid["ppl"] if self.last_valid else None, best_valid_loss=state.best_valid_loss,
+            valid_ppl=self.last_valid["ppl"] if self.last_valid else None,
+            valid_bleu=self.last_valid.get("bleu") if self.last_valid else None, best_valid_loss=state.best_valid_loss,
             stop_reason=stop, seconds=time.monotonic() - self.started,
             tokens_per_second=figures["tokens_per_second"] if run_meter.tokens else 0.0)
         if stop.startswith("interrupted"):
@@ -360,7 +328,8 @@ class Trainer:
             stderr_console.print(summary_table({
                 "arch": config.arch, "epochs": summary.epoch, "updates": summary.updates,
                 "train loss (this run)": summary.train_loss, "valid loss": summary.valid_loss,
-                "valid ppl": summary.valid_ppl, "best valid loss": summary.best_valid_loss,
+                "valid ppl": summary.valid_ppl, **({"valid BLEU": summary.valid_bleu} if config.eval_bleu else {}),
+                "best valid loss": summary.best_valid_loss,
                 "target tokens/s": int(summary.tokens_per_second), "wall clock": f"{summary.seconds:.1f} s",
                 "stopped": summary.stop_reason, "checkpoints": str(self.save_dir)}))
         return summary

@@ -1,0 +1,61 @@
+"""Validation during training: loss and perplexity, and optionally BLEU with a short beam.
+
+Each process takes its share of the validation set; the sums (or the translations) are
+combined across processes, so every process sees the same figures.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from nmt.checkpoint import Vocabularies
+from nmt.data.dataset import ParallelDataset
+from nmt.data.vocabulary import PAD_ID
+from nmt.device import autocast
+from nmt.training.distributed import DistributedContext, all_reduce_sum
+from nmt.training.iterator import sharded_batches
+from nmt.training.loss import label_smoothed_cross_entropy
+from nmt.training.progress import perplexity
+
+
+@torch.no_grad()
+def validation_loss(model: nn.Module, dataset: ParallelDataset, batches: list[np.ndarray], label_smoothing: float,
+                    precision: str, device: torch.device, context: DistributedContext,
+                    prefetch: int = 4) -> dict[str, float]:
+    """Label-smoothed loss, nll and perplexity per target token (nats); the model must be in eval mode."""
+    sums = torch.zeros(3, device=device)
+    for batch in sharded_batches(dataset, batches, context.world_size, context.rank, prefetch, device.type == "cuda"):
+        batch = batch.to(device)
+        with autocast(device, precision):
+            logits = model(batch.source, batch.prev_output)
+        loss, nll = label_smoothed_cross_entropy(logits, batch.target, label_smoothing, PAD_ID)
+        sums += torch.stack([loss, nll, batch.target.ne(PAD_ID).sum().to(loss.dtype)])
+    loss_sum, nll_sum, tokens = all_reduce_sum(sums, context).tolist()
+    return {"loss": loss_sum / tokens, "nll": nll_sum / tokens, "ppl": perplexity(nll_sum / tokens)}
+
+
+def validation_bleu(model: nn.Module, dataset: ParallelDataset, vocabs: Vocabularies, beam: int,
+                    max_tokens: int | None, precision: str, device: torch.device,
+                    context: DistributedContext) -> float:
+    """Corpus BLEU (sacrebleu) of beam-search translations against the decoded references.
+
+    The references are the binarized targets decoded by sentencepiece, i.e. normalized text,
+    close to but not always the raw reference file: a figure to watch, not to report.
+    """
+    from nmt.generation.generator import GenerateOptions, translate_ids
+    from nmt.scoring import score
+
+    mine = range(context.rank, len(dataset), context.world_size)
+    options = GenerateOptions(beam=beam, max_tokens=max_tokens, precision=precision, progress=False)
+    hypotheses = translate_ids(model, [dataset.source[i] for i in mine], options, device)
+    pairs = [(vocabs.target.decode(hyps[0].tokens), vocabs.target.decode(dataset.target[i]))
+             for hyps, i in zip(hypotheses, mine)]
+    if context.is_distributed:
+        gathered: list[list[tuple[str, str]]] = [[] for _ in range(context.world_size)]
+        dist.all_gather_object(gathered, pairs)
+        pairs = [pair for shard in gathered for pair in shard]
+    (bleu,) = score([hypothesis for hypothesis, _ in pairs], [[reference for _, reference in pairs]])
+    return bleu.score
