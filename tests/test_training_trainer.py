@@ -93,14 +93,14 @@ def test_checkpoint_files_and_pruning(tiny_data_dir, tmp_path):
     train(tiny_config(tiny_data_dir, tmp_path, max_epoch=3, save_interval_updates=3, keep_last_epochs=2,
                       keep_interval_updates=2))
     names = sorted(path.name for path in tmp_path.iterdir())
-    # 9 updates per epoch: interval saves at 3, 6, ..., 24 (27 ends epoch 3); the newest 2 remain.
-    assert names == ["checkpoint2.pt", "checkpoint3.pt", "checkpoint_3_21.pt", "checkpoint_3_24.pt",
+    # 9 updates per epoch: interval saves at 3, 6, ..., 27 (epoch ends included); the newest 2 remain.
+    assert names == ["checkpoint2.pt", "checkpoint3.pt", "checkpoint_3_24.pt", "checkpoint_3_27.pt",
                      "checkpoint_best.pt", "checkpoint_last.pt", "config.yaml"]
     last = load_checkpoint(tmp_path / "checkpoint_last.pt")
     assert last["train_state"]["epoch"] == 4 and last["train_state"]["position"] == 0
     assert last["train_config"]["train"]["max_epoch"] == 3 and last["train_config"]["model"]["d_model"] == 64
     assert set(last) >= {"optimizer", "scheduler", "scaler", "rng", "train_state", "train_config", "vocab"}
-    assert load_checkpoint(tmp_path / "checkpoint_3_21.pt")["train_state"]["update"] == 21
+    assert load_checkpoint(tmp_path / "checkpoint_3_24.pt")["train_state"]["update"] == 24
 
 
 def test_corrupt_last_checkpoint_falls_back_to_the_newest_that_loads(tiny_data_dir, tmp_path, messages):
@@ -157,6 +157,17 @@ def test_patience_stops_and_validation_interval(tiny_data_dir, tmp_path, message
     assert sum("valid on 'valid'" in message for message in messages) == 3
 
 
+def test_tensorboard_dir_without_tensorboard_is_a_clear_error(tiny_data_dir, tmp_path):
+    try:
+        import torch.utils.tensorboard  # noqa: F401
+    except ImportError:
+        with pytest.raises(NmtError, match="needs the tensorboard package"):
+            train(tiny_config(tiny_data_dir, tmp_path, max_update=1, tensorboard_dir=str(tmp_path / "tb")))
+    else:
+        train(tiny_config(tiny_data_dir, tmp_path, max_update=1, tensorboard_dir=str(tmp_path / "tb")))
+        assert any((tmp_path / "tb").iterdir())
+
+
 def test_bf16_on_cpu_trains(tiny_data_dir, tmp_path):
     summary = train(tiny_config(tiny_data_dir, tmp_path, precision="bf16", max_update=8))
     assert summary.updates == 8 and math.isfinite(summary.valid_loss) and summary.valid_loss < math.log(120)
@@ -192,3 +203,23 @@ def test_eval_bleu_reports_bleu_of_the_validation_set(tiny_data_dir, tmp_path, m
     summary = train(tiny_config(tiny_data_dir, tmp_path, max_epoch=3, eval_bleu=True, eval_bleu_beam=2))
     assert 0.0 <= summary.valid_bleu <= 100.0
     assert sum(" bleu " in m for m in messages if m.startswith("valid on")) == 3
+
+
+def test_loss_scaler_skips_overflowing_steps(tiny_data_dir, tmp_path, messages):
+    # fp16 autocast needs a GPU; the scaler logic is the same on CPU, so drive it with an inf gradient.
+    from nmt.training.distributed import DistributedContext
+    from nmt.training.iterator import EpochIterator
+    from nmt.training.trainer import Trainer
+
+    trainer = Trainer(tiny_config(tiny_data_dir, tmp_path), DistributedContext())
+    trainer.scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    updates = iter(EpochIterator(trainer.train_set, trainer.batches, seed=1, epoch=1))
+    weight = trainer.model.encoder_layers[0].ffn.fc1.weight
+    handle = weight.register_hook(lambda grad: torch.full_like(grad, math.inf))
+    before = weight.detach().clone()
+    _, grad_norm = trainer.train_step(next(updates))
+    assert grad_norm is None and torch.equal(weight, before)  # skipped: the weights did not move
+    assert trainer.scaler.get_scale() == 512.0 and any("fp16 overflow at update 1" in m for m in messages)
+    handle.remove()
+    _, grad_norm = trainer.train_step(next(updates))
+    assert math.isfinite(grad_norm) and not torch.equal(weight, before)

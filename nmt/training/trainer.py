@@ -385,5 +385,7 @@ class Trainer:
         finished = state.epoch
         state.epoch, state.position = state.epoch + 1, 0
         names = [ckpt.epoch_checkpoint_name(finished), ckpt.LAST] + ([ckpt.BEST] if self.improved else [])
+        if config.save_interval_updates and state.update and state.update % config.save_interval_updates == 0:
+            names.append(ckpt.update_checkpoint_name(finished, state.update))  # no gap for averaging by update
         self.save(names)
         return self.limit_reached() or (f"reached --max-time {config.max_time}" if self.time_up else None)
