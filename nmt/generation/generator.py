@@ -222,6 +222,7 @@ def generate(options: GenerateOptions) -> GenerateResult:
     ``score_reference``, score the best hypotheses against the split's reference."""
     options.validate()
     device = resolve_device(options.device)
+    autocast(device, options.precision)  # an impossible precision fails before the model is loaded
     model, vocabs = prepare_model(options.path, device, options.quantize)
     sources, source_texts, references = read_inputs(options, vocabs)
     start = time.perf_counter()
