@@ -149,7 +149,8 @@ def translate_ids(model: nn.Module, sources: list[np.ndarray], options: Generate
     max_tokens = None if options.max_tokens is None else max(options.max_tokens // search.beam,
                                                              int(lengths.max(initial=1)))
     generator = torch.Generator(device=device).manual_seed(options.seed) if options.sampling else None
-    task = progress.add_task("translating", total=len(sources), completed=len(sources) - len(todo)) if progress else None
+    skipped = len(sources) - len(todo)
+    task = progress.add_task("translating", total=len(sources), completed=skipped) if progress else None
     output_tokens = 0
     with torch.inference_mode(), autocast(device, options.precision):
         for batch_positions in batch_by_size(lengths, None, max_tokens, options.batch_size):
