@@ -25,15 +25,6 @@ LINES = ["five", "Turn to page twelve.", "the number four", "My room number is e
          "I counted to nine thousand and one yesterday.", "She said three twice.", "the number sixty"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Two OpenMP threads on two cores shared with other processes are many times slower than one."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
     """Train/test splits of the numbers task; meta.json names the raw test reference like preprocess does."""
