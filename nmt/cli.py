@@ -313,7 +313,7 @@ def generate(
     print_scores: Annotated[bool, typer.Option(help="Plain format: prefix each line with its score and a tab.")] = False,
     max_tokens: Annotated[Optional[int], typer.Option(help="Source tokens x beam per batch.")] = 8000,
     batch_size: Annotated[Optional[int], typer.Option(help="Sentences per batch at most.")] = None,
-    device: Annotated[str, typer.Option(help="cpu or cuda.")] = "cpu",
+    device: Annotated[str, typer.Option(help="cpu, cuda, cuda:N or auto (the GPU when there is one).")] = "cpu",
     precision: Annotated[PrecisionChoice, typer.Option(help="Autocast precision.")] = PrecisionChoice.fp32,
     quantize: Annotated[QuantizeChoice, typer.Option(
         help="CPU only: int8 dynamic quantization of the nn.Linear layers (the tied output projection stays fp32)."
@@ -362,7 +362,8 @@ def run(
 def demo(
     workdir: Annotated[Path, typer.Option(help="Where the demo writes its data, model and translations.")] =
         Path("nmt-demo"),
-    max_time: Annotated[str, typer.Option(help="Training time budget.")] = "90s",
+    max_update: Annotated[int, typer.Option(min=1, help="Training updates.")] = 600,
+    max_time: Annotated[str, typer.Option(help="Training time limit, a safety net on a slow or busy machine.")] = "10m",
     verbose: Verbose = 0, quiet: Quiet = False, log_format: LogFormat = LogFormatChoice.text,
 ) -> None:
     """Train and evaluate on an embedded toy task (numbers in words, EN->DE) on the CPU: no download."""
@@ -371,7 +372,7 @@ def demo(
 
     from nmt.demo import run_demo
 
-    report = run_demo(workdir, max_time)
+    report = run_demo(workdir, max_update, max_time)
     console = Console(stderr=True)
     console.print(report.table())
     for result in report.scores:

@@ -13,11 +13,14 @@ PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def resolve_device(name: str) -> torch.device:
+    """``auto`` takes the GPU when there is one; asking for CUDA without one is a clear error."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cuda" or name.startswith("cuda:"):
         if not torch.cuda.is_available():
             raise NmtError("--device cuda was asked for but no CUDA GPU is available (use --device cpu)")
     elif name != "cpu":
-        raise NmtError(f"unknown device {name!r}; use cpu or cuda")
+        raise NmtError(f"unknown device {name!r}; use cpu, cuda, cuda:N or auto")
     return torch.device(name)
 
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
+import types
 import typing
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
@@ -81,15 +83,31 @@ def get_model_class(name: str) -> type[nn.Module]:
     return MODELS[name]
 
 
-def _coerce(value: Any, field_type: Any, field_name: str) -> Any:
-    """Turn a CLI/YAML value into the dataclass field's type, with a clear error."""
+def coerce(value: Any, field_type: Any, field_name: str) -> Any:
+    """Turn a CLI string or YAML value into a dataclass field's type (Optional, tuples, Literals, dicts)."""
     if isinstance(field_type, str):
         field_type = {"int": int, "float": float, "bool": bool, "str": str}.get(field_type, field_type)
-    origin = typing.get_origin(field_type)
+    origin, args = typing.get_origin(field_type), typing.get_args(field_type)
+    if origin in (typing.Union, types.UnionType):
+        if value is None or (isinstance(value, str) and value.lower() in {"none", "null", ""}):
+            return None
+        (inner,) = [arg for arg in args if arg is not type(None)]
+        return coerce(value, inner, field_name)
+    if origin is tuple:
+        items = re.split(r"[\s,()\[\]]+", value) if isinstance(value, str) else value
+        items = [item for item in items if item != ""] if isinstance(items, (list, tuple)) else items
+        if not isinstance(items, (list, tuple)) or len(items) != len(args):
+            raise NmtError(f"{field_name} expects {len(args)} values such as '0.9,0.98', got {value!r}")
+        return tuple(coerce(item, arg, field_name) for item, arg in zip(items, args))
+    if origin is dict:
+        if not isinstance(value, Mapping):
+            raise NmtError(f"{field_name} expects a mapping of key: value, got {value!r}")
+        return dict(value)
+    if field_type is float and isinstance(value, str):
+        value = value.strip()  # PyYAML reads 1e-9 (no dot) as a string; float() takes it
     if origin is typing.Literal:
-        choices = typing.get_args(field_type)
-        if value not in choices:
-            raise NmtError(f"{field_name} must be one of {', '.join(map(str, choices))}, got {value!r}")
+        if value not in args:
+            raise NmtError(f"{field_name} must be one of {', '.join(map(str, args))}, got {value!r}")
         return value
     try:
         if field_type is bool:
@@ -117,7 +135,7 @@ def resolve_config(config: Any, overrides: Mapping[str, Any]) -> Any:
             close = difflib.get_close_matches(key, fields, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise NmtError(f"unknown model option {key!r}{hint}; known: {', '.join(fields)}")
-        changes[key] = _coerce(value, typing.get_type_hints(type(config)).get(key, fields[key].type), key)
+        changes[key] = coerce(value, typing.get_type_hints(type(config)).get(key, fields[key].type), key)
     resolved = dataclasses.replace(config, **changes)
     validate = getattr(resolved, "validate", None)
     if validate is not None:

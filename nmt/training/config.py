@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import re
-import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,7 +31,7 @@ import yaml
 
 from nmt.errors import NmtError
 from nmt.files import atomic_write
-from nmt.models.registry import _coerce
+from nmt.models.registry import coerce
 
 PRECISION = Literal["fp32", "bf16", "fp16"]
 
@@ -143,30 +141,6 @@ def parse_duration(text: str) -> float:
     return seconds
 
 
-def coerce(name: str, value: Any, annotation: Any) -> Any:
-    """A CLI string or YAML value as the field's type (Optional, tuples and Literals included)."""
-    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
-    if origin in (typing.Union, types.UnionType):
-        if value is None or (isinstance(value, str) and value.lower() in {"none", "null", ""}):
-            return None
-        (inner,) = [arg for arg in args if arg is not type(None)]
-        return coerce(name, value, inner)
-    if origin is tuple:
-        items = value
-        if isinstance(value, str):
-            items = [item for item in re.split(r"[\s,()\[\]]+", value) if item]
-        if not isinstance(items, (list, tuple)) or len(items) != len(args):
-            raise NmtError(f"{name} expects {len(args)} values such as '0.9,0.98', got {value!r}")
-        return tuple(coerce(name, item, arg) for item, arg in zip(items, args))
-    if origin is dict:
-        if not isinstance(value, Mapping):
-            raise NmtError(f"{name} expects a mapping of key: value, got {value!r}")
-        return dict(value)
-    if annotation is float and isinstance(value, str):
-        value = value.strip()  # PyYAML reads 1e-9 (no dot) as a string; float() takes it
-    return _coerce(value, annotation, name)
-
-
 FIELDS = typing.get_type_hints(TrainConfig)  # name -> type (the dataclass stores them as strings)
 
 
@@ -218,9 +192,9 @@ def load_train_config(cli_values: Mapping[str, Any] | None = None, config_file: 
     given = {key: value for key, value in (cli_values or {}).items() if value is not None}
     check_keys(given, "the command line")
     values = {**recipe, **given}
-    values["model"] = {**coerce("model", recipe.get("model") or {}, FIELDS["model"]),
+    values["model"] = {**coerce(recipe.get("model") or {}, FIELDS["model"], "model"),
                        **(model_overrides or {})}
-    config = TrainConfig(**{key: coerce(key, value, FIELDS[key]) for key, value in values.items()})
+    config = TrainConfig(**{key: coerce(value, FIELDS[key], key) for key, value in values.items()})
     config.validate()
     return config
 

@@ -76,7 +76,7 @@ def train(config: TrainConfig) -> TrainSummary:
     if config.nproc > 1:
         if launched_by_torchrun():
             raise NmtError("--nproc spawns its own workers; under torchrun leave it out (use --nproc-per-node)")
-        if pick_device(config.device).type == "cuda" and torch.cuda.device_count() < config.nproc:
+        if resolve_device(config.device).type == "cuda" and torch.cuda.device_count() < config.nproc:
             raise NmtError(f"--nproc {config.nproc} needs {config.nproc} GPUs; {torch.cuda.device_count()} visible")
         Trainer(config, DistributedContext(0, config.nproc), check_only=True)  # bad input fails here, once
         return spawn(train_worker, config, config.nproc)
@@ -84,18 +84,12 @@ def train(config: TrainConfig) -> TrainSummary:
 
 
 def train_worker(config: TrainConfig) -> TrainSummary:
-    device = pick_device(config.device)
+    device = resolve_device(config.device)
     context = init_distributed(device.type)
     try:
         return Trainer(config, context).fit()
     finally:
         shutdown_distributed()
-
-
-def pick_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return resolve_device(name)
 
 
 def batch_seed(seed: int, epoch: int, position: int) -> int:
@@ -105,7 +99,7 @@ def batch_seed(seed: int, epoch: int, position: int) -> int:
 class Trainer:
     def __init__(self, config: TrainConfig, context: DistributedContext, check_only: bool = False):
         self.config, self.context = config, context
-        self.device = pick_device(config.device)
+        self.device = resolve_device(config.device)
         if self.device.type == "cuda" and context.is_distributed:
             self.device = torch.device("cuda", context.local_rank)
         autocast(self.device, config.precision)  # fp16 on CPU is refused here
