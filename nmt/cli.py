@@ -362,7 +362,7 @@ def run(
 def demo(
     workdir: Annotated[Path, typer.Option(help="Where the demo writes its data, model and translations.")] =
         Path("nmt-demo"),
-    max_update: Annotated[int, typer.Option(min=1, help="Training updates.")] = 600,
+    max_update: Annotated[int, typer.Option(min=1, help="Training updates.")] = 300,
     max_time: Annotated[str, typer.Option(help="Training time limit, a safety net on a slow or busy machine.")] = "10m",
     verbose: Verbose = 0, quiet: Quiet = False, log_format: LogFormat = LogFormatChoice.text,
 ) -> None:

@@ -36,7 +36,7 @@ def demo_recipe(workdir: Path, raw: dict[str, Path], max_update: int, max_time: 
 
 
 def run_demo(
-    workdir: str | Path = "nmt-demo", max_update: int = 600, max_time: str = "10m", train_size: int = 20_000
+    workdir: str | Path = "nmt-demo", max_update: int = 300, max_time: str = "10m", train_size: int = 20_000
 ) -> PipelineReport:
     workdir = Path(workdir)
     raw = write_demo_corpus(workdir / "raw", train_size=train_size, valid_size=300, test_size=500, seed=1)
