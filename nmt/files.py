@@ -92,3 +92,25 @@ def read_lines(path: str | os.PathLike) -> list[str]:
         except (OSError, EOFError) as exc:
             raise NmtError(f"cannot read {name}: {exc}") from exc
     return lines
+
+
+def read_yaml_mapping(path: str | os.PathLike, what: str) -> dict:
+    """A YAML file that must hold a mapping (empty file: {}); ``what`` names it in errors ("recipe")."""
+    import yaml  # only the commands that read recipes pay for it
+
+    path = Path(path)
+    try:
+        document = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise NmtError(f"{what} not found: {path}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise NmtError(f"cannot read {what} {path}: {exc}") from exc
+    except yaml.YAMLError as exc:
+        where = getattr(exc, "problem_mark", None)
+        line = f" at line {where.line + 1}" if where is not None else ""
+        raise NmtError(f"{path} is not valid YAML{line}: {getattr(exc, 'problem', None) or exc}") from exc
+    if document is None:
+        return {}
+    if not isinstance(document, dict):
+        raise NmtError(f"{path} must be a YAML mapping of section: options")
+    return document

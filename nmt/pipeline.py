@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-import yaml
 from rich.table import Table
 
 from nmt.errors import NmtError
+from nmt.files import read_yaml_mapping
 from nmt.log import logger
 
 STAGES = ("preprocess", "train", "average", "generate", "score")
@@ -47,15 +47,9 @@ class PipelineReport:
 
 
 def read_document(path: str | Path) -> dict[str, Any]:
-    path = Path(path)
-    try:
-        document = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise NmtError(f"recipe not found: {path}") from None
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise NmtError(f"cannot read recipe {path}: {exc}") from exc
-    if not isinstance(document, dict):
-        raise NmtError(f"{path} must be a YAML mapping with preprocess/train/average/generate/score sections")
+    document = read_yaml_mapping(path, "recipe")
+    if not document:
+        raise NmtError(f"{path} is empty; a recipe has preprocess/train/average/generate/score sections")
     unknown = set(document) - set(STAGES) - {"arch", "model"}
     if unknown:
         raise NmtError(f"{path}: unknown section(s) {', '.join(sorted(unknown))}; known: {', '.join(STAGES)}, arch, model")

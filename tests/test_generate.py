@@ -183,7 +183,8 @@ def test_int8_quantization_runs_and_mostly_agrees(checkpoint, data_dir):
     int8 = generate(options(checkpoint, data=str(data_dir), quantize="int8", output="/dev/null"))
     model, _ = prepare_model(checkpoint, torch.device("cpu"), "int8")
     quantized = [m for m in model.modules() if isinstance(m, torch.ao.nn.quantized.dynamic.Linear)]
-    assert len(quantized) == 2 * (4 + 2) + 2 * (4 + 4 + 2)  # every nn.Linear of both stacks
+    assert len(quantized) == 2 * (4 + 2) + 2 * (4 + 4 + 2) + 1  # every linear layer of both stacks
+    assert model.output_layer in quantized  # the output projection too
     agree = sum(a == b for a, b in zip(best_tokens(fp32), best_tokens(int8)))
     assert agree >= len(fp32.translations) // 2
 

@@ -98,6 +98,18 @@ def test_two_way_and_untied():
     assert count_parameters(untied) - count_parameters(make_model()) == 2 * VOCAB * d
 
 
+@pytest.mark.parametrize("share", ["all", "none"])
+def test_separate_output_layer_keeps_the_logits_and_the_saved_state(share):
+    model = make_model(share_embeddings=share)
+    source, target = random_tokens(2, 6), random_tokens(2, 4, seed=2)
+    keys, before = set(model.state_dict()), model(source, target)
+    model.separate_output_layer()
+    assert isinstance(model.output_layer, torch.nn.Linear)
+    assert torch.equal(model.output_layer.weight, model.output_weight())
+    torch.testing.assert_close(model(source, target), before, rtol=0, atol=1e-6)
+    assert set(model.state_dict()) - keys == {"output_layer.weight"}  # added, nothing renamed
+
+
 def test_joint_tying_needs_equal_vocabularies():
     from nmt.errors import NmtError
 

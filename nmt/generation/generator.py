@@ -5,13 +5,12 @@ padding; translations come back in input order, and do not depend on the batchin
 sentence's search is independent, and padding is masked). An empty input line (no tokens)
 becomes an empty translation without running the model, so output lines stay aligned with
 input lines. The model runs under ``torch.inference_mode`` with optional autocast (bf16/fp16),
-or on CPU with int8 dynamic quantization of its ``nn.Linear`` layers; the output projection
-(``F.linear`` with the tied embedding matrix) and attention stay fp32 then.
+or on CPU with int8 dynamic quantization of its linear layers, the output projection included
+(given a module of its own for it); attention's matrix products stay fp32 then.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import time
 import warnings
 from dataclasses import dataclass
@@ -39,28 +38,19 @@ if TYPE_CHECKING:
     from nmt.scoring import MetricResult
 
 
-@dataclass
-class GenerateOptions:
-    """The options of ``nmt generate``; field names are the CLI option names (and recipe keys)."""
+@dataclass(frozen=True)
+class GenerateOptions(SearchOptions):
+    """The options of ``nmt generate``: the search's plus input, output and device.
+
+    Field names are the CLI option names (and recipe keys).
+    """
 
     path: str = "checkpoints/checkpoint_best.pt"
     data: str | None = None  # data directory from `nmt preprocess` (with `split`)...
     split: str = "test"
     input: str | None = None  # ...or raw source text, one sentence a line ("-": stdin)
     output: str | None = None  # default: stdout
-    beam: int = 4
-    lenpen: float = 0.6
-    lenpen_style: Literal["gnmt", "fairseq"] = "gnmt"
-    max_len_a: float = 1.0
-    max_len_b: int = 50
-    min_len: int = 1
-    no_repeat_ngram_size: int = 0
-    nbest: int = 1
-    sampling: bool = False
-    temperature: float = 1.0
-    topk: int = 0
-    topp: float = 0.0
-    seed: int = 1
+    seed: int = 1  # for --sampling
     format: Literal["plain", "fairseq"] = "plain"
     print_scores: bool = False
     max_tokens: int | None = 8000
@@ -96,10 +86,6 @@ class GenerateOptions:
             raise NmtError("--score-reference needs a binarized split (DATA_DIR --split); "
                            "for raw input use `nmt score --ref FILE` on the output")
 
-    def search_options(self) -> SearchOptions:
-        names = {f.name for f in dataclasses.fields(SearchOptions)}
-        return SearchOptions(**{name: getattr(self, name) for name in names})
-
 
 @dataclass
 class GenerateResult:
@@ -114,6 +100,7 @@ def prepare_model(checkpoint_path: str | Path, device: torch.device, quantize: s
     model, vocabs = model_from_checkpoint(load_checkpoint(checkpoint_path))
     model.eval()
     if quantize == "int8":
+        model.separate_output_layer()  # the largest product of every step; int8 only sees modules
         with warnings.catch_warnings():  # torch.ao's eager quantization warns it will move to torchao
             warnings.simplefilter("ignore")
             model = torch.ao.quantization.quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8)
@@ -141,12 +128,11 @@ def translate_ids(model: nn.Module, sources: list[np.ndarray], options: Generate
                   device: torch.device = torch.device("cpu"), progress: Progress | None = None
                   ) -> list[list[Hypothesis]]:
     """The ``nbest`` hypotheses for each source (token ids ending in EOS), in the order given."""
-    search = options.search_options()
-    results = [empty_hypotheses(search.nbest) if len(s) <= 1 else [] for s in sources]
+    results = [empty_hypotheses(options.nbest) if len(s) <= 1 else [] for s in sources]
     todo = np.asarray([i for i, s in enumerate(sources) if len(s) > 1], dtype=np.int64)
     lengths = np.fromiter((len(sources[i]) for i in todo), dtype=np.int64, count=len(todo))
     # A sentence's beams take about beam * (source length + some output) rows of work.
-    max_tokens = None if options.max_tokens is None else max(options.max_tokens // search.beam,
+    max_tokens = None if options.max_tokens is None else max(options.max_tokens // options.beam,
                                                              int(lengths.max(initial=1)))
     generator = torch.Generator(device=device).manual_seed(options.seed) if options.sampling else None
     skipped = len(sources) - len(todo)
@@ -156,7 +142,7 @@ def translate_ids(model: nn.Module, sources: list[np.ndarray], options: Generate
         for batch_positions in batch_by_size(lengths, None, max_tokens, options.batch_size):
             indices = todo[batch_positions]
             batch = collate(indices, [sources[i] for i in indices]).to(device)
-            for index, hyps in zip(indices.tolist(), beam_search(model, batch.source, search, generator)):
+            for index, hyps in zip(indices.tolist(), beam_search(model, batch.source, options, generator)):
                 results[index] = hyps
             if progress:
                 output_tokens += sum(len(results[i][0].tokens) for i in indices)

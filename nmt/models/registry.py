@@ -94,8 +94,7 @@ def coerce(value: Any, field_type: Any, field_name: str) -> Any:
         (inner,) = [arg for arg in args if arg is not type(None)]
         return coerce(value, inner, field_name)
     if origin is tuple:
-        items = re.split(r"[\s,()\[\]]+", value) if isinstance(value, str) else value
-        items = [item for item in items if item != ""] if isinstance(items, (list, tuple)) else items
+        items = [item for item in re.split(r"[\s,()\[\]]+", value) if item] if isinstance(value, str) else value
         if not isinstance(items, (list, tuple)) or len(items) != len(args):
             raise NmtError(f"{field_name} expects {len(args)} values such as '0.9,0.98', got {value!r}")
         return tuple(coerce(item, arg, field_name) for item, arg in zip(items, args))

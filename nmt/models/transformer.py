@@ -193,6 +193,7 @@ class Transformer(nn.Module):
         self.encoder_norm = nn.LayerNorm(config.d_model) if config.normalize_before else nn.Identity()
         self.decoder_norm = nn.LayerNorm(config.d_model) if config.normalize_before else nn.Identity()
         self.embed_dropout = nn.Dropout(config.dropout)
+        self.output_layer: nn.Linear | None = None  # see separate_output_layer
 
     def _embedding(self, vocab_size: int) -> nn.Embedding:
         embedding = nn.Embedding(vocab_size, self.config.d_model, padding_idx=self.pad_id)
@@ -202,6 +203,17 @@ class Transformer(nn.Module):
 
     def output_weight(self) -> Tensor:
         return self.output_proj if self.config.share_embeddings == "none" else self.tgt_embed.weight
+
+    def separate_output_layer(self) -> None:
+        """Give the output projection an ``nn.Linear`` of its own, for inference only.
+
+        Tied or not, the projection is a plain matrix that ``quantize_dynamic`` cannot see; as a
+        module it becomes int8 like the other linear layers. Training must keep the tie, so this
+        copy is made after loading and never saved.
+        """
+        weight = self.output_weight().detach()
+        self.output_layer = nn.Linear(weight.size(1), weight.size(0), bias=False, device=weight.device)
+        self.output_layer.weight = nn.Parameter(weight.clone(), requires_grad=False)
 
     def _embed(self, embedding: nn.Embedding, tokens: Tensor, offset: int = 0) -> Tensor:
         positions = sinusoidal_positions(tokens.size(1), self.config.d_model, offset, tokens.device)
@@ -226,7 +238,8 @@ class Transformer(nn.Module):
         memory_mask = ~encoder_out.padding_mask[:, None, None, :]
         for i, layer in enumerate(self.decoder_layers):
             x = layer(x, encoder_out.states, memory_mask, cache.layers[i] if cache is not None else None)
-        return F.linear(self.decoder_norm(x), self.output_weight())
+        x = self.decoder_norm(x)
+        return self.output_layer(x) if self.output_layer is not None else F.linear(x, self.output_weight())
 
     def forward(self, src_tokens: Tensor, prev_output_tokens: Tensor) -> Tensor:
         return self.decode(prev_output_tokens, self.encode(src_tokens))

@@ -30,7 +30,7 @@ from typing import Any, Literal, Mapping
 import yaml
 
 from nmt.errors import NmtError
-from nmt.files import atomic_write
+from nmt.files import atomic_write, read_yaml_mapping
 from nmt.models.registry import coerce
 
 PRECISION = Literal["fp32", "bf16", "fp16"]
@@ -146,21 +146,7 @@ FIELDS = typing.get_type_hints(TrainConfig)  # name -> type (the dataclass store
 
 def read_recipe(path: str | Path) -> dict[str, Any]:
     """The train-related part of a recipe: the ``train:`` section plus top-level arch and model."""
-    path = Path(path)
-    try:
-        document = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise NmtError(f"config file not found: {path}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise NmtError(f"cannot read config file {path}: {exc}") from exc
-    except yaml.YAMLError as exc:
-        where = getattr(exc, "problem_mark", None)
-        line = f" at line {where.line + 1}" if where is not None else ""
-        raise NmtError(f"{path} is not valid YAML{line}: {getattr(exc, 'problem', None) or exc}") from exc
-    if document is None:
-        return {}
-    if not isinstance(document, dict):
-        raise NmtError(f"{path} must be a YAML mapping with a `train:` section")
+    document = read_yaml_mapping(path, "config file")
     section = document.get("train") or {}
     if not isinstance(section, dict):
         raise NmtError(f"{path}: the `train:` section must be a mapping of option: value")
