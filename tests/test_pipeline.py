@@ -51,6 +51,9 @@ def test_stages_can_be_rerun_alone(pipeline_run):
 
 def test_unknown_sections_and_stages_are_errors(tmp_path):
     path = tmp_path / "bad.yaml"
+    path.write_text("", encoding="utf-8")
+    with pytest.raises(NmtError, match="is empty"):
+        run_recipe(path)
     path.write_text("trian: {}\n", encoding="utf-8")
     with pytest.raises(NmtError, match="unknown section"):
         run_recipe(path)
