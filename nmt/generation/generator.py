@@ -64,6 +64,15 @@ class GenerateOptions(SearchOptions):
     def validate(self) -> None:
         if (self.data is None) == (self.input is None):
             raise NmtError("give either DATA_DIR (with --split) or --input FILE|-")
+        self.validate_search()
+        if self.quantize == "int8" and self.device != "cpu":
+            raise NmtError("--quantize int8 is for CPU inference (dynamic quantization); use --precision on GPU")
+        if self.score_reference and self.data is None:
+            raise NmtError("--score-reference needs a binarized split (DATA_DIR --split); "
+                           "for raw input use `nmt score --ref FILE` on the output")
+
+    def validate_search(self) -> None:
+        """The checks of the options a `Translator` call may change too (search and batching)."""
         if self.beam < 1:
             raise NmtError(f"--beam must be at least 1, got {self.beam}")
         if not 1 <= self.nbest <= self.beam:
@@ -80,11 +89,9 @@ class GenerateOptions(SearchOptions):
             raise NmtError("--topk/--topp only apply with --sampling")
         if self.max_tokens is None and self.batch_size is None:
             raise NmtError("give --max-tokens or --batch-size")
-        if self.quantize == "int8" and self.device != "cpu":
-            raise NmtError("--quantize int8 is for CPU inference (dynamic quantization); use --precision on GPU")
-        if self.score_reference and self.data is None:
-            raise NmtError("--score-reference needs a binarized split (DATA_DIR --split); "
-                           "for raw input use `nmt score --ref FILE` on the output")
+        if (self.max_tokens is not None and self.max_tokens < 1) or (self.batch_size is not None
+                                                                      and self.batch_size < 1):
+            raise NmtError("--max-tokens and --batch-size must be at least 1")
 
 
 @dataclass
@@ -150,13 +157,9 @@ def translate_ids(model: nn.Module, sources: list[np.ndarray], options: Generate
     return results
 
 
-def translate(model: nn.Module, vocabs: Vocabularies, sentences: list[str], options: GenerateOptions | None = None,
-              device: torch.device = torch.device("cpu")) -> list[str]:
-    """The best translation of each raw sentence, detokenized: the library's one-call entry point."""
-    ids = vocabs.source.encode_batch(sentences)
-    sources = [np.asarray(s + [EOS_ID], dtype=np.int64) for s in ids]
-    return [vocabs.target.decode(hyps[0].tokens)
-            for hyps in translate_ids(model, sources, options or GenerateOptions(), device)]
+def encode_sources(vocabs: Vocabularies, lines: list[str]) -> list[np.ndarray]:
+    """Source token ids ending in EOS, one array per line."""
+    return [np.asarray(ids + [EOS_ID], dtype=np.int64) for ids in vocabs.source.encode_batch(lines)]
 
 
 def read_inputs(options: GenerateOptions, vocabs: Vocabularies) -> tuple[list[np.ndarray], list[str], list[str] | None]:
@@ -175,8 +178,7 @@ def read_inputs(options: GenerateOptions, vocabs: Vocabularies) -> tuple[list[np
     lines = read_lines(options.input)
     if not lines:
         raise NmtError(f"{'stdin' if options.input == '-' else options.input} is empty: nothing to translate")
-    ids = vocabs.source.encode_batch(lines)
-    return [np.asarray(s + [EOS_ID], dtype=np.int64) for s in ids], lines, None
+    return encode_sources(vocabs, lines), lines, None
 
 
 def raw_references(options: GenerateOptions, count: int) -> list[str] | None:
