@@ -320,6 +320,8 @@ def generate(
         )] = QuantizeChoice.none,
     score_reference: Annotated[bool, typer.Option(
         help="Print BLEU (on stderr) against the split's raw reference file, or its target side if that is gone.")] = False,
+    buffer_size: Annotated[Optional[int], typer.Option(
+        min=1, help="Streaming stdin: translate N lines at a time (waiting for N) instead of whatever has arrived.")] = None,
     verbose: Verbose = 0, quiet: Quiet = False, log_format: LogFormat = LogFormatChoice.text,
 ) -> None:
     """Translate a binarized split or raw text with beam search (defaults: the paper's beam 4, alpha 0.6).

@@ -4,16 +4,18 @@ Inputs are sorted by length and batched (``max_tokens`` counts source tokens tim
 padding; translations come back in input order, and do not depend on the batching (each
 sentence's search is independent, and padding is masked). An empty input line (no tokens)
 becomes an empty translation without running the model, so output lines stay aligned with
-input lines. The model runs under ``torch.inference_mode`` with optional autocast (bf16/fp16),
+input lines. Raw text from a pipe or a terminal is translated as it arrives (see
+streaming.py), each batch written and flushed before more is read. The model runs under ``torch.inference_mode`` with optional autocast (bf16/fp16),
 or on CPU with int8 dynamic quantization of its linear layers, the output projection included
 (given a module of its own for it); attention's matrix products stay fp32 then.
 """
 
 from __future__ import annotations
 
+import sys
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
@@ -32,6 +34,7 @@ from nmt.errors import NmtError
 from nmt.files import read_lines
 from nmt.generation.output import Translation, write_translations
 from nmt.generation.search import Hypothesis, SearchOptions, beam_search
+from nmt.generation.streaming import LineReader, is_stream
 from nmt.log import logger, stderr_console
 
 if TYPE_CHECKING:
@@ -60,6 +63,9 @@ class GenerateOptions(SearchOptions):
     quantize: Literal["none", "int8"] = "none"
     score_reference: bool = False
     progress: bool = True
+    buffer_size: int | None = field(default=None, metadata={
+        "help": "Streaming stdin: translate N lines at a time (waiting for N) instead of whatever has arrived.",
+        "min": 1})
 
     def validate(self) -> None:
         if (self.data is None) == (self.input is None):
@@ -67,6 +73,8 @@ class GenerateOptions(SearchOptions):
         self.validate_search()
         if self.quantize == "int8" and self.device != "cpu":
             raise NmtError("--quantize int8 is for CPU inference (dynamic quantization); use --precision on GPU")
+        if self.buffer_size is not None and self.buffer_size < 1:
+            raise NmtError(f"--buffer-size must be at least 1, got {self.buffer_size}")
         if self.score_reference and self.data is None:
             raise NmtError("--score-reference needs a binarized split (DATA_DIR --split); "
                            "for raw input use `nmt score --ref FILE` on the output")
@@ -206,21 +214,44 @@ def score_against_references(options: GenerateOptions, hypotheses: list[str], de
     return score(hypotheses, [references])
 
 
+def translate_stream(model: nn.Module, vocabs: Vocabularies, options: GenerateOptions, device: torch.device
+                     ) -> list[Translation]:
+    """Translate stdin as lines arrive, writing and flushing each batch before reading on."""
+    reader = LineReader(name="stdin")
+    translations: list[Translation] = []
+    while lines := reader.next_batch(options.buffer_size):
+        hypotheses = translate_ids(model, encode_sources(vocabs, lines), options, device)
+        batch = [Translation(len(translations) + i, line, hyps) for i, (line, hyps) in enumerate(zip(lines, hypotheses))]
+        write_translations(batch, vocabs, None, options.format, options.print_scores)
+        translations += batch
+    if not translations:
+        raise NmtError("stdin is empty: nothing to translate")
+    return translations
+
+
 def generate(options: GenerateOptions) -> GenerateResult:
     """Translate, write the output (atomically to a file, or to stdout) and, with
-    ``score_reference``, score the best hypotheses against the split's reference."""
+    ``score_reference``, score the best hypotheses against the split's reference.
+
+    Raw text from a pipe or terminal to stdout is translated as it arrives (``buffer_size``
+    lines at a time, or what is waiting); files are read whole and batched by length."""
     options.validate()
     device = resolve_device(options.device)
     autocast(device, options.precision)  # an impossible precision fails before the model is loaded
     model, vocabs = prepare_model(options.path, device, options.quantize)
-    sources, source_texts, references = read_inputs(options, vocabs)
     start = time.perf_counter()
-    with progress_bar(options.progress and stderr_console.is_terminal) as progress:
-        hypotheses = translate_ids(model, sources, options, device, progress)
+    references = None
+    if options.input == "-" and options.output is None and is_stream(sys.stdin):
+        translations = translate_stream(model, vocabs, options, device)
+    else:
+        sources, source_texts, references = read_inputs(options, vocabs)
+        start = time.perf_counter()
+        with progress_bar(options.progress and stderr_console.is_terminal) as progress:
+            hypotheses = translate_ids(model, sources, options, device, progress)
+        translations = [Translation(i, source_texts[i], hyps, references[i] if references else None)
+                        for i, hyps in enumerate(hypotheses)]
+        write_translations(translations, vocabs, options.output, options.format, options.print_scores)
     seconds = time.perf_counter() - start
-    translations = [Translation(i, source_texts[i], hyps, references[i] if references else None)
-                    for i, hyps in enumerate(hypotheses)]
-    write_translations(translations, vocabs, options.output, options.format, options.print_scores)
     output_tokens = sum(len(t.hypotheses[0].tokens) for t in translations)
     logger.info("translated %d sentences in %.1f s (%.1f sentences/s, %.0f tokens/s)", len(translations), seconds,
                 len(translations) / max(seconds, 1e-9), output_tokens / max(seconds, 1e-9))
