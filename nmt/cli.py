@@ -286,7 +286,8 @@ SEARCH = "Search"
 def generate(
     data: Annotated[Optional[str], typer.Argument(
         metavar="[DATA_DIR]", show_default=False, help="Data directory from `nmt preprocess` (or use --input).")] = None,
-    path: Annotated[str, typer.Option(help="Checkpoint to translate with.")] = "checkpoints/checkpoint_best.pt",
+    path: Annotated[list[str], typer.Option(help="Checkpoint to translate with; several (a.pt:b.pt, or --path "
+                                              "repeated) decode as an ensemble.")] = ["checkpoints/checkpoint_best.pt"],
     split: Annotated[str, typer.Option(help="Split of DATA_DIR to translate.")] = "test",
     input: Annotated[Optional[str], typer.Option(
         "--input", "-i", help="Raw source text instead of DATA_DIR, one sentence a line ('-' = stdin).")] = None,
@@ -336,6 +337,7 @@ def generate(
     for name in ("verbose", "quiet", "log_format"):
         options.pop(name)
     options = {key: value.value if isinstance(value, Enum) else value for key, value in options.items()}
+    options["path"] = ":".join(path)
     result = run_generation(GenerateOptions(**options, progress=not quiet))
     for metric in result.scores:  # stderr: stdout holds only translations
         typer.echo(metric.formatted, err=True)

@@ -32,6 +32,7 @@ from nmt.data.vocabulary import EOS_ID
 from nmt.device import autocast, resolve_device
 from nmt.errors import NmtError
 from nmt.files import read_lines
+from nmt.generation.ensemble import Ensemble, split_paths
 from nmt.generation.output import Translation, write_translations
 from nmt.generation.search import Hypothesis, SearchOptions, beam_search
 from nmt.generation.streaming import LineReader, is_stream
@@ -112,14 +113,26 @@ class GenerateResult:
 
 def prepare_model(checkpoint_path: str | Path, device: torch.device, quantize: str = "none"
                   ) -> tuple[nn.Module, Vocabularies]:
-    model, vocabs = model_from_checkpoint(load_checkpoint(checkpoint_path))
+    """The model of a checkpoint, or an Ensemble of those of ``a.pt:b.pt`` (which must share vocabularies)."""
+    paths = split_paths(str(checkpoint_path))
+    models, vocabs = [], None
+    for path in paths:
+        model, its_vocabs = model_from_checkpoint(load_checkpoint(path))
+        if vocabs is not None and its_vocabs != vocabs:
+            raise NmtError(f"cannot ensemble {path} with {paths[0]}: their vocabularies or languages differ")
+        models.append(inference_model(model, quantize))
+        vocabs = its_vocabs
+    return (models[0] if len(models) == 1 else Ensemble(models)).to(device), vocabs
+
+
+def inference_model(model: nn.Module, quantize: str) -> nn.Module:
     model.eval()
     if quantize == "int8":
         model.separate_output_layer()  # the largest product of every step; int8 only sees modules
         with warnings.catch_warnings():  # torch.ao's eager quantization warns it will move to torchao
             warnings.simplefilter("ignore")
             model = torch.ao.quantization.quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8)
-    return model.to(device), vocabs
+    return model
 
 
 class TokenRateColumn(ProgressColumn):
