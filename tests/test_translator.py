@@ -93,3 +93,23 @@ def test_readme_python_example_runs(checkpoint, tmp_path, monkeypatch, capsys):
     printed = capsys.readouterr().out.splitlines()
     assert printed[:2] == Translator.from_checkpoint(checkpoint, device="cpu").translate(
         ["Turn to page twelve.", "the number four"])
+
+
+def test_unknown_characters_are_reported_in_one_line(checkpoint, caplog, tmp_path):
+    translator = Translator.from_checkpoint(checkpoint, device="cpu")
+    translator.translate(["five", "the number four"])
+    assert "unknown" not in caplog.text
+    translator.translate(["five 東京 😀x", "seven", "Ω"])
+    (warning,) = [r.getMessage() for r in caplog.records if "unknown" in r.getMessage()]
+    assert warning.startswith("3 input token(s) in 2 sentence(s) were unknown to the en vocabulary")
+    assert warning.endswith("(characters it cannot represent: Ω 京 東 😀)")
+
+
+def test_generate_warns_on_stderr_not_stdout(checkpoint, tmp_path):
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-m", "nmt", "generate", "-i", "-", "--path", str(checkpoint), "-q"],
+                            input="five\n東京\n", capture_output=True, text=True)
+    assert result.returncode == 0 and len(result.stdout.split("\n")) == 3
+    assert "1 input token(s) in 1 sentence(s) were unknown" in result.stderr

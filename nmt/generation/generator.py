@@ -28,7 +28,7 @@ from torch import nn
 from nmt.checkpoint import Vocabularies, load_checkpoint, model_from_checkpoint
 from nmt.data.batching import batch_by_size, collate
 from nmt.data.dataset import DataDir
-from nmt.data.vocabulary import EOS_ID
+from nmt.data.vocabulary import EOS_ID, UNK_ID
 from nmt.device import autocast, resolve_device
 from nmt.errors import NmtError
 from nmt.files import read_lines
@@ -179,8 +179,23 @@ def translate_ids(model: nn.Module, sources: list[np.ndarray], options: Generate
 
 
 def encode_sources(vocabs: Vocabularies, lines: list[str]) -> list[np.ndarray]:
-    """Source token ids ending in EOS, one array per line."""
-    return [np.asarray(ids + [EOS_ID], dtype=np.int64) for ids in vocabs.source.encode_batch(lines)]
+    """Source token ids ending in EOS, one array per line; unknown characters are reported, not hidden."""
+    ids = vocabs.source.encode_batch(lines)
+    warn_unknown(vocabs, lines, ids)
+    return [np.asarray(sentence + [EOS_ID], dtype=np.int64) for sentence in ids]
+
+
+def warn_unknown(vocabs: Vocabularies, lines: list[str], ids: list[list[int]]) -> int:
+    """One warning line when the source vocabulary cannot represent some input (a sentencepiece model
+    without byte fallback meeting unseen characters): the model reads them as <unk> and they vanish."""
+    unknown = sum(sentence.count(UNK_ID) for sentence in ids)
+    if unknown:
+        affected = [line for line, sentence in zip(lines, ids) if UNK_ID in sentence]
+        characters = sorted({c for line in affected for c in line if UNK_ID in vocabs.source.encode(c)})
+        shown = " ".join(characters[:10]) + (" ..." if len(characters) > 10 else "")
+        logger.warning("%d input token(s) in %d sentence(s) were unknown to the %s vocabulary and read as <unk> "
+                       "(characters it cannot represent: %s)", unknown, len(affected), vocabs.source_lang, shown)
+    return unknown
 
 
 def read_inputs(options: GenerateOptions, vocabs: Vocabularies) -> tuple[list[np.ndarray], list[str], list[str] | None]:
