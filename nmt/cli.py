@@ -162,6 +162,11 @@ class PrecisionChoice(str, Enum):
     fp16 = "fp16"
 
 
+class BestMetricChoice(str, Enum):
+    loss = "loss"
+    bleu = "bleu"
+
+
 BATCHING, OPTIM, DEVICES, CHECKPOINTS, STOPPING, REPORTING = (
     "Batching", "Optimisation", "Devices", "Checkpoints", "Stopping", "Validation and logging")
 
@@ -240,6 +245,9 @@ def train(
         "Also compute BLEU on the validation set (beam search, sacrebleu).", REPORTING,
         "--eval-bleu/--no-eval-bleu")] = None,
     eval_bleu_beam: Annotated[Optional[int], train_option("Beam size for --eval-bleu (default: 2).", REPORTING)] = None,
+    best_checkpoint_metric: Annotated[Optional[BestMetricChoice], train_option(
+        "What makes checkpoint_best.pt and counts --patience: loss, or bleu (needs --eval-bleu) (default: loss).",
+        STOPPING)] = None,
     log_interval: Annotated[Optional[int], train_option(
         "A log line every N updates (default: 100).", REPORTING)] = None,
     tensorboard_dir: Annotated[Optional[str], train_option(
@@ -259,8 +267,7 @@ def train(
 
     for name in ("config", "model_set", "verbose", "quiet", "log_format"):
         options.pop(name)
-    if precision is not None:
-        options["precision"] = PrecisionChoice(precision).value
+    options = {key: value.value if isinstance(value, Enum) else value for key, value in options.items()}
     run_training(load_train_config(options, config, parse_overrides(model_set)))
 
 
