@@ -351,6 +351,39 @@ def generate(
 
 
 @app.command()
+def serve(
+    path: Annotated[str, typer.Option(help="Checkpoint to serve; a.pt:b.pt serves an ensemble.")] =
+        "checkpoints/checkpoint_best.pt",
+    host: Annotated[str, typer.Option(help="Address to bind; anything but loopback needs --api-key.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=0, max=65535, help="Port to bind (0: a free one, logged).")] = 8080,
+    api_key: Annotated[Optional[str], typer.Option(envvar="NMT_API_KEY", help="Require this key on every request "
+                                                   "(Authorization: Bearer KEY or X-API-Key).")] = None,
+    device: Annotated[str, typer.Option(help="cpu, cuda, cuda:N or auto.")] = "cpu",
+    precision: Annotated[PrecisionChoice, typer.Option(help="Autocast precision.")] = PrecisionChoice.fp32,
+    quantize: Annotated[QuantizeChoice, typer.Option(help="CPU only: int8 dynamic quantization.")] =
+        QuantizeChoice.none,
+    max_sentences: Annotated[int, typer.Option(min=1, help="Sentences per request at most (413 beyond).")] = 64,
+    max_characters: Annotated[int, typer.Option(min=1, help="Characters per request at most (413 beyond).")] = 20000,
+    max_beam: Annotated[int, typer.Option(min=1, help="Largest beam a request may ask for.")] = 16,
+    max_queue: Annotated[int, typer.Option(min=1, help="Sentences waiting or being translated; more answer 429.")] =
+        1024,
+    batch_window_ms: Annotated[float, typer.Option(min=0, help="How long a batch waits for requests to join it.")] =
+        5.0,
+    max_batch_tokens: Annotated[int, typer.Option(min=1, help="Source tokens x beam per batch at most.")] = 8000,
+    request_timeout: Annotated[float, typer.Option(min=0.001, help="Seconds to answer a request; then 503.")] = 60.0,
+    verbose: Verbose = 0, quiet: Quiet = False, log_format: LogFormat = LogFormatChoice.text,
+) -> None:
+    """Serve translations over HTTP (needs the serve extra of nmt): POST /translate, GET /health, GET /info."""
+    options = {key: value.value if isinstance(value, Enum) else value for key, value in locals().items()}
+    common(verbose, quiet, log_format)
+    from nmt.serving.server import ServeOptions, serve as run_server
+
+    for name in ("verbose", "quiet", "log_format"):
+        options.pop(name)
+    run_server(ServeOptions(**options))
+
+
+@app.command()
 def run(
     recipe: Annotated[Path, typer.Argument(help="YAML recipe with preprocess/train/average/generate/score sections.")],
     stages: Annotated[str, typer.Option(help="Comma-separated stages to run.")] =

@@ -90,6 +90,8 @@ class GenerateOptions(SearchOptions):
             raise NmtError("--max-len-a and --max-len-b must not be negative")
         if self.min_len < 0 or self.no_repeat_ngram_size < 0:
             raise NmtError("--min-len and --no-repeat-ngram-size must not be negative")
+        if self.lenpen_style not in ("gnmt", "fairseq"):
+            raise NmtError(f"--lenpen-style must be gnmt or fairseq, got {self.lenpen_style!r}")
         if self.temperature <= 0:
             raise NmtError(f"--temperature must be positive, got {self.temperature}")
         if self.topk < 0 or not 0.0 <= self.topp <= 1.0:
