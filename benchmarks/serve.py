@@ -36,8 +36,9 @@ from nmt import Translator  # noqa: E402
 from nmt.files import read_lines  # noqa: E402
 
 
-def start_server(path: Path, log: Path, threads: int) -> tuple[subprocess.Popen, int]:
-    command = [sys.executable, "-m", "nmt", "serve", "--path", str(path), "--port", "0", "--log-format", "json"]
+def start_server(path: Path, log: Path, threads: int, window_ms: float) -> tuple[subprocess.Popen, int]:
+    command = [sys.executable, "-m", "nmt", "serve", "--path", str(path), "--port", "0", "--log-format", "json",
+               "--batch-window-ms", str(window_ms)]
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     with open(log, "w") as stderr:
         process = subprocess.Popen(command, stderr=stderr, stdout=subprocess.DEVNULL, env=env)
@@ -64,6 +65,15 @@ def post(port: int, payload: dict) -> dict:
         if response.status != 200:
             raise SystemExit(f"HTTP {response.status}: {answer}")
         return answer
+    finally:
+        connection.close()
+
+
+def batch_count(port: int) -> int:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    try:
+        connection.request("GET", "/health")
+        return json.loads(connection.getresponse().read())["batches"]
     finally:
         connection.close()
 
@@ -101,6 +111,7 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=256, help="translate the first N test sentences (0: all)")
     parser.add_argument("--vocab-size", type=int, default=10000, help="vocabulary of the random model")
     parser.add_argument("--clients", default="1,8,32", help="comma-separated numbers of concurrent clients")
+    parser.add_argument("--window-ms", type=float, default=5.0, help="the server's --batch-window-ms")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch threads (both sides)")
     args = parser.parse_args()
     test_file = args.data / "test_2016_flickr.en.gz"
@@ -119,22 +130,26 @@ def main() -> None:
         offline = len(lines) / (time.perf_counter() - start)
         model_name = str(args.path) if args.path else f"random transformer_small, vocab {args.vocab_size}"
         table = Table(title=f"nmt serve, beam 4, {len(lines)} Multi30k test sentences, one per request, "
-                            f"{model_name}, {args.threads} torch thread(s), {os.cpu_count()} CPU cores")
-        for column in ("clients", "sentences/s", "of offline", "p50 latency ms", "p95 latency ms"):
+                            f"{model_name}, {args.threads} torch thread(s), {os.cpu_count()} CPU cores, "
+                            f"batch window {args.window_ms:g} ms")
+        for column in ("clients", "sentences/s", "of offline", "p50 latency ms", "p95 latency ms", "sentences/batch"):
             table.add_column(column, justify="right")
-        table.add_row("offline (one call)", f"{offline:,.1f}", "100%", "", "")
-        process, port = start_server(Path(path), Path(tmp) / "serve.log", args.threads)
+        table.add_row("offline (one call)", f"{offline:,.1f}", "100%", "", "", "")
+        process, port = start_server(Path(path), Path(tmp) / "serve.log", args.threads, args.window_ms)
         try:
             for clients in (int(c) for c in args.clients.split(",")):
+                batches_before = batch_count(port)
                 seconds, latencies = run_clients(port, lines, clients, search)
+                per_batch = len(lines) / (batch_count(port) - batches_before)
                 rate = len(lines) / seconds
                 p50, p95 = (1000 * float(np.percentile(latencies, q)) for q in (50, 95))
-                table.add_row(str(clients), f"{rate:,.1f}", f"{rate / offline:.0%}", f"{p50:,.0f}", f"{p95:,.0f}")
+                table.add_row(str(clients), f"{rate:,.1f}", f"{rate / offline:.0%}", f"{p50:,.0f}", f"{p95:,.0f}",
+                              f"{per_batch:.1f}")
                 Console(stderr=True).print(f"done: {clients} clients")
         finally:
             process.terminate()
             process.wait()
-    Console().print(table)
+    Console(width=140).print(table)
 
 
 if __name__ == "__main__":
