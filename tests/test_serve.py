@@ -36,9 +36,14 @@ def checkpoint(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def server(checkpoint, tmp_path_factory):
     """`nmt serve` in a subprocess on a free port; yields (host, port); checks it is still up at the end."""
+    yield from run_server(checkpoint, tmp_path_factory, "--max-sentences", "8", "--max-characters", "400",
+                          "--max-queue", "64")
+
+
+def run_server(checkpoint: Path, tmp_path_factory, *options: str):
     log = tmp_path_factory.mktemp("serve-log") / "stderr.jsonl"
     command = [sys.executable, "-m", "nmt", "serve", "--path", str(checkpoint), "--port", "0", "--api-key", KEY,
-               "--max-sentences", "8", "--max-characters", "400", "--max-queue", "64", "--log-format", "json"]
+               "--log-format", "json", *options]
     with open(log, "w") as stderr:
         process = subprocess.Popen(command, stderr=stderr, stdout=subprocess.DEVNULL)
     try:
@@ -175,6 +180,13 @@ def test_a_full_queue_answers_429_and_the_rest_are_served(server):
         statuses = [status for status, _ in pool.map(lambda _: request(server, "POST", "/translate", long), range(12))]
     assert set(statuses) == {200, 429} and statuses.count(200) >= 8
     assert request(server, "GET", "/health")[1]["waiting_sentences"] == 0
+
+
+def test_a_request_not_answered_in_time_gets_503(checkpoint, tmp_path_factory):
+    # The batch window alone (50 ms) outlasts the 1 ms timeout: no request can be answered in time.
+    for address in run_server(checkpoint, tmp_path_factory, "--request-timeout", "0.001", "--batch-window-ms", "50"):
+        status, answer = request(address, "POST", "/translate", {"text": ["five"]})
+        assert status == 503 and answer["error"] == "no translation within 0.001 s; the server is busy"
 
 
 def serve_command(checkpoint: Path, *args: str) -> list[str]:

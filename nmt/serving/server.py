@@ -67,11 +67,10 @@ class ServeOptions:
 
     def validate(self) -> None:
         for f in dataclasses.fields(self):
-            low, value = f.metadata.get("min"), getattr(self, f.name)
-            if low is not None and value < low:
-                raise NmtError(f"--{f.name.replace('_', '-')} must be at least {low}, got {value}")
-        if self.port > 65535:
-            raise NmtError(f"--port must be at most 65535, got {self.port}")
+            low, high, value = f.metadata.get("min"), f.metadata.get("max"), getattr(self, f.name)
+            if (low is not None and value < low) or (high is not None and value > high):
+                bounds = f"at least {low}" if high is None else f"between {low} and {high}"
+                raise NmtError(f"--{f.name.replace('_', '-')} must be {bounds}, got {value}")
         if not is_loopback(self.host) and not self.api_key:
             raise NmtError(f"binding to {self.host} exposes the server beyond this machine: give --api-key KEY "
                            f"(or set {API_KEY_ENV})")
