@@ -238,7 +238,7 @@ def train(
     max_time: Annotated[Optional[str], train_option(
         "Stop after this much training time over all runs: 90m, 12h, 1:30:00 or seconds.", STOPPING)] = None,
     patience: Annotated[Optional[int], train_option(
-        "Stop after N validations without a better validation loss (default 0: off).", STOPPING)] = None,
+        "Stop after N validations without a better --best-checkpoint-metric (default 0: off).", STOPPING)] = None,
     validate_interval_updates: Annotated[Optional[int], train_option(
         "Also validate every N updates (default 0: at epoch ends only).", REPORTING)] = None,
     eval_bleu: Annotated[Optional[bool], train_option(

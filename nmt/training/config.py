@@ -79,7 +79,7 @@ class TrainConfig:
     max_update: int = 0
     max_epoch: int = 0
     max_time: str | None = None  # wall clock: "90m", "12h", "1:30:00" or seconds
-    patience: int = 0  # stop after N validations without a better validation loss
+    patience: int = 0  # stop after N validations without a better best_checkpoint_metric
 
     # Validation and logging.
     validate_interval_updates: int = 0  # also validate every N updates (always at epoch ends)
