@@ -162,6 +162,11 @@ class PrecisionChoice(str, Enum):
     fp16 = "fp16"
 
 
+class BestMetricChoice(str, Enum):
+    loss = "loss"
+    bleu = "bleu"
+
+
 BATCHING, OPTIM, DEVICES, CHECKPOINTS, STOPPING, REPORTING = (
     "Batching", "Optimisation", "Devices", "Checkpoints", "Stopping", "Validation and logging")
 
@@ -233,13 +238,16 @@ def train(
     max_time: Annotated[Optional[str], train_option(
         "Stop after this much training time over all runs: 90m, 12h, 1:30:00 or seconds.", STOPPING)] = None,
     patience: Annotated[Optional[int], train_option(
-        "Stop after N validations without a better validation loss (default 0: off).", STOPPING)] = None,
+        "Stop after N validations without a better --best-checkpoint-metric (default 0: off).", STOPPING)] = None,
     validate_interval_updates: Annotated[Optional[int], train_option(
         "Also validate every N updates (default 0: at epoch ends only).", REPORTING)] = None,
     eval_bleu: Annotated[Optional[bool], train_option(
         "Also compute BLEU on the validation set (beam search, sacrebleu).", REPORTING,
         "--eval-bleu/--no-eval-bleu")] = None,
     eval_bleu_beam: Annotated[Optional[int], train_option("Beam size for --eval-bleu (default: 2).", REPORTING)] = None,
+    best_checkpoint_metric: Annotated[Optional[BestMetricChoice], train_option(
+        "What makes checkpoint_best.pt and counts --patience: loss, or bleu (needs --eval-bleu) (default: loss).",
+        STOPPING)] = None,
     log_interval: Annotated[Optional[int], train_option(
         "A log line every N updates (default: 100).", REPORTING)] = None,
     tensorboard_dir: Annotated[Optional[str], train_option(
@@ -259,8 +267,7 @@ def train(
 
     for name in ("config", "model_set", "verbose", "quiet", "log_format"):
         options.pop(name)
-    if precision is not None:
-        options["precision"] = PrecisionChoice(precision).value
+    options = {key: value.value if isinstance(value, Enum) else value for key, value in options.items()}
     run_training(load_train_config(options, config, parse_overrides(model_set)))
 
 
@@ -286,7 +293,8 @@ SEARCH = "Search"
 def generate(
     data: Annotated[Optional[str], typer.Argument(
         metavar="[DATA_DIR]", show_default=False, help="Data directory from `nmt preprocess` (or use --input).")] = None,
-    path: Annotated[str, typer.Option(help="Checkpoint to translate with.")] = "checkpoints/checkpoint_best.pt",
+    path: Annotated[list[str], typer.Option(help="Checkpoint to translate with; several (a.pt:b.pt, or --path "
+                                              "repeated) decode as an ensemble.")] = ["checkpoints/checkpoint_best.pt"],
     split: Annotated[str, typer.Option(help="Split of DATA_DIR to translate.")] = "test",
     input: Annotated[Optional[str], typer.Option(
         "--input", "-i", help="Raw source text instead of DATA_DIR, one sentence a line ('-' = stdin).")] = None,
@@ -320,6 +328,8 @@ def generate(
         )] = QuantizeChoice.none,
     score_reference: Annotated[bool, typer.Option(
         help="Print BLEU (on stderr) against the split's raw reference file, or its target side if that is gone.")] = False,
+    buffer_size: Annotated[Optional[int], typer.Option(
+        min=1, help="Streaming stdin: translate N lines at a time (waiting for N) instead of whatever has arrived.")] = None,
     verbose: Verbose = 0, quiet: Quiet = False, log_format: LogFormat = LogFormatChoice.text,
 ) -> None:
     """Translate a binarized split or raw text with beam search (defaults: the paper's beam 4, alpha 0.6).
@@ -334,9 +344,43 @@ def generate(
     for name in ("verbose", "quiet", "log_format"):
         options.pop(name)
     options = {key: value.value if isinstance(value, Enum) else value for key, value in options.items()}
+    options["path"] = ":".join(path)
     result = run_generation(GenerateOptions(**options, progress=not quiet))
     for metric in result.scores:  # stderr: stdout holds only translations
         typer.echo(metric.formatted, err=True)
+
+
+@app.command()
+def serve(
+    path: Annotated[str, typer.Option(help="Checkpoint to serve; a.pt:b.pt serves an ensemble.")] =
+        "checkpoints/checkpoint_best.pt",
+    host: Annotated[str, typer.Option(help="Address to bind; anything but loopback needs --api-key.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=0, max=65535, help="Port to bind (0: a free one, logged).")] = 8080,
+    api_key: Annotated[Optional[str], typer.Option(envvar="NMT_API_KEY", help="Require this key on every request "
+                                                   "(Authorization: Bearer KEY or X-API-Key).")] = None,
+    device: Annotated[str, typer.Option(help="cpu, cuda, cuda:N or auto.")] = "cpu",
+    precision: Annotated[PrecisionChoice, typer.Option(help="Autocast precision.")] = PrecisionChoice.fp32,
+    quantize: Annotated[QuantizeChoice, typer.Option(help="CPU only: int8 dynamic quantization.")] =
+        QuantizeChoice.none,
+    max_sentences: Annotated[int, typer.Option(min=1, help="Sentences per request at most (413 beyond).")] = 64,
+    max_characters: Annotated[int, typer.Option(min=1, help="Characters per request at most (413 beyond).")] = 20000,
+    max_beam: Annotated[int, typer.Option(min=1, help="Largest beam a request may ask for.")] = 16,
+    max_queue: Annotated[int, typer.Option(min=1, help="Sentences waiting or being translated; more answer 429.")] =
+        1024,
+    batch_window_ms: Annotated[float, typer.Option(min=0, help="How long a batch waits for requests to join it.")] =
+        5.0,
+    max_batch_tokens: Annotated[int, typer.Option(min=1, help="Source tokens x beam per batch at most.")] = 8000,
+    request_timeout: Annotated[float, typer.Option(min=0.001, help="Seconds to answer a request; then 503.")] = 60.0,
+    verbose: Verbose = 0, quiet: Quiet = False, log_format: LogFormat = LogFormatChoice.text,
+) -> None:
+    """Serve translations over HTTP (needs the serve extra of nmt): POST /translate, GET /health, GET /info."""
+    options = {key: value.value if isinstance(value, Enum) else value for key, value in locals().items()}
+    common(verbose, quiet, log_format)
+    from nmt.serving.server import ServeOptions, serve as run_server
+
+    for name in ("verbose", "quiet", "log_format"):
+        options.pop(name)
+    run_server(ServeOptions(**options))
 
 
 @app.command()

@@ -15,7 +15,7 @@ from nmt.checkpoint import Vocabularies, model_state, save_checkpoint
 from nmt.cli import main
 from nmt.data.dataset import DataDir
 from nmt.data.vocabulary import EOS_ID, PAD_ID
-from nmt.generation.generator import GenerateOptions, generate, prepare_model, translate, translate_ids
+from nmt.generation.generator import GenerateOptions, generate, prepare_model, translate_ids
 from nmt.models.registry import build_model, get_arch, resolve_config
 from nmt.scoring import score
 
@@ -107,12 +107,6 @@ def test_raw_input_translations_match_one_sentence_runs(checkpoint, tmp_path):
     for line, translation in zip(LINES[:3], together.translations):
         single = generate(options(checkpoint, input=write(tmp_path / "one.en", [line])))
         assert best_tokens(single) == [translation.hypotheses[0].tokens]
-
-
-def test_library_translate_gives_the_detokenized_best(checkpoint, tmp_path):
-    model, vocabs = prepare_model(checkpoint, torch.device("cpu"))
-    result = generate(options(checkpoint, input=write(tmp_path / "in.en", LINES)))
-    assert translate(model, vocabs, LINES, options(checkpoint)) == [t.best(vocabs) for t in result.translations]
 
 
 def test_empty_lines_become_empty_translations(checkpoint, tmp_path, capsys):

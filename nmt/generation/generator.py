@@ -4,16 +4,18 @@ Inputs are sorted by length and batched (``max_tokens`` counts source tokens tim
 padding; translations come back in input order, and do not depend on the batching (each
 sentence's search is independent, and padding is masked). An empty input line (no tokens)
 becomes an empty translation without running the model, so output lines stay aligned with
-input lines. The model runs under ``torch.inference_mode`` with optional autocast (bf16/fp16),
+input lines. Raw text from a pipe or a terminal is translated as it arrives (see
+streaming.py), each batch written and flushed before more is read. The model runs under ``torch.inference_mode`` with optional autocast (bf16/fp16),
 or on CPU with int8 dynamic quantization of its linear layers, the output projection included
 (given a module of its own for it); attention's matrix products stay fp32 then.
 """
 
 from __future__ import annotations
 
+import sys
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
@@ -26,12 +28,14 @@ from torch import nn
 from nmt.checkpoint import Vocabularies, load_checkpoint, model_from_checkpoint
 from nmt.data.batching import batch_by_size, collate
 from nmt.data.dataset import DataDir
-from nmt.data.vocabulary import EOS_ID
+from nmt.data.vocabulary import EOS_ID, UNK_ID
 from nmt.device import autocast, resolve_device
 from nmt.errors import NmtError
 from nmt.files import read_lines
+from nmt.generation.ensemble import Ensemble, split_paths
 from nmt.generation.output import Translation, write_translations
 from nmt.generation.search import Hypothesis, SearchOptions, beam_search
+from nmt.generation.streaming import LineReader, is_stream
 from nmt.log import logger, stderr_console
 
 if TYPE_CHECKING:
@@ -60,10 +64,24 @@ class GenerateOptions(SearchOptions):
     quantize: Literal["none", "int8"] = "none"
     score_reference: bool = False
     progress: bool = True
+    buffer_size: int | None = field(default=None, metadata={
+        "help": "Streaming stdin: translate N lines at a time (waiting for N) instead of whatever has arrived.",
+        "min": 1})
 
     def validate(self) -> None:
         if (self.data is None) == (self.input is None):
             raise NmtError("give either DATA_DIR (with --split) or --input FILE|-")
+        self.validate_search()
+        if self.quantize == "int8" and self.device != "cpu":
+            raise NmtError("--quantize int8 is for CPU inference (dynamic quantization); use --precision on GPU")
+        if self.buffer_size is not None and self.buffer_size < 1:
+            raise NmtError(f"--buffer-size must be at least 1, got {self.buffer_size}")
+        if self.score_reference and self.data is None:
+            raise NmtError("--score-reference needs a binarized split (DATA_DIR --split); "
+                           "for raw input use `nmt score --ref FILE` on the output")
+
+    def validate_search(self) -> None:
+        """The checks of the options a `Translator` call may change too (search and batching)."""
         if self.beam < 1:
             raise NmtError(f"--beam must be at least 1, got {self.beam}")
         if not 1 <= self.nbest <= self.beam:
@@ -72,6 +90,8 @@ class GenerateOptions(SearchOptions):
             raise NmtError("--max-len-a and --max-len-b must not be negative")
         if self.min_len < 0 or self.no_repeat_ngram_size < 0:
             raise NmtError("--min-len and --no-repeat-ngram-size must not be negative")
+        if self.lenpen_style not in ("gnmt", "fairseq"):
+            raise NmtError(f"--lenpen-style must be gnmt or fairseq, got {self.lenpen_style!r}")
         if self.temperature <= 0:
             raise NmtError(f"--temperature must be positive, got {self.temperature}")
         if self.topk < 0 or not 0.0 <= self.topp <= 1.0:
@@ -80,11 +100,9 @@ class GenerateOptions(SearchOptions):
             raise NmtError("--topk/--topp only apply with --sampling")
         if self.max_tokens is None and self.batch_size is None:
             raise NmtError("give --max-tokens or --batch-size")
-        if self.quantize == "int8" and self.device != "cpu":
-            raise NmtError("--quantize int8 is for CPU inference (dynamic quantization); use --precision on GPU")
-        if self.score_reference and self.data is None:
-            raise NmtError("--score-reference needs a binarized split (DATA_DIR --split); "
-                           "for raw input use `nmt score --ref FILE` on the output")
+        if (self.max_tokens is not None and self.max_tokens < 1) or (self.batch_size is not None
+                                                                      and self.batch_size < 1):
+            raise NmtError("--max-tokens and --batch-size must be at least 1")
 
 
 @dataclass
@@ -97,14 +115,26 @@ class GenerateResult:
 
 def prepare_model(checkpoint_path: str | Path, device: torch.device, quantize: str = "none"
                   ) -> tuple[nn.Module, Vocabularies]:
-    model, vocabs = model_from_checkpoint(load_checkpoint(checkpoint_path))
+    """The model of a checkpoint, or an Ensemble of those of ``a.pt:b.pt`` (which must share vocabularies)."""
+    paths = split_paths(str(checkpoint_path))
+    models, vocabs = [], None
+    for path in paths:
+        model, its_vocabs = model_from_checkpoint(load_checkpoint(path))
+        if vocabs is not None and its_vocabs != vocabs:
+            raise NmtError(f"cannot ensemble {path} with {paths[0]}: their vocabularies or languages differ")
+        models.append(inference_model(model, quantize))
+        vocabs = its_vocabs
+    return (models[0] if len(models) == 1 else Ensemble(models)).to(device), vocabs
+
+
+def inference_model(model: nn.Module, quantize: str) -> nn.Module:
     model.eval()
     if quantize == "int8":
         model.separate_output_layer()  # the largest product of every step; int8 only sees modules
         with warnings.catch_warnings():  # torch.ao's eager quantization warns it will move to torchao
             warnings.simplefilter("ignore")
             model = torch.ao.quantization.quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8)
-    return model.to(device), vocabs
+    return model
 
 
 class TokenRateColumn(ProgressColumn):
@@ -150,13 +180,24 @@ def translate_ids(model: nn.Module, sources: list[np.ndarray], options: Generate
     return results
 
 
-def translate(model: nn.Module, vocabs: Vocabularies, sentences: list[str], options: GenerateOptions | None = None,
-              device: torch.device = torch.device("cpu")) -> list[str]:
-    """The best translation of each raw sentence, detokenized: the library's one-call entry point."""
-    ids = vocabs.source.encode_batch(sentences)
-    sources = [np.asarray(s + [EOS_ID], dtype=np.int64) for s in ids]
-    return [vocabs.target.decode(hyps[0].tokens)
-            for hyps in translate_ids(model, sources, options or GenerateOptions(), device)]
+def encode_sources(vocabs: Vocabularies, lines: list[str]) -> list[np.ndarray]:
+    """Source token ids ending in EOS, one array per line; unknown characters are reported, not hidden."""
+    ids = vocabs.source.encode_batch(lines)
+    warn_unknown(vocabs, lines, ids)
+    return [np.asarray(sentence + [EOS_ID], dtype=np.int64) for sentence in ids]
+
+
+def warn_unknown(vocabs: Vocabularies, lines: list[str], ids: list[list[int]]) -> int:
+    """One warning line when the source vocabulary cannot represent some input (a sentencepiece model
+    without byte fallback meeting unseen characters): the model reads them as <unk> and they vanish."""
+    unknown = sum(sentence.count(UNK_ID) for sentence in ids)
+    if unknown:
+        affected = [line for line, sentence in zip(lines, ids) if UNK_ID in sentence]
+        characters = sorted({c for line in affected for c in line if UNK_ID in vocabs.source.encode(c)})
+        shown = " ".join(characters[:10]) + (" ..." if len(characters) > 10 else "")
+        logger.warning("%d input token(s) in %d sentence(s) were unknown to the %s vocabulary and read as <unk> "
+                       "(characters it cannot represent: %s)", unknown, len(affected), vocabs.source_lang, shown)
+    return unknown
 
 
 def read_inputs(options: GenerateOptions, vocabs: Vocabularies) -> tuple[list[np.ndarray], list[str], list[str] | None]:
@@ -175,8 +216,7 @@ def read_inputs(options: GenerateOptions, vocabs: Vocabularies) -> tuple[list[np
     lines = read_lines(options.input)
     if not lines:
         raise NmtError(f"{'stdin' if options.input == '-' else options.input} is empty: nothing to translate")
-    ids = vocabs.source.encode_batch(lines)
-    return [np.asarray(s + [EOS_ID], dtype=np.int64) for s in ids], lines, None
+    return encode_sources(vocabs, lines), lines, None
 
 
 def raw_references(options: GenerateOptions, count: int) -> list[str] | None:
@@ -204,21 +244,44 @@ def score_against_references(options: GenerateOptions, hypotheses: list[str], de
     return score(hypotheses, [references])
 
 
+def translate_stream(model: nn.Module, vocabs: Vocabularies, options: GenerateOptions, device: torch.device
+                     ) -> list[Translation]:
+    """Translate stdin as lines arrive, writing and flushing each batch before reading on."""
+    reader = LineReader(name="stdin")
+    translations: list[Translation] = []
+    while lines := reader.next_batch(options.buffer_size):
+        hypotheses = translate_ids(model, encode_sources(vocabs, lines), options, device)
+        batch = [Translation(len(translations) + i, line, hyps) for i, (line, hyps) in enumerate(zip(lines, hypotheses))]
+        write_translations(batch, vocabs, None, options.format, options.print_scores)
+        translations += batch
+    if not translations:
+        raise NmtError("stdin is empty: nothing to translate")
+    return translations
+
+
 def generate(options: GenerateOptions) -> GenerateResult:
     """Translate, write the output (atomically to a file, or to stdout) and, with
-    ``score_reference``, score the best hypotheses against the split's reference."""
+    ``score_reference``, score the best hypotheses against the split's reference.
+
+    Raw text from a pipe or terminal to stdout is translated as it arrives (``buffer_size``
+    lines at a time, or what is waiting); files are read whole and batched by length."""
     options.validate()
     device = resolve_device(options.device)
     autocast(device, options.precision)  # an impossible precision fails before the model is loaded
     model, vocabs = prepare_model(options.path, device, options.quantize)
-    sources, source_texts, references = read_inputs(options, vocabs)
     start = time.perf_counter()
-    with progress_bar(options.progress and stderr_console.is_terminal) as progress:
-        hypotheses = translate_ids(model, sources, options, device, progress)
+    references = None
+    if options.input == "-" and options.output is None and is_stream(sys.stdin):
+        translations = translate_stream(model, vocabs, options, device)
+    else:
+        sources, source_texts, references = read_inputs(options, vocabs)
+        start = time.perf_counter()
+        with progress_bar(options.progress and stderr_console.is_terminal) as progress:
+            hypotheses = translate_ids(model, sources, options, device, progress)
+        translations = [Translation(i, source_texts[i], hyps, references[i] if references else None)
+                        for i, hyps in enumerate(hypotheses)]
+        write_translations(translations, vocabs, options.output, options.format, options.print_scores)
     seconds = time.perf_counter() - start
-    translations = [Translation(i, source_texts[i], hyps, references[i] if references else None)
-                    for i, hyps in enumerate(hypotheses)]
-    write_translations(translations, vocabs, options.output, options.format, options.print_scores)
     output_tokens = sum(len(t.hypotheses[0].tokens) for t in translations)
     logger.info("translated %d sentences in %.1f s (%.1f sentences/s, %.0f tokens/s)", len(translations), seconds,
                 len(translations) / max(seconds, 1e-9), output_tokens / max(seconds, 1e-9))

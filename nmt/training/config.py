@@ -79,12 +79,15 @@ class TrainConfig:
     max_update: int = 0
     max_epoch: int = 0
     max_time: str | None = None  # wall clock: "90m", "12h", "1:30:00" or seconds
-    patience: int = 0  # stop after N validations without a better validation loss
+    patience: int = 0  # stop after N validations without a better best_checkpoint_metric
 
     # Validation and logging.
     validate_interval_updates: int = 0  # also validate every N updates (always at epoch ends)
     eval_bleu: bool = False  # also BLEU of the validation set, translated with a short beam
     eval_bleu_beam: int = 2
+    best_checkpoint_metric: Literal["loss", "bleu"] = field(default="loss", metadata={
+        "help": "What makes checkpoint_best.pt and counts --patience: validation loss (lower is better) or "
+                "BLEU (higher is better; needs --eval-bleu)."})
     log_interval: int = 100
     tensorboard_dir: str | None = None
 
@@ -110,6 +113,8 @@ class TrainConfig:
         for name in ("adam_eps", "weight_decay", "clip_norm"):
             if getattr(self, name) < 0:
                 raise NmtError(f"--{option(name)} must not be negative, got {getattr(self, name)}")
+        if self.best_checkpoint_metric == "bleu" and not self.eval_bleu:
+            raise NmtError("--best-checkpoint-metric bleu needs --eval-bleu")
         self.max_time_seconds  # noqa: B018  (parses, or raises a clear error)
 
     @property

@@ -38,7 +38,7 @@ from nmt.training.iterator import EpochIterator, Update, make_batches
 from nmt.training.loss import label_smoothed_cross_entropy
 from nmt.training.lr_scheduler import InverseSqrtSchedule
 from nmt.training.progress import Display, Meter, summary_table
-from nmt.training.validation import validation_bleu, validation_loss
+from nmt.training.validation import record_validation, validation_bleu, validation_loss
 
 MAX_OOM_SKIPS = 10  # out-of-memory batches skipped before giving up
 
@@ -51,6 +51,7 @@ class TrainState:
     position: int = 0  # global batches of that epoch already trained on
     update: int = 0  # optimizer steps taken
     best_valid_loss: float | None = None
+    best_valid_bleu: float | None = None  # with --eval-bleu
     bad_validations: int = 0  # validations since the best one (for --patience)
     elapsed: float = 0.0  # training seconds over all runs (for --max-time)
 
@@ -267,12 +268,7 @@ class Trainer:
                                               self.config.max_tokens, self.config.precision, self.device,
                                               self.context)
         self.last_valid = figures
-        if self.state.best_valid_loss is None or figures["loss"] < self.state.best_valid_loss:
-            self.state.best_valid_loss = figures["loss"]
-            self.state.bad_validations = 0
-            self.improved = True
-        else:
-            self.state.bad_validations += 1
+        self.improved = record_validation(self.state, figures, self.config.best_checkpoint_metric) or self.improved
         self.display.valid_line(self.config.valid_subset, self.state.epoch, self.state.update, figures,
                                 self.state.best_valid_loss)
 
@@ -285,7 +281,7 @@ class Trainer:
         if config.max_epoch and state.epoch > config.max_epoch:
             return f"reached --max-epoch {config.max_epoch}"
         if config.patience and state.bad_validations >= config.patience:
-            return f"no better validation loss in {config.patience} validations (--patience)"
+            return f"no better validation {config.best_checkpoint_metric} in {config.patience} validations (--patience)"
         return None
 
     def fit(self) -> TrainSummary:

@@ -1,10 +1,15 @@
 """Validation during training: loss and perplexity, and optionally BLEU with a short beam.
 
+``record_validation`` decides whether a validation is the best so far (by loss, or by BLEU with
+``--best-checkpoint-metric bleu``): that choice makes checkpoint_best.pt and counts ``--patience``.
+
 Each process takes its share of the validation set; the sums (or the translations) are
 combined across processes, so every process sees the same figures.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -19,6 +24,9 @@ from nmt.training.distributed import DistributedContext, all_reduce_sum
 from nmt.training.iterator import sharded_batches
 from nmt.training.loss import label_smoothed_cross_entropy
 from nmt.training.progress import perplexity
+
+if TYPE_CHECKING:
+    from nmt.training.trainer import TrainState
 
 
 @torch.no_grad()
@@ -59,3 +67,20 @@ def validation_bleu(model: nn.Module, dataset: ParallelDataset, vocabs: Vocabula
         pairs = [pair for shard in gathered for pair in shard]
     (bleu,) = score([hypothesis for hypothesis, _ in pairs], [[reference for _, reference in pairs]])
     return bleu.score
+
+
+def record_validation(state: TrainState, figures: dict[str, float], metric: str) -> bool:
+    """Update the best figures and the patience count; True when this validation is the best by ``metric``.
+
+    The best loss is tracked whatever the metric (the summary shows it); BLEU is higher-better.
+    """
+    loss_improved = state.best_valid_loss is None or figures["loss"] < state.best_valid_loss
+    if loss_improved:
+        state.best_valid_loss = figures["loss"]
+    improved = loss_improved
+    if metric == "bleu":
+        improved = state.best_valid_bleu is None or figures["bleu"] > state.best_valid_bleu
+        if improved:
+            state.best_valid_bleu = figures["bleu"]
+    state.bad_validations = 0 if improved else state.bad_validations + 1
+    return improved

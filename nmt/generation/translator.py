@@ -1,0 +1,89 @@
+"""The Python API: load a checkpoint once, then translate lists of sentences.
+
+    from nmt import Translator
+
+    translator = Translator.from_checkpoint("checkpoints/checkpoint_best.pt")
+    translator.translate(["A man is riding a bike."])           # ['Ein Mann fährt Fahrrad.']
+    translator.hypotheses(["A dog."], beam=5, nbest=2)           # scores and per-token scores
+
+Everything goes through the functions ``nmt generate`` uses (loading, encoding, length-sorted
+batches, beam search), with its defaults, so a sentence translates the same either way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from nmt.checkpoint import Vocabularies
+from nmt.device import autocast, resolve_device
+from nmt.errors import NmtError
+from nmt.generation.generator import GenerateOptions, encode_sources, prepare_model, translate_ids
+from nmt.generation.search import Hypothesis, SearchOptions
+
+# What a call may change: the search and the batching. Loading options belong to from_checkpoint.
+CALL_OPTIONS = tuple(f.name for f in dataclasses.fields(SearchOptions)) + ("seed", "max_tokens", "batch_size")
+
+
+@dataclass
+class ScoredTranslation:
+    text: str  # detokenized
+    score: float  # length-normalized log-probability (natural log), as `nmt generate --print-scores`
+    pieces: list[str]  # the sentencepiece pieces, without EOS
+    token_scores: list[float]  # log-probability of each piece, then of EOS
+
+
+@dataclass
+class Translator:
+    model: nn.Module  # one model, or an Ensemble of several
+    vocabs: Vocabularies
+    device: torch.device
+    precision: str
+    quantize: str
+    path: str  # the checkpoint(s), ':'-separated for an ensemble
+
+    @classmethod
+    def from_checkpoint(cls, path: str | Path, device: str = "auto", precision: str = GenerateOptions.precision,
+                        quantize: str | None = None) -> Translator:
+        """Load a checkpoint (``a.pt:b.pt`` for an ensemble) for ``device`` (auto, cpu, cuda, cuda:N)."""
+        resolved = resolve_device(device)
+        autocast(resolved, precision)  # an impossible precision fails before the model is loaded
+        quantize = quantize or "none"
+        if quantize not in ("none", "int8"):
+            raise NmtError(f"unknown quantization {quantize!r}; use int8 or None")
+        if quantize == "int8" and resolved.type != "cpu":
+            raise NmtError("int8 quantization is for CPU inference; use precision on GPU")
+        model, vocabs = prepare_model(str(path), resolved, quantize)
+        return cls(model, vocabs, resolved, precision, quantize, str(path))
+
+    def options(self, **overrides: Any) -> GenerateOptions:
+        """``nmt generate``'s options with this translator's precision and the given search options."""
+        unknown = sorted(set(overrides) - set(CALL_OPTIONS))
+        if unknown:
+            raise NmtError(f"unknown translation option(s) {', '.join(unknown)}; known: {', '.join(CALL_OPTIONS)}")
+        options = GenerateOptions(path=self.path, device=str(self.device), precision=self.precision,
+                                  quantize=self.quantize, progress=False, **overrides)
+        options.validate_search()
+        return options
+
+    def hypotheses(self, sentences: list[str], **options: Any) -> list[list[ScoredTranslation]]:
+        """The ``nbest`` translations of each sentence, best first, with their scores."""
+        if isinstance(sentences, str) or not all(isinstance(s, str) for s in sentences):
+            raise NmtError("translate a list of strings (one sentence each), not a single string")
+        resolved = self.options(**options)
+        found = translate_ids(self.model, encode_sources(self.vocabs, list(sentences)), resolved, self.device)
+        return [[self.scored(h) for h in hyps] for hyps in found]
+
+    def translate(self, sentences: list[str], **options: Any) -> list[str]:
+        """The best translation of each sentence. Options: beam=4, lenpen=0.6, nbest=1, ... (`nmt generate`'s)."""
+        return [hyps[0].text for hyps in self.hypotheses(sentences, **options)]
+
+    def scored(self, hypothesis: Hypothesis) -> ScoredTranslation:
+        target = self.vocabs.target
+        return ScoredTranslation(target.decode(hypothesis.tokens), hypothesis.score,
+                                 [target.piece(i) for i in hypothesis.tokens[:-1]], list(hypothesis.positional_scores))

@@ -1,0 +1,209 @@
+"""`nmt serve`: the real server on a free loopback port, real HTTP requests, no mocks."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("starlette", reason="nmt serve needs the serve extra: pip install 'nmt[serve]'")
+pytest.importorskip("uvicorn", reason="nmt serve needs the serve extra: pip install 'nmt[serve]'")
+
+from nmt import Translator  # noqa: E402
+from nmt.data.vocabulary import Vocabulary  # noqa: E402
+from nmt.generation.generator import GenerateOptions, generate  # noqa: E402
+
+from conftest import numbers_pairs  # noqa: E402
+from test_translator import tiny_checkpoint  # noqa: E402
+
+KEY = "test-key"
+LINES = ["five", "Turn to page twelve.", "", "the number four", "My room number is eighty-two.", "seven"]
+GIVE_UP = 180  # seconds: only so that a broken build fails instead of hanging
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> Path:
+    vocab = Vocabulary.train([side for pair in numbers_pairs(300, seed=1) for side in pair], vocab_size=120)
+    return tiny_checkpoint(tmp_path_factory.mktemp("serve") / "model.pt", vocab)
+
+
+@pytest.fixture(scope="module")
+def server(checkpoint, tmp_path_factory):
+    """`nmt serve` in a subprocess on a free port; yields (host, port); checks it is still up at the end."""
+    yield from run_server(checkpoint, tmp_path_factory, "--max-sentences", "8", "--max-characters", "400",
+                          "--max-queue", "64")
+
+
+def run_server(checkpoint: Path, tmp_path_factory, *options: str):
+    log = tmp_path_factory.mktemp("serve-log") / "stderr.jsonl"
+    command = [sys.executable, "-m", "nmt", "serve", "--path", str(checkpoint), "--port", "0", "--api-key", KEY,
+               "--log-format", "json", *options]
+    with open(log, "w") as stderr:
+        process = subprocess.Popen(command, stderr=stderr, stdout=subprocess.DEVNULL)
+    try:
+        address = wait_until_serving(process, log)
+        yield address
+        assert process.poll() is None, "the server died"
+        assert request(address, "GET", "/health")[0] == 200
+    finally:
+        process.terminate()
+        process.wait(GIVE_UP)
+
+
+def wait_until_serving(process: subprocess.Popen, log: Path) -> tuple[str, int]:
+    deadline = time.monotonic() + GIVE_UP
+    while time.monotonic() < deadline:
+        assert process.poll() is None, log.read_text()
+        for line in log.read_text().splitlines():
+            message = json.loads(line)["message"]
+            if message.startswith("serving "):
+                port = int(message.split("http://127.0.0.1:")[1].split(" ")[0])
+                try:
+                    if request(("127.0.0.1", port), "GET", "/health")[0] == 200:
+                        return "127.0.0.1", port
+                except ConnectionError:
+                    pass
+        time.sleep(0.2)
+    raise AssertionError(f"the server did not start: {log.read_text()}")
+
+
+def request(address, method: str, path: str, body: bytes | dict | None = None, key: str | None = KEY
+            ) -> tuple[int, dict]:
+    connection = http.client.HTTPConnection(*address, timeout=GIVE_UP)
+    headers = {"Content-Type": "application/json"}
+    if key is not None:
+        headers["Authorization"] = f"Bearer {key}"
+    if isinstance(body, dict):
+        body = json.dumps(body).encode("utf-8")
+    try:
+        connection.request(method, path, body=body, headers=headers)
+        response = connection.getresponse()
+        return response.status, json.loads(response.read())
+    finally:
+        connection.close()
+
+
+def generate_lines(checkpoint: Path, tmp_path: Path, lines: list[str], **options) -> list[str]:
+    source, output = tmp_path / "in.en", tmp_path / "out.de"
+    source.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    generate(GenerateOptions(path=str(checkpoint), input=str(source), output=str(output), progress=False,
+                             print_scores=True, **options))
+    return output.read_text(encoding="utf-8").split("\n")[:-1]
+
+
+@pytest.mark.parametrize("options", [{}, {"beam": 2, "lenpen": 1.0, "max_len_b": 5}])
+def test_translations_and_scores_equal_generate(server, checkpoint, tmp_path, options):
+    status, answer = request(server, "POST", "/translate", {"text": LINES, **options})
+    assert status == 200
+    served = [f"{score:.4f}\t{text}" for score, text in zip(answer["scores"], answer["translations"])]
+    assert served == generate_lines(checkpoint, tmp_path, LINES, **options)
+
+
+def test_nbest_gives_lists(server):
+    status, answer = request(server, "POST", "/translate", {"text": ["five", "seven"], "beam": 3, "nbest": 3})
+    assert status == 200 and [len(t) for t in answer["translations"]] == [3, 3]
+    assert all(s == sorted(s, reverse=True) for s in answer["scores"])
+
+
+def test_health_and_info(server):
+    status, health = request(server, "GET", "/health")
+    assert status == 200 and health["status"] == "ok"
+    status, info = request(server, "GET", "/info")
+    assert status == 200 and info["arch"] == ["transformer_tiny"] and info["vocab"]["source"] == 120
+    assert info["languages"] == {"source": "en", "target": "de"} and info["precision"] == "fp32"
+    assert info["defaults"]["beam"] == 4 and info["limits"]["max_sentences"] == 8
+
+
+def test_32_concurrent_clients_get_their_own_answers(server, checkpoint):
+    sentences = [source for source, _ in numbers_pairs(64, seed=7)]
+    expected = Translator.from_checkpoint(checkpoint, device="cpu").translate(sentences, max_len_b=10)
+    batches_before = request(server, "GET", "/health")[1]["batches"]
+
+    def client(i: int) -> tuple[int, dict]:
+        return request(server, "POST", "/translate", {"text": sentences[2 * i:2 * i + 2], "max_len_b": 10})
+
+    with ThreadPoolExecutor(32) as pool:
+        answers = list(pool.map(client, range(32)))
+    assert [status for status, _ in answers] == [200] * 32
+    assert [t for _, answer in answers for t in answer["translations"]] == expected
+    batches = request(server, "GET", "/health")[1]["batches"] - batches_before
+    assert batches < 32  # requests that arrived together were translated together
+
+
+@pytest.mark.parametrize("body,status,message", [
+    (b"{not json", 400, "not valid JSON"),
+    (b'{"text": ["f\xff"]}', 400, "not valid UTF-8"),
+    (b'["five"]', 400, "must be a JSON object"),
+    (b"{}", 422, '"text" must be a non-empty list of strings'),
+    (b'{"text": []}', 422, '"text" must be a non-empty list of strings'),
+    (b'{"text": "five"}', 422, '"text" must be a non-empty list of strings'),
+    (b'{"text": ["five", 5]}', 422, '"text" must be a non-empty list of strings'),
+    (b'{"text": ["five"], "beam": "4"}', 422, '"beam" must be an integer, got a string'),
+    (b'{"text": ["five"], "beam": true}', 422, '"beam" must be an integer, got a boolean'),
+    (b'{"text": ["five"], "lenpen": NaN}', 422, '"lenpen" must be a finite number'),
+    (b'{"text": ["five"], "beam": 17}', 422, '"beam" must be at most 16'),
+    (b'{"text": ["five"], "max_len_b": 100000}', 422, '"max_len_b" must be at most'),
+    (b'{"text": ["five"], "beam": 0}', 422, "--beam must be at least 1"),
+    (b'{"text": ["five"], "beam": 2, "nbest": 3}', 422, "--nbest"),
+    (b'{"text": ["five"], "lenpen_style": "x"}', 422, "--lenpen-style"),
+    (b'{"text": ["five"], "sampling": true}', 422, "unknown field(s) sampling"),
+    (json.dumps({"text": ["five"] * 9}).encode(), 413, "9 sentences in one request; at most 8"),
+    (json.dumps({"text": ["five " * 100]}).encode(), 413, "500 characters in one request; at most 400"),
+    (b"x" * 2_000_000, 413, "the body has"),
+])
+def test_bad_requests_get_their_status_and_one_line(server, body, status, message):
+    got, answer = request(server, "POST", "/translate", body)
+    assert (got, list(answer)) == (status, ["error"])
+    assert message in answer["error"] and "\n" not in answer["error"]
+
+
+def test_wrong_method_path_and_key(server):
+    assert request(server, "GET", "/translate") == (405, {"error": "Method Not Allowed"})
+    assert request(server, "GET", "/nope") == (404, {"error": "Not Found"})
+    for key in (None, "wrong"):
+        for method, path, body in (("GET", "/health", None), ("GET", "/info", None),
+                                   ("POST", "/translate", {"text": ["five"]})):
+            status, answer = request(server, method, path, body, key=key)
+            assert status == 401 and "API key" in answer["error"]
+
+
+def test_a_full_queue_answers_429_and_the_rest_are_served(server):
+    # Each request keeps the worker busy for 120 decoder steps; 12 x 8 sentences > the queue's 64.
+    long = {"text": [f"number {i}" for i in range(8)], "beam": 4, "min_len": 120, "max_len_b": 120}
+    with ThreadPoolExecutor(12) as pool:
+        statuses = [status for status, _ in pool.map(lambda _: request(server, "POST", "/translate", long), range(12))]
+    assert set(statuses) == {200, 429} and statuses.count(200) >= 8
+    assert request(server, "GET", "/health")[1]["waiting_sentences"] == 0
+
+
+def test_a_request_not_answered_in_time_gets_503(checkpoint, tmp_path_factory):
+    # The batch window alone (50 ms) outlasts the 1 ms timeout: no request can be answered in time.
+    for address in run_server(checkpoint, tmp_path_factory, "--request-timeout", "0.001", "--batch-window-ms", "50"):
+        status, answer = request(address, "POST", "/translate", {"text": ["five"]})
+        assert status == 503 and answer["error"] == "no translation within 0.001 s; the server is busy"
+
+
+def serve_command(checkpoint: Path, *args: str) -> list[str]:
+    return [sys.executable, "-m", "nmt", "serve", "--path", str(checkpoint), *args]
+
+
+def test_binding_beyond_loopback_needs_an_api_key(checkpoint):
+    result = subprocess.run(serve_command(checkpoint, "--host", "0.0.0.0"), capture_output=True, text=True,
+                            timeout=GIVE_UP)
+    assert result.returncode == 1
+    assert result.stderr == ("error: binding to 0.0.0.0 exposes the server beyond this machine: give --api-key KEY "
+                             "(or set NMT_API_KEY)\n")
+
+
+def test_without_the_extra_the_error_says_what_to_install(checkpoint):
+    code = ("import sys; sys.modules['uvicorn'] = None; from nmt.cli import main; "
+            f"sys.argv = ['nmt', 'serve', '--path', {str(checkpoint)!r}]; main()")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=GIVE_UP)
+    assert result.returncode == 1
+    assert result.stderr == "error: nmt serve needs its optional dependencies: pip install 'nmt[serve]'\n"
