@@ -10,6 +10,8 @@ out on both sides. Positions count from 0, source first: ``srcpos-tgtpos``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 from torch import Tensor, nn
@@ -56,6 +58,22 @@ def word_attention(attention: Tensor, source_pieces: list[str], target_pieces: l
     return summed / pieces_per_word
 
 
+@dataclass
+class WordAttention:
+    """One translation's attention to its source, word by word (EOS left out)."""
+
+    source_words: list[str]
+    target_words: list[str]
+    weights: Tensor  # (target words, source words)
+
+    def alignment(self) -> str:
+        return format_alignment(hard_alignment(self.weights))
+
+    def to_json(self) -> dict:
+        return {"source": self.source_words, "target": self.target_words,
+                "attention": [[round(w, 4) for w in row] for row in self.weights.tolist()]}
+
+
 def hard_alignment(soft: Tensor) -> list[tuple[int, int]]:
     """(source word, target word) pairs: each target word linked to the source word it attends to most."""
     if soft.numel() == 0:
@@ -86,3 +104,16 @@ def cross_attention(model: nn.Module, sources: list[np.ndarray], targets: list[l
         for row, i in enumerate(chunk):
             matrices.append(heads_mean[row, : len(targets[i]), : len(sources[i])])
     return matrices
+
+
+def word_attentions(model: nn.Module, vocabs, sources: list[np.ndarray], targets: list[list[int]], layer: int,
+                    device: torch.device) -> list[WordAttention]:
+    """Word-level attention of each target (token ids ending in EOS) to its source, from one layer."""
+    matrices = cross_attention(model, sources, targets, layer, device)
+    result = []
+    for source, target, matrix in zip(sources, targets, matrices):
+        source_pieces = [vocabs.source.piece(int(i)) for i in source[:-1]]
+        target_pieces = [vocabs.target.piece(int(i)) for i in target[:-1]]
+        result.append(WordAttention(words(source_pieces), words(target_pieces),
+                                    word_attention(matrix, source_pieces, target_pieces)))
+    return result
