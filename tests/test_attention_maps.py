@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from nmt.data.vocabulary import BOS_ID, EOS_ID, PAD_ID
-from nmt.generation.alignment import cross_attention, format_alignment, hard_alignment, word_attention, word_ids, words
+from nmt.generation.alignment import (cross_attention, format_alignment, hard_alignment, word_attention,
+                                      word_attentions, word_ids, words)
 from nmt.models.attention import MultiHeadAttention
 from nmt.models.attention_maps import attention_maps, explicit_attention
 from nmt.models.registry import build_model, get_arch
@@ -102,3 +103,33 @@ def test_word_alignment_from_piece_attention():
     assert hard_alignment(soft) == [(1, 0), (0, 1)]
     assert format_alignment(hard_alignment(soft)) == "1-0 0-1"
     assert hard_alignment(word_attention(torch.ones(1, 1), [], [])) == []
+
+
+COPY_WORDS = "alpha bravo charlie delta echo foxtrot golf hotel".split()
+
+
+@pytest.mark.slow
+def test_a_model_trained_to_copy_aligns_on_the_diagonal(tmp_path):
+    """Learned behaviour: copying 3-5 distinct words, the last layer's links mostly pair word i with word i."""
+    import random
+
+    from conftest import make_data_dir
+    from nmt.generation.generator import prepare_model
+    from nmt.training.config import load_train_config
+    from nmt.training.trainer import train
+
+    rng = random.Random(0)
+    sentences = [" ".join(rng.sample(COPY_WORDS, rng.randint(3, 5))) for _ in range(540)]
+    data = make_data_dir(tmp_path / "data", {"train": [(s, s) for s in sentences[:500]],
+                                             "valid": [(s, s) for s in sentences[500:]]}, vocab_size=40)
+    train(load_train_config({"data": str(data), "arch": "transformer_tiny", "save_dir": str(tmp_path / "ckpt"),
+                             "max_tokens": 1000, "lr": 3e-3, "warmup_updates": 50, "max_update": 300,
+                             "model": {"dropout": 0.0}, "valid_subset": "none"}))
+    model, vocabs = prepare_model(tmp_path / "ckpt" / "checkpoint_last.pt", torch.device("cpu"))
+    sources = [np.asarray(vocabs.source.encode(s) + [EOS_ID]) for s in sentences[500:]]
+    attentions = word_attentions(model, vocabs, sources, [list(s) for s in sources], layer=-1,
+                                 device=torch.device("cpu"))
+    links = [pair for a in attentions for pair in hard_alignment(a.weights)]
+    assert all(a.source_words == s.split() for a, s in zip(attentions, sentences[500:]))
+    on_diagonal = sum(source == target for source, target in links) / len(links)
+    assert on_diagonal >= 0.7, f"{on_diagonal:.0%} of the links on the diagonal"  # untrained: about 1 in 4
