@@ -330,6 +330,9 @@ def generate(
         help="Print BLEU (on stderr) against the split's raw reference file, or its target side if that is gone.")] = False,
     buffer_size: Annotated[Optional[int], typer.Option(
         min=1, help="Streaming stdin: translate N lines at a time (waiting for N) instead of whatever has arrived.")] = None,
+    print_alignment: Annotated[bool, typer.Option(help="Add word alignments (srcpos-tgtpos) from the cross-attention.")] = False,
+    alignment_layer: Annotated[Optional[int], typer.Option(min=1, help="Decoder layer for alignments, from 1 (default: penultimate).")] = None,
+    print_attention: Annotated[Optional[str], typer.Option(help="Write word-level soft attention as JSON lines here.")] = None,
     verbose: Verbose = 0, quiet: Quiet = False, log_format: LogFormat = LogFormatChoice.text,
 ) -> None:
     """Translate a binarized split or raw text with beam search (defaults: the paper's beam 4, alpha 0.6).
@@ -422,6 +425,43 @@ def demo(
     for result in report.scores:
         typer.echo(result.formatted)
     typer.echo(f"data: {report.data}  model: {report.model}  translations: {report.translations}")
+
+
+plot_app = typer.Typer(help="Draw attention maps and training curves as PNG files (needs nmt[plot]).",
+                       no_args_is_help=True)
+app.add_typer(plot_app, name="plot")
+
+
+@plot_app.command("attention")
+def plot_attention(
+    path: Annotated[str, typer.Option(help="Checkpoint whose attention to draw.")],
+    text: Annotated[str, typer.Option(help="Source sentence (raw text).")],
+    output: Annotated[str, typer.Option("--output", "-o", help="PNG file to write.")] = "attention.png",
+    kind: Annotated[str, typer.Option(help="encoder (self-attention) or cross (the translation's).")] = "encoder",
+    layer: Annotated[Optional[int], typer.Option(min=1, help="Layer from 1 (default: the penultimate).")] = None,
+    head: Annotated[Optional[int], typer.Option(min=1, help="One head from 1 (default: all).")] = None,
+    verbose: Verbose = 0, quiet: Quiet = False, log_format: LogFormat = LogFormatChoice.text,
+) -> None:
+    """Heat maps of one layer's attention heads for a sentence (the paper's Figures 3-5)."""
+    common(verbose, quiet, log_format)
+    from nmt.plot import PlotAttentionOptions, plot_attention as draw
+
+    if kind not in ("encoder", "cross"):
+        raise NmtError(f"--kind must be encoder or cross, got {kind!r}")
+    draw(PlotAttentionOptions(path=path, text=text, output=output, kind=kind, layer=layer, head=head))
+
+
+@plot_app.command("curves")
+def plot_curves(
+    save_dir: Annotated[str, typer.Argument(help="Training save dir holding metrics.jsonl.")],
+    output: Annotated[str, typer.Option("--output", "-o", help="PNG file to write.")] = "curves.png",
+    verbose: Verbose = 0, quiet: Quiet = False, log_format: LogFormat = LogFormatChoice.text,
+) -> None:
+    """Train/valid loss, valid BLEU, learning rate and tokens/s against updates."""
+    common(verbose, quiet, log_format)
+    from nmt.plot import PlotCurvesOptions, plot_curves as draw
+
+    draw(PlotCurvesOptions(save_dir=save_dir, output=output))
 
 
 def main() -> None:

@@ -12,6 +12,7 @@ or on CPU with int8 dynamic quantization of its linear layers, the output projec
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 import warnings
@@ -31,7 +32,8 @@ from nmt.data.dataset import DataDir
 from nmt.data.vocabulary import EOS_ID, UNK_ID
 from nmt.device import autocast, resolve_device
 from nmt.errors import NmtError
-from nmt.files import read_lines
+from nmt.files import atomic_write, read_lines
+from nmt.generation.alignment import word_attentions
 from nmt.generation.ensemble import Ensemble, split_paths
 from nmt.generation.output import Translation, write_translations
 from nmt.generation.search import Hypothesis, SearchOptions, beam_search
@@ -63,6 +65,14 @@ class GenerateOptions(SearchOptions):
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     quantize: Literal["none", "int8"] = "none"
     score_reference: bool = False
+    print_alignment: bool = field(default=False, metadata={
+        "help": "Add each translation's word alignment (srcpos-tgtpos pairs from the cross-attention): a tab-separated "
+                "column in plain format, A- lines in fairseq format."})
+    alignment_layer: int | None = field(default=None, metadata={
+        "help": "Decoder layer whose heads' mean attention gives the alignment, from 1 (default: the penultimate).",
+        "min": 1})
+    print_attention: str | None = field(default=None, metadata={
+        "help": "Write each best translation's word-level soft attention to this JSON-lines file."})
     progress: bool = True
     buffer_size: int | None = field(default=None, metadata={
         "help": "Streaming stdin: translate N lines at a time (waiting for N) instead of whatever has arrived.",
@@ -76,6 +86,8 @@ class GenerateOptions(SearchOptions):
             raise NmtError("--quantize int8 is for CPU inference (dynamic quantization); use --precision on GPU")
         if self.buffer_size is not None and self.buffer_size < 1:
             raise NmtError(f"--buffer-size must be at least 1, got {self.buffer_size}")
+        if self.alignment_layer is not None and not (self.print_alignment or self.print_attention):
+            raise NmtError("--alignment-layer applies with --print-alignment or --print-attention")
         if self.score_reference and self.data is None:
             raise NmtError("--score-reference needs a binarized split (DATA_DIR --split); "
                            "for raw input use `nmt score --ref FILE` on the output")
@@ -250,13 +262,42 @@ def translate_stream(model: nn.Module, vocabs: Vocabularies, options: GenerateOp
     reader = LineReader(name="stdin")
     translations: list[Translation] = []
     while lines := reader.next_batch(options.buffer_size):
-        hypotheses = translate_ids(model, encode_sources(vocabs, lines), options, device)
+        sources = encode_sources(vocabs, lines)
+        hypotheses = translate_ids(model, sources, options, device)
         batch = [Translation(len(translations) + i, line, hyps) for i, (line, hyps) in enumerate(zip(lines, hypotheses))]
+        if options.print_alignment or options.print_attention:
+            attach_attention(model, vocabs, sources, batch, options, device)
         write_translations(batch, vocabs, None, options.format, options.print_scores)
         translations += batch
     if not translations:
         raise NmtError("stdin is empty: nothing to translate")
     return translations
+
+
+def attach_attention(model: nn.Module, vocabs: Vocabularies, sources: list[np.ndarray],
+                     translations: list[Translation], options: GenerateOptions, device: torch.device) -> None:
+    """Re-score the chosen hypotheses once with attention weights (search never pays for them).
+
+    ``sources`` are the translations' source ids, in the same order. An ensemble aligns with its first model.
+    """
+    model = model.models[0] if isinstance(model, Ensemble) else model
+    layers = len(model.decoder_layers)
+    layer = options.alignment_layer if options.alignment_layer is not None else max(layers - 1, 1)
+    if layer > layers:
+        raise NmtError(f"--alignment-layer must be between 1 and {layers} for this model, got {layer}")
+    pairs = [(t, h, source) for t, source in zip(translations, sources) for h in t.hypotheses]
+    attentions = word_attentions(model, vocabs, [source for _, _, source in pairs], [h.tokens for _, h, _ in pairs],
+                                 layer - 1, device)
+    for t in translations:
+        t.attention = []
+    for (t, _, _), attention in zip(pairs, attentions):
+        t.attention.append(attention)
+
+
+def write_attention(translations: list[Translation], path: str) -> None:
+    with atomic_write(path) as handle:
+        for t in translations:
+            handle.write(json.dumps({"index": t.index, **t.attention[0].to_json()}, ensure_ascii=False) + "\n")
 
 
 def generate(options: GenerateOptions) -> GenerateResult:
@@ -280,8 +321,12 @@ def generate(options: GenerateOptions) -> GenerateResult:
             hypotheses = translate_ids(model, sources, options, device, progress)
         translations = [Translation(i, source_texts[i], hyps, references[i] if references else None)
                         for i, hyps in enumerate(hypotheses)]
+        if options.print_alignment or options.print_attention:
+            attach_attention(model, vocabs, sources, translations, options, device)
         write_translations(translations, vocabs, options.output, options.format, options.print_scores)
     seconds = time.perf_counter() - start
+    if options.print_attention:
+        write_attention(translations, options.print_attention)
     output_tokens = sum(len(t.hypotheses[0].tokens) for t in translations)
     logger.info("translated %d sentences in %.1f s (%.1f sentences/s, %.0f tokens/s)", len(translations), seconds,
                 len(translations) / max(seconds, 1e-9), output_tokens / max(seconds, 1e-9))

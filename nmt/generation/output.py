@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from nmt.checkpoint import Vocabularies
 from nmt.files import atomic_write
+from nmt.generation.alignment import WordAttention
 from nmt.generation.search import Hypothesis
 
 
@@ -23,6 +24,7 @@ class Translation:
     source: str
     hypotheses: list[Hypothesis]  # nbest, best first
     reference: str | None = None
+    attention: list[WordAttention] | None = None  # per hypothesis, with --print-alignment/--print-attention
 
     def best(self, vocabs: Vocabularies) -> str:
         return vocabs.target.decode(self.hypotheses[0].tokens)
@@ -30,17 +32,22 @@ class Translation:
 
 def format_translation(t: Translation, vocabs: Vocabularies, style: str = "plain", print_scores: bool = False
                        ) -> list[str]:
+    alignments = [a.alignment() for a in t.attention] if t.attention else None
     if style == "fairseq":
         lines = [f"S-{t.index}\t{t.source}"]
         if t.reference is not None:
             lines.append(f"T-{t.index}\t{t.reference}")
-        for h in t.hypotheses:
+        for rank, h in enumerate(t.hypotheses):
             pieces = " ".join(vocabs.target.piece(i) for i in h.tokens[:-1])
             text = vocabs.target.decode(h.tokens)
             lines += [f"H-{t.index}\t{h.score:.4f}\t{pieces}", f"D-{t.index}\t{h.score:.4f}\t{text}",
                       f"P-{t.index}\t" + " ".join(f"{s:.4f}" for s in h.positional_scores)]
+            if alignments:
+                lines.append(f"A-{t.index}\t{alignments[rank]}")
         return lines
     texts = [vocabs.target.decode(h.tokens) for h in t.hypotheses]
+    if alignments:
+        texts = [f"{text}\t{alignment}" for text, alignment in zip(texts, alignments)]
     if print_scores:
         return [f"{h.score:.4f}\t{text}" for h, text in zip(t.hypotheses, texts)]
     return texts

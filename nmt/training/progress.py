@@ -17,6 +17,7 @@ from rich.table import Table
 
 from nmt.errors import NmtError
 from nmt.log import logger, stderr_console
+from nmt.training.metrics_file import MetricsFile
 
 
 def perplexity(nll_per_token: float) -> float:
@@ -67,8 +68,10 @@ def format_figures(figures: dict[str, float], lr: float | None = None) -> str:
 class Display:
     """Progress bar, periodic log lines and TensorBoard, for the main process."""
 
-    def __init__(self, enabled: bool, show_bar: bool, tensorboard_dir: str | None):
+    def __init__(self, enabled: bool, show_bar: bool, tensorboard_dir: str | None,
+                 metrics: MetricsFile | None = None):
         self.enabled = enabled
+        self.metrics = metrics if enabled else None
         self.show_bar = enabled and show_bar and stderr_console.is_terminal
         self.progress: Progress | None = None
         self.task = None
@@ -103,6 +106,7 @@ class Display:
         logger.info("epoch %d | update %d | %s", epoch, update, format_figures(figures, lr),
                     extra={"fields": {"kind": "train", "epoch": epoch, "update": update, "lr": lr, **figures}})
         self.scalars("train", update, {**figures, "lr": lr})
+        self.record({"kind": "train", "epoch": epoch, "update": update, "lr": lr, **figures})
 
     def valid_line(self, subset: str, epoch: int, update: int, figures: dict[str, float], best: float) -> None:
         if not self.enabled:
@@ -112,6 +116,11 @@ class Display:
                     extra={"fields": {"kind": "valid", "epoch": epoch, "update": update, "best_loss": best,
                                       **figures}})
         self.scalars("valid", update, figures)
+        self.record({"kind": "valid", "subset": subset, "epoch": epoch, "update": update, **figures})
+
+    def record(self, fields: dict[str, Any]) -> None:
+        if self.metrics is not None:
+            self.metrics.append({"time": round(time.time(), 3), **fields})
 
     def scalars(self, prefix: str, update: int, figures: dict[str, float]) -> None:
         if self.writer is not None:

@@ -37,6 +37,7 @@ from nmt.training.distributed import (DistributedContext, StopRequest, all_reduc
 from nmt.training.iterator import EpochIterator, Update, make_batches
 from nmt.training.loss import label_smoothed_cross_entropy
 from nmt.training.lr_scheduler import InverseSqrtSchedule
+from nmt.training.metrics_file import FILE_NAME as METRICS_FILE, MetricsFile
 from nmt.training.progress import Display, Meter, summary_table
 from nmt.training.validation import record_validation, validation_bleu, validation_loss
 
@@ -148,7 +149,9 @@ class Trainer:
         self.network = (DistributedDataParallel(self.model, device_ids=[self.device.index] if self.device.type == "cuda"
                                                 else None) if context.is_distributed else self.model)
         self.display = Display(context.is_main, show_bar=logger.isEnabledFor(logging.INFO),
-                               tensorboard_dir=config.tensorboard_dir)
+                               tensorboard_dir=config.tensorboard_dir,
+                               metrics=MetricsFile(self.save_dir / METRICS_FILE, self.state.update)
+                               if context.is_main else None)
         self.out_of_memory = 0
         self.last_valid: dict[str, float] | None = None
         self.improved = False  # set by validate(): the last validation gave a new best loss

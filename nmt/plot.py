@@ -1,0 +1,176 @@
+"""``nmt plot``: attention maps in the manner of the paper's Figures 3-5, and training curves.
+
+Attention: the encoder self-attention of one layer (every head, or one), or the cross-attention
+of the model's own translation of the text, as heat maps with the tokens on both axes. Curves:
+train and valid loss, valid BLEU (when the run computed it), learning rate and tokens/s against
+updates, read from the run's ``metrics.jsonl``. matplotlib is an optional extra.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import torch
+
+from nmt.data.vocabulary import BOS_ID, EOS_ID
+from nmt.errors import NmtError
+from nmt.files import atomic_write
+from nmt.log import logger
+from nmt.models.attention_maps import attention_maps
+from nmt.training.metrics_file import FILE_NAME as METRICS_FILE, read_metrics
+
+
+@dataclass(frozen=True)
+class PlotAttentionOptions:
+    path: str = field(metadata={"help": "Checkpoint whose attention to draw."})
+    text: str = field(metadata={"help": "Source sentence (raw text)."})
+    output: str = field(default="attention.png", metadata={"help": "PNG file to write."})
+    kind: Literal["encoder", "cross"] = field(default="encoder", metadata={
+        "help": "encoder: the source's self-attention; cross: the translation's attention to the source."})
+    layer: int | None = field(default=None, metadata={
+        "help": "Layer, counted from 1 at the bottom (default: the penultimate, as in the paper's figures).",
+        "min": 1})
+    head: int | None = field(default=None, metadata={"help": "One head, counted from 1 (default: every head).",
+                                                     "min": 1})
+
+
+@dataclass(frozen=True)
+class PlotCurvesOptions:
+    save_dir: str = field(metadata={"help": "Training save dir holding metrics.jsonl."})
+    output: str = field(default="curves.png", metadata={"help": "PNG file to write."})
+
+
+def pyplot():
+    try:
+        import matplotlib
+    except ImportError:
+        raise NmtError("nmt plot needs matplotlib: pip install 'nmt[plot]'") from None
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(figure, output: str | Path) -> Path:
+    """Write the PNG atomically: a failed plot never leaves half an image."""
+    with atomic_write(output, mode="wb", encoding=None) as handle:
+        figure.savefig(handle, format="png", dpi=120, bbox_inches="tight")
+    return Path(output)
+
+
+def token_labels(vocab, ids: list[int]) -> list[str]:
+    return ["</s>" if i == EOS_ID else vocab.piece(i).replace("\u2581", "_") for i in ids]
+
+
+def pick_layer(layer: int | None, count: int) -> int:
+    """0-based index of a 1-based layer number (default: the penultimate layer)."""
+    chosen = layer if layer is not None else max(count - 1, 1)
+    if not 1 <= chosen <= count:
+        raise NmtError(f"--layer must be between 1 and {count} for this model, got {chosen}")
+    return chosen - 1
+
+
+def plot_attention(options: PlotAttentionOptions) -> Path:
+    plt = pyplot()
+    from nmt.generation.generator import GenerateOptions, prepare_model, translate_ids
+
+    model, vocabs = prepare_model(options.path, torch.device("cpu"))
+    source = vocabs.source.encode(options.text) + [EOS_ID]
+    if len(source) < 2:
+        raise NmtError("--text is empty: nothing to draw")
+    src = torch.tensor([source])
+    if options.kind == "encoder":
+        index = pick_layer(options.layer, len(model.encoder_layers))
+        weights = attention_maps(model, src, torch.tensor([[BOS_ID]])).encoder[index][0]
+        rows = columns = token_labels(vocabs.source, source)
+        title = "encoder self-attention"
+    else:
+        index = pick_layer(options.layer, len(model.decoder_layers))
+        target = translate_ids(model, [np.asarray(source)], GenerateOptions())[0][0].tokens
+        weights = attention_maps(model, src, torch.tensor([[BOS_ID] + target[:-1]])).cross[index][0]
+        rows, columns = token_labels(vocabs.target, target), token_labels(vocabs.source, source)
+        title = f"cross-attention of the translation \u201c{vocabs.target.decode(target)}\u201d"
+    heads = range(weights.size(0))
+    if options.head is not None:
+        if options.head > weights.size(0):
+            raise NmtError(f"--head must be between 1 and {weights.size(0)} for this model, got {options.head}")
+        heads = [options.head - 1]
+    figure = draw_heads(plt, weights.numpy(), list(heads), rows, columns, f"{title}, layer {index + 1}")
+    written = save_figure(figure, options.output)
+    plt.close(figure)
+    logger.info("wrote %s", written)
+    return written
+
+
+def draw_heads(plt, weights: np.ndarray, heads: list[int], rows: list[str], columns: list[str], title: str):
+    """One heat map per head: queries down, keys across, one shared colour scale from 0 to 1."""
+    across = min(len(heads), 4)
+    down = math.ceil(len(heads) / across)
+    cell = 0.28
+    width = max(3.0, cell * len(columns) + 1.2) * across
+    height = max(3.0, cell * len(rows) + 1.2) * down
+    figure, axes = plt.subplots(down, across, figsize=(width, height), squeeze=False)
+    image = None
+    for slot, ax in enumerate(axes.flat):
+        if slot >= len(heads):
+            ax.axis("off")
+            continue
+        head = heads[slot]
+        image = ax.imshow(weights[head], cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
+        ax.set_title(f"head {head + 1}", fontsize=10)
+        ax.set_xticks(range(len(columns)), columns, rotation=90, fontsize=8)
+        ax.set_yticks(range(len(rows)), rows if slot % across == 0 else [], fontsize=8)
+        ax.set_xlabel("attended to (keys)", fontsize=8)
+        if slot % across == 0:  # the row labels once per row of panels: they would overlap the next panel
+            ax.set_ylabel("attending (queries)", fontsize=8)
+    figure.suptitle(title, fontsize=11)
+    figure.colorbar(image, ax=axes.ravel().tolist(), shrink=0.8, label="attention probability")
+    return figure
+
+
+def plot_curves(options: PlotCurvesOptions) -> Path:
+    plt = pyplot()
+    path = Path(options.save_dir) / METRICS_FILE
+    if not path.is_file():
+        raise NmtError(f"{path} not found: train with this version of nmt to record metrics")
+    records = read_metrics(path)
+    train = [r for r in records if r.get("kind") == "train"]
+    valid = [r for r in records if r.get("kind") == "valid"]
+    if not train and not valid:
+        raise NmtError(f"{path} holds no training records yet")
+
+    def series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
+        pairs = [(r["update"], r[key]) for r in rows if key in r]
+        return [u for u, _ in pairs], [v for _, v in pairs]
+
+    has_bleu = any("bleu" in r for r in valid)
+    panels = ["loss"] + (["bleu"] if has_bleu else []) + ["lr", "speed"]
+    figure, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4), squeeze=False)
+    for ax, panel in zip(axes.flat, panels):
+        if panel == "loss":
+            ax.plot(*series(train, "loss"), label="train loss")
+            ax.plot(*series(valid, "loss"), marker="o", label="valid loss")
+            ax.set_ylabel("label-smoothed loss (nats/token)")
+            ax.legend(fontsize=8)
+        elif panel == "bleu":
+            ax.plot(*series(valid, "bleu"), marker="o", color="tab:green")
+            ax.set_ylabel("valid BLEU")
+        elif panel == "lr":
+            ax.plot(*series(train, "lr"), color="tab:purple")
+            ax.set_ylabel("learning rate")
+            ax.ticklabel_format(axis="y", style="sci", scilimits=(0, 0))
+        else:
+            ax.plot(*series(train, "tokens_per_second"), color="tab:red")
+            ax.set_ylabel("target tokens/s")
+        ax.set_xlabel("update")
+        ax.grid(alpha=0.3)
+    figure.suptitle(f"training curves: {options.save_dir}", fontsize=11)
+    figure.tight_layout()
+    written = save_figure(figure, options.output)
+    plt.close(figure)
+    logger.info("wrote %s", written)
+    return written

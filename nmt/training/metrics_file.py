@@ -1,0 +1,51 @@
+"""``SAVE_DIR/metrics.jsonl``: the machine-readable record of a run, one JSON line per event.
+
+Training appends a line per log interval (``"kind": "train"``) and per validation
+(``"kind": "valid"``), each with its update number. Each line goes out in one ``write`` on a
+descriptor opened with ``O_APPEND``, so a kill leaves at most one torn last line, which readers
+skip. A resumed run restarts from its checkpoint's update and replays the updates after it, so
+on start it first drops the lines of those updates (and any torn line): the file then tells one
+history, with no update twice.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from nmt.files import atomic_write
+
+FILE_NAME = "metrics.jsonl"
+
+
+def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """Every whole record of a metrics file, in order (a torn or foreign line is skipped)."""
+    records = []
+    with open(path, encoding="utf-8", errors="replace") as handle:
+        for line in handle:
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(record, dict) and "update" in record:
+                records.append(record)
+    return records
+
+
+class MetricsFile:
+    def __init__(self, path: str | os.PathLike, resume_update: int):
+        self.path = Path(path)
+        if self.path.exists():
+            kept = [r for r in read_metrics(self.path) if r["update"] <= resume_update]
+            with atomic_write(self.path) as handle:
+                handle.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in kept)
+
+    def append(self, record: dict[str, Any]) -> None:
+        line = (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")
+        descriptor = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(descriptor, line)
+        finally:
+            os.close(descriptor)

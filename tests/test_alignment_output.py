@@ -1,0 +1,94 @@
+"""generate --print-alignment / --print-attention: parseable, within the sentences, one teacher-forced pass."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from nmt.checkpoint import Vocabularies, model_state, save_checkpoint
+from nmt.data.dataset import DataDir
+from nmt.data.vocabulary import PAD_ID
+from nmt.errors import NmtError
+from nmt.generation.generator import GenerateOptions, generate
+from nmt.models.registry import build_model, get_arch
+
+LINES = ["one hundred and twenty three", "", "seven thousand four hundred", "nine"]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tiny_data_dir, tmp_path_factory):
+    vocab = DataDir.open(tiny_data_dir).vocabulary("en")
+    torch.manual_seed(0)
+    arch = get_arch("transformer_tiny")
+    model = build_model(arch.model_name, arch.config, len(vocab), len(vocab), PAD_ID)
+    path = tmp_path_factory.mktemp("align") / "model.pt"
+    save_checkpoint(path, model_state(model, "transformer_tiny", arch.config, Vocabularies("en", "de", vocab, vocab)))
+    return path
+
+
+@pytest.fixture()
+def source(tmp_path):
+    path = tmp_path / "in.en"
+    path.write_text("".join(line + "\n" for line in LINES))
+    return str(path)
+
+
+def parse_pairs(column: str) -> list[tuple[int, int]]:
+    return [tuple(map(int, pair.split("-"))) for pair in column.split()]
+
+
+def test_plain_alignment_column_indexes_words_of_both_sides(checkpoint, source, tmp_path):
+    out = tmp_path / "out"
+    generate(GenerateOptions(path=str(checkpoint), input=source, output=str(out), print_alignment=True,
+                             max_len_b=6, progress=False))
+    plain = tmp_path / "plain"
+    generate(GenerateOptions(path=str(checkpoint), input=source, output=str(plain), max_len_b=6, progress=False))
+    lines = out.read_text().splitlines()
+    assert len(lines) == len(LINES)
+    for line, text, source_line in zip(lines, plain.read_text().splitlines(), LINES):
+        translation, _, column = line.partition("\t")
+        assert translation == text  # the alignment is added, the translation unchanged
+        pairs = parse_pairs(column)
+        assert len(pairs) == len(translation.split())  # one link per target word
+        assert [t for _, t in pairs] == list(range(len(pairs)))
+        assert all(0 <= s < len(source_line.split()) for s, _ in pairs)
+    assert lines[1] == "\t"  # an empty line stays empty, with an empty alignment
+
+
+def test_fairseq_format_has_an_a_line_per_hypothesis(checkpoint, source, tmp_path):
+    out = tmp_path / "out"
+    generate(GenerateOptions(path=str(checkpoint), input=source, output=str(out), print_alignment=True, nbest=2,
+                             beam=2, format="fairseq", max_len_b=6, progress=False))
+    lines = out.read_text().splitlines()
+    a_lines = [line for line in lines if line.startswith("A-")]
+    d_lines = [line for line in lines if line.startswith("D-")]
+    assert len(a_lines) == len(d_lines) == 2 * len(LINES)
+    for a_line, d_line in zip(a_lines, d_lines):
+        assert a_line.split("\t")[0][2:] == d_line.split("\t")[0][2:]
+        pairs = parse_pairs(a_line.split("\t")[1]) if "\t" in a_line else []
+        assert len(pairs) == len(d_line.split("\t")[2].split())
+
+
+def test_print_attention_writes_one_json_line_per_input(checkpoint, source, tmp_path):
+    jsonl = tmp_path / "attention.jsonl"
+    generate(GenerateOptions(path=str(checkpoint), input=source, output=str(tmp_path / "out"), max_len_b=6,
+                             print_attention=str(jsonl), alignment_layer=2, progress=False))
+    records = [json.loads(line) for line in jsonl.read_text().splitlines()]
+    assert [r["index"] for r in records] == [0, 1, 2, 3]
+    assert records[0]["source"] == LINES[0].split()
+    for record in records:
+        matrix = record["attention"]
+        assert len(matrix) == len(record["target"])
+        assert all(len(row) == len(record["source"]) for row in matrix)
+        assert all(0 < sum(row) <= 1.001 for row in matrix if record["source"])  # the rest went to EOS
+
+
+def test_alignment_layer_is_checked(checkpoint, source, tmp_path):
+    with pytest.raises(NmtError, match="--alignment-layer must be between 1 and 2"):
+        generate(GenerateOptions(path=str(checkpoint), input=source, output=str(tmp_path / "o"),
+                                 print_alignment=True, alignment_layer=3, progress=False))
+    assert not (tmp_path / "o").exists()
+    with pytest.raises(NmtError, match="applies with --print-alignment"):
+        GenerateOptions(path=str(checkpoint), input=source, alignment_layer=1).validate()

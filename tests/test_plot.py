@@ -1,0 +1,85 @@
+"""nmt plot: attention maps and training curves are written as real PNG images."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from nmt.checkpoint import Vocabularies, model_state, save_checkpoint
+from nmt.data.dataset import DataDir
+from nmt.data.vocabulary import PAD_ID
+from nmt.errors import NmtError
+from nmt.models.registry import build_model, get_arch
+from nmt.plot import PlotAttentionOptions, PlotCurvesOptions, plot_attention, plot_curves
+from nmt.training.metrics_file import MetricsFile
+
+matplotlib = pytest.importorskip("matplotlib", reason="nmt plot needs the plot extra (pip install 'nmt[plot]')")
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tiny_data_dir, tmp_path_factory):
+    vocab = DataDir.open(tiny_data_dir).vocabulary("en")
+    torch.manual_seed(0)
+    arch = get_arch("transformer_tiny")
+    model = build_model(arch.model_name, arch.config, len(vocab), len(vocab), PAD_ID)
+    path = tmp_path_factory.mktemp("plot") / "model.pt"
+    save_checkpoint(path, model_state(model, "transformer_tiny", arch.config, Vocabularies("en", "de", vocab, vocab)))
+    return path
+
+
+def png_size(path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == PNG
+    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+
+
+@pytest.mark.parametrize("kind, head", [("encoder", None), ("encoder", 2), ("cross", None)])
+def test_attention_plots_are_pngs(checkpoint, tmp_path, kind, head):
+    out = tmp_path / f"{kind}.png"
+    plot_attention(PlotAttentionOptions(path=str(checkpoint), text="one hundred and twenty three", output=str(out),
+                                        kind=kind, head=head))
+    width, height = png_size(out)
+    assert width > 200 and height > 200
+    if head is None:  # four heads side by side are wider than one
+        one = tmp_path / "one.png"
+        plot_attention(PlotAttentionOptions(path=str(checkpoint), text="one hundred and twenty three",
+                                            output=str(one), kind=kind, head=1))
+        assert png_size(one)[0] < width
+
+
+def test_attention_plot_refuses_a_missing_layer(checkpoint, tmp_path):
+    with pytest.raises(NmtError, match="--layer must be between 1 and 2"):
+        plot_attention(PlotAttentionOptions(path=str(checkpoint), text="one", output=str(tmp_path / "x.png"),
+                                            layer=3))
+    assert not (tmp_path / "x.png").exists()
+
+
+def test_curves_plot_from_metrics_file(tmp_path):
+    metrics = MetricsFile(tmp_path / "metrics.jsonl", resume_update=0)
+    for update in range(1, 11):
+        metrics.append({"kind": "train", "update": update, "loss": 5.0 / update, "lr": 1e-4 * update,
+                        "tokens_per_second": 1000.0})
+        if update % 5 == 0:
+            metrics.append({"kind": "valid", "update": update, "loss": 6.0 / update, "bleu": 2.0 * update})
+    out = tmp_path / "curves.png"
+    plot_curves(PlotCurvesOptions(save_dir=str(tmp_path), output=str(out)))
+    width, height = png_size(out)
+    assert width > 4 * height  # four panels in a row: loss, BLEU, lr, tokens/s
+
+
+def test_curves_without_metrics_is_a_one_line_error(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "nmt", "plot", "curves", str(tmp_path)],
+                            capture_output=True, text=True)
+    assert result.returncode == 1
+    assert result.stderr.startswith("error:") and "metrics.jsonl not found" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_missing_matplotlib_names_the_extra(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    with pytest.raises(NmtError, match=r"pip install 'nmt\[plot\]'"):
+        plot_curves(PlotCurvesOptions(save_dir=str(tmp_path), output=str(tmp_path / "c.png")))
