@@ -16,6 +16,7 @@ from nmt.cli import main
 from nmt.data.dataset import DataDir
 from nmt.data.vocabulary import EOS_ID, PAD_ID
 from nmt.generation.generator import GenerateOptions, generate, prepare_model, translate, translate_ids
+from nmt.options import build
 from nmt.models.registry import build_model, get_arch, resolve_config
 from nmt.scoring import score
 
@@ -55,7 +56,9 @@ def checkpoint(data_dir, tmp_path_factory):
 
 
 def options(checkpoint, **kwargs) -> GenerateOptions:
-    return GenerateOptions(**{"path": str(checkpoint), "max_len_b": 8, "progress": False, **kwargs})
+    """GenerateOptions from flat option names, as the CLI and recipes give them (raw input by default)."""
+    defaults = {"path": str(checkpoint), "max_len_b": 8, **({} if "data" in kwargs else {"input": "-"})}
+    return build(GenerateOptions, {**defaults, **kwargs})
 
 
 def best_tokens(result) -> list[list[int]]:
@@ -85,7 +88,8 @@ def test_hypotheses_do_not_depend_on_batching_or_input_order(data_dir, checkpoin
     search = dict(beam=3, nbest=3, max_len_b=6)
 
     def run(order: np.ndarray, **batching) -> list[list[list[int]]]:
-        hyps = translate_ids(model, [sources[i] for i in order], options(checkpoint, **search, **batching))
+        chosen = options(checkpoint, **search, **batching)
+        hyps = translate_ids(model, [sources[i] for i in order], chosen.search, chosen.batching)
         restored = [None] * len(sources)
         for position, index in enumerate(order):
             restored[index] = [h.tokens for h in hyps[position]]
@@ -112,7 +116,7 @@ def test_raw_input_translations_match_one_sentence_runs(checkpoint, tmp_path):
 def test_library_translate_gives_the_detokenized_best(checkpoint, tmp_path):
     model, vocabs = prepare_model(checkpoint, torch.device("cpu"))
     result = generate(options(checkpoint, input=write(tmp_path / "in.en", LINES)))
-    assert translate(model, vocabs, LINES, options(checkpoint)) == [t.best(vocabs) for t in result.translations]
+    assert translate(model, vocabs, LINES, options(checkpoint).search) == [t.best(vocabs) for t in result.translations]
 
 
 def test_empty_lines_become_empty_translations(checkpoint, tmp_path, capsys):

@@ -370,7 +370,7 @@ def test_destdir_with_other_files_is_refused(corpus, tmp_path, monkeypatch, caps
     (["-t", "en"], "--source-lang and --target-lang are both 'en'"),
     (["-t", "de/x"], "--target-lang 'de/x' is not a language code"),
     (["--max-len-ratio", "0.5"], "--max-len-ratio must be >= 1"),
-    (["--workers", "0"], "--workers must be >= 1"),
+    (["--workers", "0"], "--workers must be at least 1, got 0"),
     (["--spm-model", "a,b,c"], "--spm-model takes one path"),
 ])
 def test_bad_option_values(corpus, tmp_path, monkeypatch, capsys, extra, expected):
