@@ -38,6 +38,7 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
+COMMAND_OPTIONS: dict[str, type] = {}  # command name -> its options dataclass
 KEYWORD = inspect.Parameter.KEYWORD_ONLY
 COMMON = [  # every command's logging options
     inspect.Parameter("verbose", KEYWORD, default=0, annotation=Annotated[int, typer.Option(
@@ -98,6 +99,8 @@ def command(options_class: type | None = None) -> Callable[[Callable], Callable]
         invoke.__signature__ = inspect.Signature(params)
         invoke.__doc__ = run.__doc__
         app.command(run.__name__)(invoke)
+        if options_class:
+            COMMAND_OPTIONS[run.__name__] = options_class
         return run
 
     return register

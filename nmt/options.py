@@ -29,6 +29,9 @@ from typing import Any, Mapping
 from nmt.errors import NmtError
 
 
+COMMAND_LINE = "the command line"
+
+
 @dataclass(frozen=True)
 class Option:
     """One field of an options dataclass, as the CLI and the recipes see it."""
@@ -188,18 +191,26 @@ def merge(*layers: Mapping[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def build(cls: type, values: Mapping[str, Any], what: str = "", where: str = "the command line") -> Any:
+def build(cls: type, values: Mapping[str, Any], what: str = "", where: str = COMMAND_LINE) -> Any:
     """An instance of ``cls`` from flat option values (names as in options_of), checked and coerced.
 
-    The dataclasses check their own bounds (``__post_init__``); the defaults fill the rest.
+    ``what`` names the options in errors ("generate"), ``where`` their source (a recipe's path). The
+    dataclasses check their own values (``__post_init__``); the defaults fill in the rest.
     """
+    what = what or cls.__name__
     known = options_of(cls)
-    check_keys(values, known, what or cls.__name__, where)
+    check_keys(values, known, what, where)
     groups: dict[tuple[str, ...], dict[str, Any]] = {}
     for key, value in values.items():
         option = known[key]
-        groups.setdefault(option.owner, {})[key] = coerce(value, option.type, key)
-    return _construct(cls, (), groups)
+        name = key if where == COMMAND_LINE else f"`{what}: {key}` in {where}"
+        groups.setdefault(option.owner, {})[key] = coerce(value, option.type, name)
+    try:
+        return _construct(cls, (), groups)
+    except NmtError as error:
+        if where == COMMAND_LINE:
+            raise
+        raise NmtError(f"{where}, `{what}:` section: {error}") from None
 
 
 def _construct(cls: type, owner: tuple[str, ...], groups: dict[tuple[str, ...], dict[str, Any]]) -> Any:

@@ -1,6 +1,5 @@
 import random
 import subprocess
-import sys
 
 import pytest
 import torch
@@ -10,6 +9,7 @@ from nmt.checkpoint import Vocabularies, load_checkpoint, model_from_checkpoint,
 from nmt.data.vocabulary import PAD_ID, Vocabulary
 from nmt.errors import NmtError
 from nmt.models.registry import build_model, get_arch, resolve_config
+from conftest import run_nmt
 
 WORDS = "the a cat dog sat on mat house tree red blue green big small runs jumps over under".split()
 
@@ -34,10 +34,6 @@ def save_model(path, vocab, seed: int, arch_name: str = "transformer_tiny", **ov
     checkpoint["optimizer"] = {"state": {0: {"step": torch.tensor(float(seed))}}}
     save_checkpoint(path, checkpoint)
     return model
-
-
-def run_nmt(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "nmt", *map(str, args)], capture_output=True, text=True)
 
 
 def error_line(result: subprocess.CompletedProcess) -> str:

@@ -1,18 +1,13 @@
 """The CLI's shared conventions: version, help, listing archs, one-line errors."""
 
-import subprocess
-import sys
 
 from typer.testing import CliRunner
 
 import nmt
 from nmt.cli import app
+from conftest import run_nmt
 
 runner = CliRunner()
-
-
-def run_nmt(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "nmt", *args], capture_output=True, text=True)
 
 
 def test_version():

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import shutil
 import subprocess
 import sys
@@ -12,7 +11,6 @@ import pytest
 import torch
 
 from nmt.checkpoint import Vocabularies, model_state, save_checkpoint
-from nmt.cli import main
 from nmt.data.dataset import DataDir
 from nmt.data.vocabulary import EOS_ID, PAD_ID
 from nmt.generation.generator import GenerateOptions, generate, prepare_model, translate, translate_ids
@@ -20,7 +18,7 @@ from nmt.options import build
 from nmt.models.registry import build_model, get_arch, resolve_config
 from nmt.scoring import score
 
-from conftest import make_data_dir, numbers_pairs
+from conftest import make_data_dir, numbers_pairs, run_cli
 
 LINES = ["five", "Turn to page twelve.", "the number four", "My room number is eighty-two.", "seven",
          "I counted to nine thousand and one yesterday.", "She said three twice.", "the number sixty"]
@@ -198,18 +196,8 @@ def test_bf16_generation_runs_on_cpu(checkpoint, data_dir):
     assert len(result.translations) == 30 and all(t.hypotheses for t in result.translations)
 
 
-def run_cli(monkeypatch, capsys, *args: str, stdin: str = "") -> tuple[int, str, str]:
-    """`nmt generate ARGS` in this process, through the same main() as the console script."""
-    monkeypatch.setattr(sys, "argv", ["nmt", "generate", *args])
-    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin.encode("utf-8"))))
-    with pytest.raises(SystemExit) as exit_info:
-        main()
-    out, err = capsys.readouterr()
-    return exit_info.value.code, out, err
-
-
 def test_cli_writes_only_translations_to_stdout(checkpoint, data_dir, monkeypatch, capsys):
-    code, out, err = run_cli(monkeypatch, capsys, str(data_dir), "--path", str(checkpoint), "--max-len-b", "5",
+    code, out, err = run_cli(monkeypatch, capsys, "generate", str(data_dir), "--path", str(checkpoint), "--max-len-b", "5",
                              "--score-reference")
     assert code == 0
     assert len(out.splitlines()) == 30
@@ -234,7 +222,7 @@ def test_cli_errors_are_one_line(checkpoint, data_dir, tmp_path, monkeypatch, ca
         args += ["--path", str(checkpoint)]
     output = tmp_path / "kept.txt"
     output.write_text("old translations\n")
-    code, out, err = run_cli(monkeypatch, capsys, *args, "--output", str(output))
+    code, out, err = run_cli(monkeypatch, capsys, "generate", *args, "--output", str(output))
     assert code == 1 and out == ""
     assert err.startswith("error: ") and message in err and len(err.strip().splitlines()) == 1
     assert output.read_text() == "old translations\n"  # a failed run leaves the old output whole

@@ -1,13 +1,12 @@
 import gzip
 import json
-import subprocess
-import sys
 
 import pytest
 import sacrebleu
 
 from nmt.errors import NmtError
 from nmt.scoring import format_results, parse_metrics, score, score_files
+from conftest import run_nmt
 
 HYPOTHESES = [
     "The cat sat on the mat.",
@@ -32,10 +31,6 @@ SECOND_REFERENCES = [
 def write(path, lines):
     path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
     return path
-
-
-def run_nmt(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "nmt", *map(str, args)], capture_output=True, text=True, input=stdin)
 
 
 def test_bleu_equals_sacrebleu_corpus_bleu():

@@ -9,21 +9,12 @@ import re
 import pytest
 import torch
 
-from conftest import MULTI30K, make_data_dir
+from conftest import MULTI30K, assert_same_weights, make_data_dir, numbers_pairs, tiny_config
 from nmt.checkpoint import load_checkpoint, model_from_checkpoint
 from nmt.errors import NmtError
 from nmt.files import read_lines
 from nmt.log import logger
-from nmt.training.config import load_train_config
 from nmt.training.trainer import train
-
-
-def tiny_config(data_dir, save_dir, **options):
-    """transformer_tiny on the tiny numbers task: 300 pairs, 9 batches of <= 1000 tokens per epoch."""
-    values = {"data": str(data_dir), "arch": "transformer_tiny", "save_dir": str(save_dir), "max_tokens": 1000,
-              "lr": 3e-3, "warmup_updates": 10, "log_interval": 5}
-    values.update(options)
-    return load_train_config(values)
 
 
 @pytest.fixture()
@@ -38,15 +29,6 @@ def messages():
     yield records
     logger.removeHandler(handler)
     logger.setLevel(level)
-
-
-def assert_same_weights(path_a, path_b):
-    a, b = load_checkpoint(path_a), load_checkpoint(path_b)
-    assert a["train_state"]["update"] == b["train_state"]["update"]
-    for name, tensor in a["model"].items():
-        assert torch.equal(tensor, b["model"][name]), name
-    for (key, state), other in zip(a["optimizer"]["state"].items(), b["optimizer"]["state"].values()):
-        assert all(torch.equal(state[k], other[k]) for k in state), key
 
 
 def valid_losses(messages: list[str]) -> list[float]:
@@ -134,14 +116,11 @@ def test_restore_file_starts_from_a_model_only_checkpoint(tiny_data_dir, tmp_pat
 
 
 def test_resume_refuses_another_arch_or_vocabulary(tiny_data_dir, tmp_path, tmp_path_factory):
-    from conftest import numbers_pairs
-
     train(tiny_config(tiny_data_dir, tmp_path, max_update=1))
     with pytest.raises(NmtError, match="holds a transformer_tiny .*d_model 64 vs 256.*not the transformer_small"):
         train(tiny_config(tiny_data_dir, tmp_path, arch="transformer_small"))
     with pytest.raises(NmtError, match=r"dropout 0\.1 vs 0\.3"):
-        train(load_train_config({"data": str(tiny_data_dir), "arch": "transformer_tiny", "save_dir": str(tmp_path),
-                                 "max_tokens": 1000}, model_overrides={"dropout": "0.3"}))
+        train(tiny_config(tiny_data_dir, tmp_path, model={"dropout": "0.3"}))
     pairs = numbers_pairs(120, seed=5)
     other = make_data_dir(tmp_path_factory.mktemp("other-vocab"), {"train": pairs[:100], "valid": pairs[100:]},
                           vocab_size=120)
