@@ -17,17 +17,19 @@ from pathlib import Path
 from typing import Annotated, Any, Callable, Literal, Optional
 
 import typer
+from rich.console import Console
 
 import nmt
-from nmt.averaging import AverageOptions
-from nmt.data.preprocess import PreprocessOptions
+from nmt.averaging import AverageOptions, average as average_checkpoints
+from nmt.data.preprocess import PreprocessOptions, preprocess as run_preprocess, summary_table
 from nmt.errors import NmtError
-from nmt.generation.generator import GenerateOptions
+from nmt.generation.generator import GenerateOptions, generate as run_generation
 from nmt.log import logger, setup_logging, state
 from nmt.options import Option, build, options_of, parse_overrides
+from nmt.pipeline import PipelineReport, plan_recipe, run_plan
 from nmt.recipe import STAGES
-from nmt.scoring import ScoreOptions
-from nmt.training.config import TrainConfig
+from nmt.scoring import ScoreOptions, format_results, parse_metrics, score_files
+from nmt.training.config import TrainConfig, load_train_config
 
 app = typer.Typer(
     name="nmt",
@@ -60,15 +62,15 @@ def cli_type(option: Option) -> Any:
 
 
 def parameter(option: Option) -> inspect.Parameter:
-    """The typer parameter of one field: its flags, help, panel and (shown) default."""
-    meta, kind = option.metadata, cli_type(option)
+    """The typer parameter of one field: its flags, help with bounds, panel and (shown) default."""
+    meta, kind, help = option.metadata, cli_type(option), option.help_with_bounds
     if meta.get("argument"):
-        info = typer.Argument(metavar=meta.get("metavar"), help=option.help, show_default=False)
+        info = typer.Argument(metavar=meta.get("metavar"), help=help, show_default=False)
     else:
         flags = option.flags
         if kind is bool and "flags" not in meta:
             flags = (f"{flags[0]}/--no-{flags[0][2:]}",)
-        info = typer.Option(*flags, help=option.help, rich_help_panel=meta.get("panel"), metavar=meta.get("metavar"))
+        info = typer.Option(*flags, help=help, rich_help_panel=meta.get("panel"), metavar=meta.get("metavar"))
     default = option.default
     if kind is str and isinstance(default, tuple):
         default = ",".join(map(str, default))
@@ -132,8 +134,6 @@ def average(given: dict, inputs_flag: Annotated[bool, typer.Option(
         "--inputs", help="Optional, fairseq's spelling: `--inputs a.pt b.pt` is the same as `a.pt b.pt`.")] = False
             ) -> None:
     """Average the parameters of checkpoints (the paper: last 5 for base, last 20 for big)."""
-    from nmt.averaging import average as average_checkpoints
-
     options = build(AverageOptions, given, "average")
     average_checkpoints(options.inputs, options.output, options.num_epoch_checkpoints, options.num_update_checkpoints)
 
@@ -141,10 +141,6 @@ def average(given: dict, inputs_flag: Annotated[bool, typer.Option(
 @command(PreprocessOptions)
 def preprocess(given: dict) -> None:
     """Train sentencepiece on parallel text and binarize it into a data directory for train and generate."""
-    from rich.console import Console
-
-    from nmt.data.preprocess import preprocess as run_preprocess, summary_table
-
     datadir = run_preprocess(build(PreprocessOptions, given, "preprocess"), show_progress=state["progress"])
     if logger.isEnabledFor(logging.INFO):
         Console().print(summary_table(datadir))
@@ -153,8 +149,6 @@ def preprocess(given: dict) -> None:
 @command(ScoreOptions)
 def score(given: dict) -> None:
     """Score a system output with sacrebleu (BLEU with 13a tokenization, cased) and print the signatures."""
-    from nmt.scoring import format_results, parse_metrics, score_files
-
     options = build(ScoreOptions, given, "score")
     results = score_files(options.system, options.ref, parse_metrics(options.metrics), options.lowercase)
     typer.echo(format_results(results, as_json=options.json_output))
@@ -169,8 +163,7 @@ def train(given: dict, config: Annotated[Optional[Path], typer.Option(
     Several GPUs on one machine: --nproc N. Several machines: torchrun --nnodes M --nproc-per-node N
     --rdzv-endpoint HOST:PORT -m nmt train ... (each process takes its share of every batch list).
     """
-    from nmt.training.config import load_train_config
-    from nmt.training.trainer import train as run_training
+    from nmt.training.trainer import train as run_training  # torch.distributed and the model: only for train
 
     run_training(load_train_config(given, config))
 
@@ -182,8 +175,6 @@ def generate(given: dict) -> None:
     Output: one line per input line (--nbest K: K lines), in input order; an empty input line gives an
     empty translation.
     """
-    from nmt.generation.generator import generate as run_generation
-
     result = run_generation(build(GenerateOptions, given, "generate"), show_progress=state["progress"])
     for metric in result.scores:  # stderr: stdout holds only translations
         typer.echo(metric.formatted, err=True)
@@ -195,15 +186,15 @@ def run(recipe: Annotated[Path, typer.Argument(help="YAML recipe with preprocess
         dry_run: Annotated[bool, typer.Option(
             help="Check the whole recipe, print every stage's resolved options, and run nothing.")] = False) -> None:
     """Run a recipe's whole pipeline: preprocess -> train -> average -> generate -> score."""
-    from rich.console import Console
-
-    from nmt.pipeline import plan_recipe, run_plan
-
     plan = plan_recipe(recipe, tuple(stage.strip() for stage in stages.split(",") if stage.strip()))
     if dry_run:
         typer.echo(plan.describe(), nl=False)
-        return
-    report = run_plan(plan)
+    else:
+        print_report(run_plan(plan))
+
+
+def print_report(report: PipelineReport) -> None:
+    """The stages' table on stderr; the scores on stdout."""
     Console(stderr=True).print(report.table())
     for result in report.scores:
         typer.echo(result.formatted)
@@ -216,14 +207,10 @@ def demo(workdir: Annotated[Path, typer.Option(help="Where the demo writes its d
          max_time: Annotated[str, typer.Option(help="Training time limit, a safety net on a slow or busy machine.")] =
          "10m") -> None:
     """Train and evaluate on an embedded toy task (numbers in words, EN->DE) on the CPU: no download."""
-    from rich.console import Console
-
     from nmt.demo import run_demo
 
     report = run_demo(workdir, max_update, max_time)
-    Console(stderr=True).print(report.table())
-    for result in report.scores:
-        typer.echo(result.formatted)
+    print_report(report)
     typer.echo(f"data: {report.data}  model: {report.model}  translations: {report.translations}")
 
 

@@ -47,6 +47,13 @@ class Option:
         return self.metadata["help"]
 
     @property
+    def help_with_bounds(self) -> str:
+        low, high = self.metadata.get("min"), self.metadata.get("max")
+        bounds = f"{low} to {high}" if low is not None and high is not None else \
+            f"at least {low}" if low is not None else f"at most {high}" if high is not None else ""
+        return f"{self.help} ({bounds})" if bounds else self.help
+
+    @property
     def flags(self) -> tuple[str, ...]:
         return tuple(self.metadata.get("flags") or (flag(self.name),))
 

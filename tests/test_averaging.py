@@ -69,6 +69,7 @@ def test_integer_buffers_come_from_the_last_checkpoint(tmp_path, vocab):
     assert averaged["model"]["steps"].tolist() == [20] and averaged["model"]["steps"].dtype == torch.long
 
 
+@pytest.mark.slow
 def test_output_loads_rebuilds_and_keeps_tied_weights(tmp_path, vocab):
     for i in range(2):
         save_model(tmp_path / f"c{i}.pt", vocab, seed=i)
@@ -126,6 +127,7 @@ def test_selecting_from_a_save_dir_averages_the_right_files(tmp_path, vocab):
         assert torch.equal(tensor, expected[key]), key
 
 
+@pytest.mark.slow
 def test_mismatched_arch_is_refused_on_one_line(tmp_path, vocab):
     save_model(tmp_path / "tiny.pt", vocab, seed=0)
     save_model(tmp_path / "wide.pt", vocab, seed=1, ffn_dim=256)

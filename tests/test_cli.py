@@ -1,6 +1,6 @@
 """The CLI's shared conventions: version, help, listing archs, one-line errors."""
 
-
+import pytest
 from typer.testing import CliRunner
 
 import nmt
@@ -20,6 +20,7 @@ def test_help_lists_archs_command():
     assert result.exit_code == 0 and "archs" in result.output
 
 
+@pytest.mark.slow
 def test_archs_table_has_paper_models():
     result = runner.invoke(app, ["archs", "--vocab-size", "37000"], terminal_width=200)
     assert result.exit_code == 0
@@ -27,6 +28,7 @@ def test_archs_table_has_paper_models():
     assert "transformer_big" in result.output and "214.2M" in result.output
 
 
+@pytest.mark.slow
 def test_bad_option_value_is_a_usage_error_without_traceback():
     result = run_nmt("archs", "--vocab-size", "many")
     assert result.returncode == 2

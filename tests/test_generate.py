@@ -78,6 +78,7 @@ def test_split_translations_keep_input_order(data_dir, checkpoint, tmp_path):
     assert [t.source for t in result.translations] == [vocab.decode(split.source[i]) for i in range(30)]
 
 
+@pytest.mark.slow
 def test_hypotheses_do_not_depend_on_batching_or_input_order(data_dir, checkpoint):
     model, _ = prepare_model(checkpoint, torch.device("cpu"))
     split = DataDir.open(data_dir).split("test")
@@ -228,6 +229,7 @@ def test_cli_errors_are_one_line(checkpoint, data_dir, tmp_path, monkeypatch, ca
     assert output.read_text() == "old translations\n"  # a failed run leaves the old output whole
 
 
+@pytest.mark.slow
 def test_console_script_reads_stdin_and_reports_errors_without_traceback(checkpoint):
     command = [sys.executable, "-m", "nmt", "generate", "-i", "-", "--path", str(checkpoint), "--max-len-b", "5"]
     result = subprocess.run(command, input="five\n\nthe number four\n", capture_output=True, text=True)

@@ -152,6 +152,7 @@ def test_flags_are_the_field_names_with_dashes():
     assert options_of(GenerateOptions)["input"].flags == ("--input", "-i")
 
 
+@pytest.mark.slow
 def test_batch_size_zero_is_an_error_not_a_hang():
     result = run_nmt("generate", "-i", "-", "--batch-size", "0", stdin="five\n", timeout=60)
     assert_one_line_error(result, "--batch-size must be at least 1, got 0")

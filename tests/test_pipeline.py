@@ -31,6 +31,7 @@ def pipeline_run(tmp_path_factory):
     return tmp_path, path, run_recipe(path)
 
 
+@pytest.mark.slow
 def test_every_stage_runs_and_feeds_the_next(pipeline_run):
     tmp_path, _, report = pipeline_run
     assert list(report.seconds) == ["preprocess", "train", "average", "generate", "score"]
@@ -41,6 +42,7 @@ def test_every_stage_runs_and_feeds_the_next(pipeline_run):
     assert [r.name for r in report.scores] == ["BLEU", "chrF2"]
 
 
+@pytest.mark.slow
 def test_stages_can_be_rerun_alone(pipeline_run):
     _, path, _ = pipeline_run
     report = run_recipe(path, ("generate", "score"))
@@ -60,6 +62,7 @@ def test_unknown_sections_and_stages_are_errors(tmp_path):
         run_recipe(path, ("preprocess", "evaluate"))
 
 
+@pytest.mark.slow
 def test_cli_missing_recipe_is_one_line(tmp_path):
     result = run_nmt("run", tmp_path / "none.yaml")
     assert result.returncode == 1 and "recipe not found" in result.stderr and "Traceback" not in result.stderr

@@ -221,6 +221,7 @@ def test_an_interrupted_build_leaves_no_dataset_and_the_old_one_intact(corpus, t
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bin", "text"]
 
 
+@pytest.mark.slow
 def test_multi30k_end_to_end_round_trip(tmp_path):
     if not (MULTI30K / "val.en.gz").exists():
         pytest.skip(f"Multi30k not found at {MULTI30K} (the shared data directory is absent)")
@@ -372,6 +373,7 @@ def test_options_without_text_to_train_on():
         preprocess(PreprocessOptions("en", "de", "out"))
 
 
+@pytest.mark.slow
 def test_errors_reach_the_console_script_as_one_line(corpus, tmp_path):
     (corpus / "valid.en").unlink()
     result = run_nmt(*cli_args(corpus, tmp_path))

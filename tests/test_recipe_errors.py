@@ -95,6 +95,7 @@ def test_bad_recipe_structure(tmp_path, monkeypatch, capsys, text, message):
     assert_one_line_error(err, message)
 
 
+@pytest.mark.slow
 def test_console_script_reports_a_recipe_error_in_one_line(recipe, tmp_path):
     path = recipe("generate", "bem", 4)
     result = run_nmt("run", path)

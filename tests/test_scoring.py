@@ -54,6 +54,7 @@ def test_chrf_and_ter_match_sacrebleu_and_lowercase_is_applied():
     assert cased[0].score < lowered[0].score
 
 
+@pytest.mark.slow
 def test_line_count_mismatch_is_an_error_not_a_truncation(tmp_path):
     system = write(tmp_path / "hyp.txt", HYPOTHESES)
     short = write(tmp_path / "ref.txt", REFERENCES[:3])
@@ -82,6 +83,7 @@ def test_unknown_metric_is_an_error():
         parse_metrics("bleu,meteor")
 
 
+@pytest.mark.slow
 def test_cli_reads_stdin_and_gzip_references(tmp_path):
     reference = tmp_path / "ref.txt.gz"
     with gzip.open(reference, "wt", encoding="utf-8") as handle:
@@ -93,6 +95,7 @@ def test_cli_reads_stdin_and_gzip_references(tmp_path):
     assert f"= {expected.score:.2f} " in result.stdout and len(result.stdout.splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_cli_json_output_parses(tmp_path):
     system = write(tmp_path / "hyp.txt", HYPOTHESES)
     first, second = write(tmp_path / "ref1.txt", REFERENCES), write(tmp_path / "ref2.txt", SECOND_REFERENCES)

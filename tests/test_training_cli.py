@@ -9,11 +9,14 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 from nmt.checkpoint import load_checkpoint
 from nmt.training.trainer import train
 from conftest import assert_one_line_error, assert_same_weights, run_nmt, tiny_config
+
+pytestmark = pytest.mark.slow  # training in other processes
 
 TINY = ["--arch", "transformer_tiny", "--max-tokens", "1000", "--lr", "3e-3", "--warmup-updates", "10",
         "--log-interval", "5"]

@@ -12,6 +12,8 @@ from nmt.log import logger, setup_logging
 from nmt.training.trainer import train
 from conftest import tiny_config
 
+pytestmark = pytest.mark.slow  # training in other processes
+
 
 @pytest.fixture()
 def json_log_lines(capfd):

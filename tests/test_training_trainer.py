@@ -35,6 +35,7 @@ def valid_losses(messages: list[str]) -> list[float]:
     return [float(re.search(r"\| loss ([\d.]+)", m)[1]) for m in messages if m.startswith("valid on")]
 
 
+@pytest.mark.slow
 def test_loss_goes_down(tiny_data_dir, tmp_path, messages):
     summary = train(tiny_config(tiny_data_dir, tmp_path, max_epoch=4))
     assert summary.epoch == 4 and summary.updates == 36 and summary.stop_reason == "reached --max-epoch 4"
@@ -46,6 +47,7 @@ def test_loss_goes_down(tiny_data_dir, tmp_path, messages):
     assert vocabs.source_lang == "en" and model.config.d_model == 64  # loads like any checkpoint
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not MULTI30K.is_dir(), reason=f"Multi30k not found at {MULTI30K}")
 def test_loss_goes_down_on_multi30k(tmp_path):
     # The 1014 validation pairs (900 to train on, 114 to validate): real language, a few seconds.
@@ -57,6 +59,7 @@ def test_loss_goes_down_on_multi30k(tmp_path):
     assert later.updates == 40 and later.valid_loss < early.valid_loss - 0.5, (early.valid_loss, later.valid_loss)
 
 
+@pytest.mark.slow
 def test_resumed_run_reaches_the_same_weights_bit_exactly(tiny_data_dir, tmp_path, messages):
     # 9 batches per epoch with update_freq 2: 5 updates per epoch (the last of one batch); stop at 3
     # (mid-epoch 1), 6 (one update into epoch 2) and 12 (two into epoch 3).
@@ -71,6 +74,7 @@ def test_resumed_run_reaches_the_same_weights_bit_exactly(tiny_data_dir, tmp_pat
     assert state["epoch"] == 3 and state["position"] == 4  # 2 updates of 2 batches into epoch 3
 
 
+@pytest.mark.slow
 def test_checkpoint_files_and_pruning(tiny_data_dir, tmp_path):
     train(tiny_config(tiny_data_dir, tmp_path, max_epoch=3, save_interval_updates=3, keep_last_epochs=2,
                       keep_interval_updates=2))
@@ -147,6 +151,7 @@ def test_tensorboard_dir_without_tensorboard_is_a_clear_error(tiny_data_dir, tmp
         assert any((tmp_path / "tb").iterdir())
 
 
+@pytest.mark.slow
 def test_bf16_on_cpu_trains(tiny_data_dir, tmp_path):
     summary = train(tiny_config(tiny_data_dir, tmp_path, precision="bf16", max_update=8))
     assert summary.updates == 8 and math.isfinite(summary.valid_loss) and summary.valid_loss < math.log(120)
@@ -178,6 +183,7 @@ def test_out_of_memory_batches_are_skipped_then_fatal(tiny_data_dir, tmp_path, m
         train(tiny_config(tiny_data_dir, tmp_path / "always", max_update=4))
 
 
+@pytest.mark.slow
 def test_eval_bleu_reports_bleu_of_the_validation_set(tiny_data_dir, tmp_path, messages):
     summary = train(tiny_config(tiny_data_dir, tmp_path, max_epoch=3, eval_bleu=True, eval_bleu_beam=2))
     assert 0.0 <= summary.valid_bleu <= 100.0

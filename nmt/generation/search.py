@@ -37,7 +37,7 @@ class SearchOptions:
     min_len: int = field(default=1, metadata={"help": "Min output length (EOS excluded).", "min": 0})
     no_repeat_ngram_size: int = field(default=0, metadata={"help": "Never repeat an n-gram of this size (0 = off).",
                                                            "min": 0})
-    nbest: int = field(default=1, metadata={"help": "Hypotheses to output per sentence (at most --beam).", "min": 1})
+    nbest: int = field(default=1, metadata={"help": "Hypotheses to output per sentence, at most --beam.", "min": 1})
     sampling: bool = field(default=False, metadata={"help": "Sample instead of searching."})
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature (positive)."})
     topk: int = field(default=0, metadata={"help": "Sample from the k likeliest tokens (0 = all).", "min": 0})
