@@ -13,12 +13,13 @@ import torch
 from nmt.checkpoint import Vocabularies, model_state, save_checkpoint
 from nmt.data.dataset import DataDir
 from nmt.data.vocabulary import EOS_ID, PAD_ID
+from nmt.errors import NmtError
 from nmt.generation.generator import GenerateOptions, generate, prepare_model, translate, translate_ids
 from nmt.options import build
 from nmt.models.registry import build_model, get_arch, resolve_config
 from nmt.scoring import score
 
-from conftest import make_data_dir, numbers_pairs, run_cli
+from conftest import assert_one_line_error, make_data_dir, numbers_pairs, run_cli
 
 LINES = ["five", "Turn to page twelve.", "the number four", "My room number is eighty-two.", "seven",
          "I counted to nine thousand and one yesterday.", "She said three twice.", "the number sixty"]
@@ -239,3 +240,18 @@ def test_console_script_reads_stdin_and_reports_errors_without_traceback(checkpo
     result = subprocess.run(command[:-4] + ["--path", "missing.pt"], input="five\n", capture_output=True, text=True)
     assert result.returncode == 1 and result.stderr.startswith("error: checkpoint not found")
     assert "Traceback" not in result.stderr
+
+
+def test_inputs_longer_than_max_positions_are_refused(data_dir, tmp_path, monkeypatch, capsys):
+    vocab = DataDir.open(data_dir).vocabulary("en")
+    arch = get_arch("transformer_tiny")
+    config = resolve_config(arch.config, {"d_model": 32, "ffn_dim": 64, "max_positions": 6})
+    model = build_model(arch.model_name, config, len(vocab), len(vocab), PAD_ID)
+    path = tmp_path / "short.pt"
+    save_checkpoint(path, model_state(model, "transformer_tiny", config, Vocabularies("en", "de", vocab, vocab)))
+    code, out, err = run_cli(monkeypatch, capsys, "generate", "-i", "-", "--path", path,
+                             stdin="five\nI counted to nine thousand and one yesterday.\n")
+    assert code == 1 and out == ""
+    assert_one_line_error(err, "input line 2 has", "over the model's max_positions 6")
+    with pytest.raises(NmtError, match="a sequence of 7 tokens is over the model's max_positions 6"):
+        model(torch.full((1, 7), EOS_ID), torch.full((1, 2), EOS_ID))

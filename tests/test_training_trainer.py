@@ -208,3 +208,8 @@ def test_loss_scaler_skips_overflowing_steps(tiny_data_dir, tmp_path, messages):
     handle.remove()
     _, grad_norm = trainer.train_step(next(updates))
     assert math.isfinite(grad_norm) and not torch.equal(weight, before)
+
+
+def test_max_positions_is_enforced_in_training(tiny_data_dir, tmp_path):
+    with pytest.raises(NmtError, match="over the model's max_positions 8"):
+        train(tiny_config(tiny_data_dir, tmp_path, max_update=1, model={"max_positions": 8}))

@@ -27,7 +27,7 @@ from nmt.checkpoint import Vocabularies, load_checkpoint, model_from_checkpoint
 from nmt.data.batching import batch_by_size, collate
 from nmt.data.dataset import DataDir
 from nmt.data.vocabulary import EOS_ID
-from nmt.device import autocast, resolve_device
+from nmt.device import Precision, autocast, resolve_device
 from nmt.errors import NmtError
 from nmt.files import read_lines
 from nmt.generation.output import Translation, write_translations
@@ -39,7 +39,6 @@ if TYPE_CHECKING:
     from nmt.scoring import MetricResult
 
 
-PRECISION = Literal["fp32", "bf16", "fp16"]
 
 
 @dataclass(frozen=True)
@@ -72,7 +71,7 @@ class GenerateOptions:
         "help": "plain: one translation per line; fairseq: S-/T-/H-/D-/P- lines."})
     print_scores: bool = field(default=False, metadata={"help": "Plain format: prefix each line with its score and a tab."})
     device: str = field(default="cpu", metadata={"help": "cpu, cuda, cuda:N or auto (the GPU when there is one)."})
-    precision: PRECISION = field(default="fp32", metadata={"help": "Autocast precision."})
+    precision: Precision = field(default="fp32", metadata={"help": "Autocast precision."})
     quantize: Literal["none", "int8"] = field(default="none", metadata={
         "help": "CPU only: int8 dynamic quantization of every nn.Linear layer, the output projection included."})
     score_reference: bool = field(default=False, metadata={

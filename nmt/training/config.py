@@ -21,96 +21,104 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, Mapping
 
 import yaml
 
+from nmt.device import Precision
 from nmt.errors import NmtError
 from nmt.files import atomic_write
 from nmt.options import build, check_values, merge
 from nmt.recipe import read_document, train_values
 
-PRECISION = Literal["fp32", "bf16", "fp16"]
 BATCHING, OPTIM, DEVICES, CHECKPOINTS, STOPPING, REPORTING = (
     "Batching", "Optimisation", "Devices", "Checkpoints", "Stopping", "Validation and logging")
 
 
-def option(help: str, panel: str | None = None, **metadata: Any) -> dict[str, Any]:
-    return {"help": help, "panel": panel, **metadata}
-
-
 @dataclass
 class TrainConfig:
-    data: str | None = field(default=None, metadata=option(
-        "Data directory written by `nmt preprocess`.", argument=True, metavar="DATA_DIR"))
-    arch: str = field(default="transformer_base", metadata=option("Architecture from `nmt archs`."))
-    model: dict[str, Any] = field(default_factory=dict, metadata=option(
-        "Override a model hyper-parameter of the arch, e.g. --set dropout=0.2 (repeatable).", flags=["--set"],
-        metavar="KEY=VALUE"))
-    save_dir: str = field(default="checkpoints", metadata=option("Checkpoint directory.", CHECKPOINTS))
+    data: str | None = field(default=None, metadata={
+        "help": "Data directory written by `nmt preprocess`.", "argument": True, "metavar": "DATA_DIR"})
+    arch: str = field(default="transformer_base", metadata={"help": "Architecture from `nmt archs`."})
+    model: dict[str, Any] = field(default_factory=dict, metadata={
+        "help": "Override a model hyper-parameter of the arch, e.g. --set dropout=0.2 (repeatable).",
+        "flags": ["--set"], "metavar": "KEY=VALUE"})
+    save_dir: str = field(default="checkpoints", metadata={"help": "Checkpoint directory.", "panel": CHECKPOINTS})
 
     # Batching: padded tokens per batch (source or target side, whichever is longer).
-    max_tokens: int | None = field(default=4096, metadata=option(
-        "Tokens per batch, padding included (the paper: 25000).", BATCHING, min=1))
-    max_sentences: int | None = field(default=None, metadata=option("Sentences per batch at most.", BATCHING, min=1))
-    required_batch_size_multiple: int = field(default=8, metadata=option(
-        "Round batch sizes down to a multiple of this (tensor cores).", BATCHING, min=1))
-    update_freq: int = field(default=1, metadata=option(
-        "Accumulate gradients over N batches per update (N times more GPUs).", BATCHING, min=1))
-    skip_invalid_size_inputs: bool = field(default=False, metadata=option(
-        "Skip training pairs longer than --max-tokens (with a count) instead of stopping.", BATCHING))
-    prefetch: int = field(default=4, metadata=option(
-        "Updates prepared ahead by a background thread (0: none).", BATCHING, min=0))
-    train_subset: str = field(default="train", metadata=option("Split to train on.", BATCHING))
-    valid_subset: str | None = field(default="valid", metadata=option(
-        "Split to validate on; none: no validation.", BATCHING))
+    max_tokens: int | None = field(default=4096, metadata={
+        "help": "Tokens per batch, padding included (the paper: 25000).", "panel": BATCHING, "min": 1})
+    max_sentences: int | None = field(default=None, metadata={
+        "help": "Sentences per batch at most.", "panel": BATCHING, "min": 1})
+    required_batch_size_multiple: int = field(default=8, metadata={
+        "help": "Round batch sizes down to a multiple of this (tensor cores).", "panel": BATCHING, "min": 1})
+    update_freq: int = field(default=1, metadata={
+        "help": "Accumulate gradients over N batches per update (N times more GPUs).", "panel": BATCHING, "min": 1})
+    skip_invalid_size_inputs: bool = field(default=False, metadata={
+        "help": "Skip training pairs longer than --max-tokens (with a count) instead of stopping.", "panel": BATCHING})
+    prefetch: int = field(default=4, metadata={
+        "help": "Updates prepared ahead by a background thread (0: none).", "panel": BATCHING, "min": 0})
+    train_subset: str = field(default="train", metadata={"help": "Split to train on.", "panel": BATCHING})
+    valid_subset: str | None = field(default="valid", metadata={
+        "help": "Split to validate on; none: no validation.", "panel": BATCHING})
 
     # Optimisation, the paper's defaults.
-    lr: float | None = field(default=None, metadata=option(
-        "Peak learning rate (fairseq's form, e.g. 7e-4); without it, the paper's d_model^-0.5 formula.", OPTIM))
-    warmup_updates: int = field(default=4000, metadata=option("Linear warm-up updates.", OPTIM, min=1))
-    adam_betas: tuple[float, float] = field(default=(0.9, 0.98), metadata=option("Adam betas, e.g. '0.9,0.98'.", OPTIM))
-    adam_eps: float = field(default=1e-9, metadata=option("Adam epsilon.", OPTIM, min=0.0))
-    weight_decay: float = field(default=0.0, metadata=option("Decoupled weight decay (AdamW).", OPTIM, min=0.0))
-    clip_norm: float = field(default=0.0, metadata=option("Clip the gradient norm to this (0: off).", OPTIM, min=0.0))
-    label_smoothing: float = field(default=0.1, metadata=option("Label smoothing epsilon, in [0, 1).", OPTIM, min=0.0))
-    seed: int = field(default=1, metadata=option("Random seed: initialisation, batch order, dropout.", OPTIM))
+    lr: float | None = field(default=None, metadata={
+        "help": "Peak learning rate (fairseq's form, e.g. 7e-4); without it, the paper's d_model^-0.5 formula.",
+        "panel": OPTIM})
+    warmup_updates: int = field(default=4000, metadata={"help": "Linear warm-up updates.", "panel": OPTIM, "min": 1})
+    adam_betas: tuple[float, float] = field(default=(0.9, 0.98), metadata={
+        "help": "Adam betas, e.g. '0.9,0.98'.", "panel": OPTIM})
+    adam_eps: float = field(default=1e-9, metadata={"help": "Adam epsilon.", "panel": OPTIM, "min": 0.0})
+    weight_decay: float = field(default=0.0, metadata={
+        "help": "Decoupled weight decay (AdamW).", "panel": OPTIM, "min": 0.0})
+    clip_norm: float = field(default=0.0, metadata={
+        "help": "Clip the gradient norm to this (0: off).", "panel": OPTIM, "min": 0.0})
+    label_smoothing: float = field(default=0.1, metadata={
+        "help": "Label smoothing epsilon, in [0, 1).", "panel": OPTIM, "min": 0.0})
+    seed: int = field(default=1, metadata={
+        "help": "Random seed: initialisation, batch order, dropout.", "panel": OPTIM})
 
     # Devices.
-    device: str = field(default="auto", metadata=option("auto (cuda when available), cpu or cuda.", DEVICES))
-    precision: PRECISION = field(default="fp32", metadata=option(
-        "Autocast precision; bf16 works on CPU too, fp16 (GPU) uses a dynamic loss scale.", DEVICES))
-    nproc: int = field(default=1, metadata=option(
-        "Spawn N local worker processes (one per GPU; gloo on CPU). Under torchrun, leave it out.", DEVICES, min=1))
+    device: str = field(default="auto", metadata={"help": "auto (cuda when available), cpu or cuda.", "panel": DEVICES})
+    precision: Precision = field(default="fp32", metadata={
+        "help": "Autocast precision; bf16 works on CPU too, fp16 (GPU) uses a dynamic loss scale.", "panel": DEVICES})
+    nproc: int = field(default=1, metadata={
+        "help": "Spawn N local worker processes (one per GPU; gloo on CPU). Under torchrun, leave it out.",
+        "panel": DEVICES, "min": 1})
 
     # Checkpoints.
-    save_interval_updates: int = field(default=0, metadata=option(
-        "Also save checkpoint_{epoch}_{update}.pt and checkpoint_last.pt every N updates (0: at epoch ends only).",
-        CHECKPOINTS, min=0))
-    keep_last_epochs: int = field(default=-1, metadata=option(
-        "Keep only the newest N checkpoint{epoch}.pt (-1: all).", CHECKPOINTS, min=-1))
-    keep_interval_updates: int = field(default=-1, metadata=option(
-        "Keep only the newest N checkpoint_{epoch}_{update}.pt (-1: all).", CHECKPOINTS, min=-1))
-    restore_file: str | None = field(default=None, metadata=option(
-        "Start from this checkpoint when the save dir has no checkpoint_last.pt.", CHECKPOINTS))
+    save_interval_updates: int = field(default=0, metadata={
+        "help": "Also save checkpoint_{epoch}_{update}.pt and checkpoint_last.pt every N updates (0: at epoch ends "
+                "only).", "panel": CHECKPOINTS, "min": 0})
+    keep_last_epochs: int = field(default=-1, metadata={
+        "help": "Keep only the newest N checkpoint{epoch}.pt (-1: all).", "panel": CHECKPOINTS, "min": -1})
+    keep_interval_updates: int = field(default=-1, metadata={
+        "help": "Keep only the newest N checkpoint_{epoch}_{update}.pt (-1: all).", "panel": CHECKPOINTS, "min": -1})
+    restore_file: str | None = field(default=None, metadata={
+        "help": "Start from this checkpoint when the save dir has no checkpoint_last.pt.", "panel": CHECKPOINTS})
 
     # Stopping (0 / None: no limit).
-    max_update: int = field(default=0, metadata=option("Stop after N updates (0: no limit).", STOPPING, min=0))
-    max_epoch: int = field(default=0, metadata=option("Stop after N epochs (0: no limit).", STOPPING, min=0))
-    max_time: str | None = field(default=None, metadata=option(
-        "Stop after this much training time over all runs: 90m, 12h, 1:30:00 or seconds.", STOPPING))
-    patience: int = field(default=0, metadata=option(
-        "Stop after N validations without a better validation loss (0: off).", STOPPING, min=0))
+    max_update: int = field(default=0, metadata={
+        "help": "Stop after N updates (0: no limit).", "panel": STOPPING, "min": 0})
+    max_epoch: int = field(default=0, metadata={
+        "help": "Stop after N epochs (0: no limit).", "panel": STOPPING, "min": 0})
+    max_time: str | None = field(default=None, metadata={
+        "help": "Stop after this much training time over all runs: 90m, 12h, 1:30:00 or seconds.", "panel": STOPPING})
+    patience: int = field(default=0, metadata={
+        "help": "Stop after N validations without a better validation loss (0: off).", "panel": STOPPING, "min": 0})
 
     # Validation and logging.
-    validate_interval_updates: int = field(default=0, metadata=option(
-        "Also validate every N updates (0: at epoch ends only).", REPORTING, min=0))
-    eval_bleu: bool = field(default=False, metadata=option(
-        "Also compute BLEU on the validation set (beam search, sacrebleu).", REPORTING))
-    eval_bleu_beam: int = field(default=2, metadata=option("Beam size for --eval-bleu.", REPORTING, min=1))
-    log_interval: int = field(default=100, metadata=option("A log line every N updates.", REPORTING, min=1))
-    tensorboard_dir: str | None = field(default=None, metadata=option(
-        "Write TensorBoard scalars here (needs the tensorboard package).", REPORTING))
+    validate_interval_updates: int = field(default=0, metadata={
+        "help": "Also validate every N updates (0: at epoch ends only).", "panel": REPORTING, "min": 0})
+    eval_bleu: bool = field(default=False, metadata={
+        "help": "Also compute BLEU on the validation set (beam search, sacrebleu).", "panel": REPORTING})
+    eval_bleu_beam: int = field(default=2, metadata={
+        "help": "Beam size for --eval-bleu.", "panel": REPORTING, "min": 1})
+    log_interval: int = field(default=100, metadata={
+        "help": "A log line every N updates.", "panel": REPORTING, "min": 1})
+    tensorboard_dir: str | None = field(default=None, metadata={
+        "help": "Write TensorBoard scalars here (needs the tensorboard package).", "panel": REPORTING})
 
     def __post_init__(self) -> None:
         check_values(self)
