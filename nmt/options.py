@@ -28,7 +28,6 @@ from typing import Any, Mapping
 
 from nmt.errors import NmtError
 
-
 COMMAND_LINE = "the command line"
 
 
@@ -113,8 +112,6 @@ def check_keys(values: Mapping[str, Any], known: typing.Iterable[str], what: str
 
 def coerce(value: Any, field_type: Any, field_name: str) -> Any:
     """Turn a CLI string or YAML value into a field's type (Optional, tuples, lists, Literals, dicts)."""
-    if isinstance(field_type, str):
-        field_type = {"int": int, "float": float, "bool": bool, "str": str}.get(field_type, field_type)
     origin, args = typing.get_origin(field_type), typing.get_args(field_type)
     if origin in (typing.Union, types.UnionType):
         if value is None or (isinstance(value, str) and value.lower() in {"none", "null", ""}):
@@ -151,13 +148,11 @@ def coerce(value: Any, field_type: Any, field_name: str) -> Any:
             if text in {"0", "false", "no", "off"}:
                 return False
             raise ValueError(value)
+        if field_type in (int, float, str) and not isinstance(value, (str, int, float)):
+            raise ValueError(value)  # a list or a mapping where one value belongs
         if field_type in (int, float) and isinstance(value, bool):
             raise ValueError(value)  # YAML's `beam: yes` is not a number
         if field_type is int and isinstance(value, float) and not value.is_integer():
-            raise ValueError(value)
-        if field_type is str and not isinstance(value, (str, int, float)):
-            raise ValueError(value)
-        if field_type in (int, float) and not isinstance(value, (str, int, float)):
             raise ValueError(value)
         return field_type(value)
     except (TypeError, ValueError):
