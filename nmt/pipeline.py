@@ -19,6 +19,7 @@ import yaml
 from rich.table import Table
 
 from nmt.averaging import AverageOptions
+from nmt.data.corpus import SplitFiles, find_splits
 from nmt.data.preprocess import PreprocessOptions
 from nmt.errors import NmtError
 from nmt.generation.generator import GenerateOptions
@@ -82,6 +83,8 @@ def plan_recipe(path: str | Path, stages: tuple[str, ...] = STAGES) -> Plan:
     plan = Plan(stages, data_dir(document))
     if (values := section(document, "preprocess")) is not None:
         plan.preprocess = build(PreprocessOptions, values, "preprocess", where)
+        if "preprocess" in stages:
+            raw_splits(plan.preprocess)  # the raw text is there (a stat of each file; read when the stage runs)
     train = build(TrainConfig, train_values(document, path), "train", where)
     model = resolve_model(train, where)  # `arch:`/`model:` are checked even without a train section
     if section(document, "train") is not None:
@@ -118,13 +121,16 @@ def resolve_model(train: TrainConfig, where: str) -> Any:
     return resolve_config(arch.config, train.model)
 
 
+def raw_splits(options: PreprocessOptions) -> list[SplitFiles]:
+    """The raw text files of every split preprocess reads; a missing one is an error."""
+    return find_splits(options.source_lang, options.target_lang, options.trainpref, options.validpref,
+                       options.testpref)
+
+
 def reference_file(preprocess: PreprocessOptions | None, split: str) -> Path:
     """The raw target-side text of a split named by preprocess (test, test1, valid, ...)."""
-    from nmt.data.corpus import find_splits
-
     if preprocess is not None:
-        p = preprocess
-        for files in find_splits(p.source_lang, p.target_lang, p.trainpref, p.validpref, p.testpref):
+        for files in raw_splits(preprocess):
             if files.name == split:
                 return files.target
     raise NmtError(f"cannot find the raw reference of split {split!r}; give `score: {{ref: [FILE]}}`")
