@@ -155,7 +155,8 @@ class AverageOptions:
     """The options of ``nmt average`` (and a recipe's ``average:`` section, whose input is the save dir)."""
 
     inputs: list[str] = field(metadata={
-        "help": "A save dir (with --num-epoch-checkpoints/--num-update-checkpoints) or the checkpoint files to average.",
+        "help": "A save dir (with --num-epoch-checkpoints/--num-update-checkpoints) or the checkpoint files to "
+                "average.",
         "argument": True, "metavar": "INPUTS..."})
     output: str = field(metadata={"help": "Where to write the averaged model-only checkpoint.",
                                   "flags": ["--output", "-o"]})

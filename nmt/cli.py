@@ -181,7 +181,8 @@ def generate(given: dict) -> None:
 
 
 @command()
-def run(recipe: Annotated[Path, typer.Argument(help="YAML recipe with preprocess/train/average/generate/score sections.")],
+def run(recipe: Annotated[Path, typer.Argument(
+            help="YAML recipe with preprocess/train/average/generate/score sections.")],
         stages: Annotated[str, typer.Option(help="Comma-separated stages to run.")] = ",".join(STAGES),
         dry_run: Annotated[bool, typer.Option(
             help="Check the whole recipe, print every stage's resolved options, and run nothing.")] = False) -> None:

@@ -52,7 +52,8 @@ class PreprocessOptions:
     target_lang: str = field(metadata={"help": "Target language: the suffix of its files.",
                                        "flags": ["--target-lang", "-t"]})
     destdir: str = field(metadata={"help": "Data directory to write (replaced only once complete)."})
-    trainpref: str | None = field(default=None, metadata={"help": "Training text: PREFIX.SRC and PREFIX.TGT, plain or .gz."})
+    trainpref: str | None = field(default=None, metadata={
+        "help": "Training text: PREFIX.SRC and PREFIX.TGT, plain or .gz."})
     validpref: str | None = field(default=None, metadata={
         "help": "Validation text prefix(es), comma-separated: splits valid, valid1, ..."})
     testpref: str | None = field(default=None, metadata={

@@ -39,8 +39,6 @@ if TYPE_CHECKING:
     from nmt.scoring import MetricResult
 
 
-
-
 @dataclass(frozen=True)
 class BatchingOptions:
     """How sentences are grouped for the model; the output never depends on it."""
@@ -69,14 +67,16 @@ class GenerateOptions:
         "help": "Write here (atomically) instead of stdout.", "flags": ["--output", "-o"]})
     format: Literal["plain", "fairseq"] = field(default="plain", metadata={
         "help": "plain: one translation per line; fairseq: S-/T-/H-/D-/P- lines."})
-    print_scores: bool = field(default=False, metadata={"help": "Plain format: prefix each line with its score and a tab."})
+    print_scores: bool = field(default=False, metadata={
+        "help": "Plain format: prefix each line with its score and a tab."})
     device: str = field(default="cpu", metadata={"help": "cpu, cuda, cuda:N or auto (the GPU when there is one)."})
     precision: Precision = field(default="fp32", metadata={"help": "Autocast precision."})
     quantize: Literal["none", "int8"] = field(default="none", metadata={
         "help": "CPU only: int8 dynamic quantization of every nn.Linear layer, the output projection included."})
     score_reference: bool = field(default=False, metadata={
         "help": "Print BLEU (on stderr) against the split's raw reference file, or its target side if that is gone."})
-    search: SearchOptions = field(default_factory=SearchOptions, metadata={"help": "Search options.", "panel": "Search"})
+    search: SearchOptions = field(default_factory=SearchOptions, metadata={
+        "help": "Search options.", "panel": "Search"})
     batching: BatchingOptions = field(default_factory=BatchingOptions, metadata={
         "help": "Batching options.", "panel": "Batching"})
 
