@@ -30,6 +30,7 @@ from nmt.checkpoint import Vocabularies, model_state, save_checkpoint
 from nmt.data.vocabulary import EOS_ID, PAD_ID, Vocabulary
 from nmt.files import read_lines
 from nmt.generation.generator import GenerateOptions, prepare_model, translate_ids
+from nmt.options import build
 from nmt.models.registry import build_model, get_arch
 from nmt.scoring import score
 
@@ -59,11 +60,11 @@ def time_translation(path: Path, lines: list[str], options: GenerateOptions, thr
     torch.set_num_threads(threads)
     model, vocabs = prepare_model(path, torch.device("cpu"), options.quantize)
     sources = [np.asarray(ids + [EOS_ID], dtype=np.int64) for ids in vocabs.source.encode_batch(lines)]
-    translate_ids(model, sources[:32], options)  # warm-up: kernels, allocator
+    translate_ids(model, sources[:32], options.search, options.batching, precision=options.precision)  # warm-up
     best = None
     for _ in range(repeats):
         start = time.perf_counter()
-        hypotheses = translate_ids(model, sources, options)
+        hypotheses = translate_ids(model, sources, options.search, options.batching, precision=options.precision)
         seconds = time.perf_counter() - start
         if best is None or seconds < best.seconds:
             best = Run(seconds, [hyps[0].tokens for hyps in hypotheses])
@@ -105,8 +106,8 @@ def main() -> None:
         for threads in (int(t) for t in args.threads.split(",")):
             for name in args.settings.split(","):
                 precision, quantize = SETTINGS[name]
-                options = GenerateOptions(beam=args.beam, max_tokens=args.max_tokens, precision=precision,
-                                          quantize=quantize, progress=False, **length_rule)
+                options = build(GenerateOptions, dict(input="-", beam=args.beam, max_tokens=args.max_tokens,
+                                                      precision=precision, quantize=quantize, **length_rule))
                 run = time_translation(Path(path), lines, options, threads, args.repeats)
                 fp32_outputs = fp32_outputs or (run.outputs if name == "fp32" else None)
                 tokens = sum(len(tokens) for tokens in run.outputs)

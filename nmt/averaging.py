@@ -8,6 +8,7 @@ a model-only checkpoint (no optimizer state) that loads like any other.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ import nmt
 from nmt.checkpoint import load_checkpoint, save_checkpoint
 from nmt.errors import NmtError
 from nmt.log import logger
+from nmt.options import check_values
 
 # The names training writes: checkpoint{epoch}.pt at the end of an epoch and
 # checkpoint_{epoch}_{update}.pt every --save-interval-updates. checkpoint_last.pt and
@@ -146,6 +148,25 @@ def average_checkpoints(paths: list[str | Path]) -> dict[str, Any]:
             averaged[key] = sums.pop(key).div_(len(paths)).to(dtype)
     return {"nmt_version": nmt.__version__, **first, "model": averaged,
             "averaged_from": [str(path) for path in paths]}
+
+
+@dataclass(frozen=True)
+class AverageOptions:
+    """The options of ``nmt average`` (and a recipe's ``average:`` section, whose input is the save dir)."""
+
+    inputs: list[str] = field(metadata={
+        "help": "A save dir (with --num-epoch-checkpoints/--num-update-checkpoints) or the checkpoint files to "
+                "average.",
+        "argument": True, "metavar": "INPUTS..."})
+    output: str = field(metadata={"help": "Where to write the averaged model-only checkpoint.",
+                                  "flags": ["--output", "-o"]})
+    num_epoch_checkpoints: int | None = field(default=None, metadata={
+        "help": "Average the last N checkpoint{epoch}.pt files of the save dir.", "min": 1})
+    num_update_checkpoints: int | None = field(default=None, metadata={
+        "help": "Average the last N checkpoint_{epoch}_{update}.pt files of the save dir.", "min": 1})
+
+    def __post_init__(self) -> None:
+        check_values(self)
 
 
 def average(inputs: list[str | Path], output: str | Path, num_epoch_checkpoints: int | None = None,

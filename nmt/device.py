@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import contextlib
-from typing import ContextManager
+from typing import ContextManager, Literal
 
 import torch
 
 from nmt.errors import NmtError
 
+Precision = Literal["fp32", "bf16", "fp16"]  # the options' type: their choices
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 

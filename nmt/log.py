@@ -13,8 +13,8 @@ from rich.logging import RichHandler
 logger = logging.getLogger("nmt")
 stderr_console = Console(stderr=True)
 
-# Set by setup_logging; read by the CLI to decide whether errors show a traceback.
-state = {"verbose": 0}
+# Set by setup_logging; read by the CLI to decide whether errors show a traceback and progress bars show.
+state = {"verbose": 0, "progress": True}
 
 
 class JsonLinesFormatter(logging.Formatter):
@@ -31,6 +31,7 @@ class JsonLinesFormatter(logging.Formatter):
 def setup_logging(verbose: int = 0, quiet: bool = False, log_format: str = "text") -> None:
     """-v shows debug messages (and tracebacks); --quiet shows warnings and errors only."""
     state["verbose"] = verbose
+    state["progress"] = not quiet and log_format == "text"
     level = logging.WARNING if quiet else logging.DEBUG if verbose else logging.INFO
     if log_format == "json":
         handler: logging.Handler = logging.StreamHandler(sys.stderr)

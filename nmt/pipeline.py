@@ -1,31 +1,59 @@
 """``nmt run RECIPE``: preprocess -> train -> average -> generate -> score from one YAML file.
 
-A recipe's sections are the commands' options in snake_case (see recipes/README.md)::
-
-    preprocess: {...}          # PreprocessOptions
-    arch: NAME                 # plus `model:` overrides
-    train: {...}               # TrainConfig (its `data` defaults to preprocess.destdir)
-    average: {num_epoch_checkpoints: 5}   # or num_update_checkpoints; output defaults to SAVE_DIR/averaged.pt
-    generate: {...}            # GenerateOptions (data, path and output are filled in)
-    score: {metrics: bleu}     # the reference is the raw target side of the generated split
-
-Missing sections are skipped; relative paths are taken from the current directory.
+The recipe (nmt/recipe.py) is planned first: every section becomes its command's options
+dataclass, the model overrides are checked against the arch, and the paths one stage hands the
+next are filled in, so a typo in ``score:`` fails before preprocessing starts, not after days of
+training. ``--dry-run`` prints that plan and stops. Missing sections are skipped; relative paths
+are taken from the current directory.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+import yaml
 from rich.table import Table
 
+from nmt.averaging import AverageOptions
+from nmt.data.corpus import SplitFiles, find_splits
+from nmt.data.preprocess import PreprocessOptions
 from nmt.errors import NmtError
-from nmt.files import read_yaml_mapping
+from nmt.generation.generator import GenerateOptions
 from nmt.log import logger
+from nmt.options import build, check_keys, flat_values
+from nmt.recipe import STAGES, data_dir, read_document, section, train_values
+from nmt.scoring import ScoreOptions
+from nmt.training.config import TrainConfig
 
-STAGES = ("preprocess", "train", "average", "generate", "score")
+
+@dataclass
+class Plan:
+    """Every stage's resolved options (None: the recipe has no such section) and the stages to run."""
+
+    stages: tuple[str, ...]
+    data: str | None = None  # the data directory the stages share
+    checkpoint: str | None = None  # the model that generate uses: checkpoint_best.pt or the average
+    preprocess: PreprocessOptions | None = None
+    train: TrainConfig | None = None
+    model: Any = None  # the arch's config with the recipe's `model:` overrides, when there is a train stage
+    average: AverageOptions | None = None
+    generate: GenerateOptions | None = None
+    score: ScoreOptions | None = None
+
+    def describe(self) -> str:
+        """The resolved configuration of every stage, as YAML."""
+        resolved: dict[str, Any] = {"stages": list(self.stages), "data": self.data, "checkpoint": self.checkpoint}
+        for stage in STAGES:
+            options = getattr(self, stage)
+            if options is not None:
+                resolved[stage] = flat_values(options)
+                if stage == "train":
+                    resolved[stage]["model"] = dataclasses.asdict(self.model)
+        return yaml.safe_dump(resolved, sort_keys=False, allow_unicode=True)
 
 
 @dataclass
@@ -46,122 +74,121 @@ class PipelineReport:
         return table
 
 
-def read_document(path: str | Path) -> dict[str, Any]:
-    document = read_yaml_mapping(path, "recipe")
-    if not document:
-        raise NmtError(f"{path} is empty; a recipe has preprocess/train/average/generate/score sections")
-    unknown = set(document) - set(STAGES) - {"arch", "model"}
-    if unknown:
-        raise NmtError(f"{path}: unknown section(s) {', '.join(sorted(unknown))}; known: {', '.join(STAGES)}, arch, model")
-    return document
-
-
-def section(document: dict[str, Any], name: str) -> dict[str, Any] | None:
-    value = document.get(name)
-    if value is None:
-        return None
-    if not isinstance(value, dict):
-        raise NmtError(f"the recipe's `{name}:` section must be a mapping of option: value")
-    return dict(value)
-
-
-def run_recipe(path: str | Path, stages: tuple[str, ...] = STAGES) -> PipelineReport:
-    document = read_document(path)
-    report = PipelineReport()
+def plan_recipe(path: str | Path, stages: tuple[str, ...] = STAGES) -> Plan:
+    """Read and check the whole recipe: each section's options, with the paths between stages filled in."""
     unknown = set(stages) - set(STAGES)
     if unknown:
         raise NmtError(f"unknown stage(s) {', '.join(sorted(unknown))}; stages: {', '.join(STAGES)}")
+    document, where = read_document(path), str(path)
+    plan = Plan(stages, data_dir(document))
+    if (values := section(document, "preprocess")) is not None:
+        plan.preprocess = build(PreprocessOptions, values, "preprocess", where)
+        if "preprocess" in stages:
+            raw_splits(plan.preprocess)  # the raw text is there (a stat of each file; read when the stage runs)
+    train = build(TrainConfig, train_values(document, path), "train", where)
+    model = resolve_model(train, where)  # `arch:`/`model:` are checked even without a train section
+    if section(document, "train") is not None:
+        train.validate()
+        plan.train, plan.model = train, model
+    save_dir = Path(train.save_dir)
+    model_path = save_dir / "checkpoint_best.pt"
+    if (values := section(document, "average")) is not None:
+        plan.average = build(AverageOptions, {"inputs": [str(save_dir)], "output": str(save_dir / "averaged.pt"),
+                                              **values}, "average", where)
+        if plan.average.num_epoch_checkpoints is None and plan.average.num_update_checkpoints is None:
+            raise NmtError(f"{where}: the `average:` section needs num_epoch_checkpoints or num_update_checkpoints")
+        model_path = Path(plan.average.output)
+    plan.checkpoint = str(model_path)
+    if (values := section(document, "generate")) is not None:
+        defaults = {"path": str(model_path)} if "input" in values else {"path": str(model_path), "data": plan.data}
+        plan.generate = build(GenerateOptions, {**defaults, **values}, "generate", where)
+        if "output" not in values:
+            plan.generate = dataclasses.replace(plan.generate, output=str(save_dir / f"{plan.generate.split}.hyp"))
+    if (values := section(document, "score")) is not None:
+        if plan.generate is None:
+            raise NmtError(f"{where}: the `score:` section needs a `generate:` section")
+        reference = [] if "ref" in values or "score" not in stages else \
+            [str(reference_file(plan.preprocess, plan.generate.split))]
+        plan.score = build(ScoreOptions, {"system": plan.generate.output, "ref": reference, **values}, "score", where)
+    return plan
+
+
+def resolve_model(train: TrainConfig, where: str) -> Any:
+    from nmt.models.registry import get_arch, resolve_config
+
+    arch = get_arch(train.arch)
+    check_keys(train.model, [spec.name for spec in dataclasses.fields(arch.config)], "model", where)
+    return resolve_config(arch.config, train.model)
+
+
+def raw_splits(options: PreprocessOptions) -> list[SplitFiles]:
+    """The raw text files of every split preprocess reads; a missing one is an error."""
+    return find_splits(options.source_lang, options.target_lang, options.trainpref, options.validpref,
+                       options.testpref)
+
+
+def reference_file(preprocess: PreprocessOptions | None, split: str) -> Path:
+    """The raw target-side text of a split named by preprocess (test, test1, valid, ...)."""
+    if preprocess is not None:
+        for files in raw_splits(preprocess):
+            if files.name == split:
+                return files.target
+    raise NmtError(f"cannot find the raw reference of split {split!r}; give `score: {{ref: [FILE]}}`")
+
+
+def run_plan(plan: Plan) -> PipelineReport:
+    """Run the planned stages in order, each fed by the one before."""
+    report = PipelineReport(model=Path(plan.checkpoint), data=Path(plan.data) if plan.data else None)
+    if plan.generate is not None:
+        report.translations = Path(plan.generate.output)
 
     def timed(stage: str, work: Callable[[], str]) -> None:
+        if stage not in plan.stages or getattr(plan, stage) is None:
+            return
         logger.info("[bold]%s[/bold]", stage, extra={"markup": True})
         start = time.perf_counter()
         report.results[stage] = work()
         report.seconds[stage] = time.perf_counter() - start
 
-    preprocess_options = section(document, "preprocess")
-    data_dir = Path(preprocess_options["destdir"]) if preprocess_options and "destdir" in preprocess_options else None
-    train_values = section(document, "train") or {}
-    if data_dir is not None:
-        train_values.setdefault("data", str(data_dir))
-    save_dir = Path(train_values.get("save_dir", "checkpoints"))
+    def run_preprocess() -> str:
+        from nmt.data.preprocess import preprocess
 
-    if "preprocess" in stages and preprocess_options is not None:
-        def run_preprocess() -> str:
-            from nmt.data.preprocess import PreprocessOptions, preprocess
+        datadir = preprocess(plan.preprocess)
+        return f"{datadir.path} ({', '.join(datadir.splits)})"
 
-            datadir = preprocess(PreprocessOptions(**preprocess_options))
-            return f"{datadir.path} ({', '.join(datadir.splits)})"
+    def run_train() -> str:
+        from nmt.training.trainer import train
 
-        timed("preprocess", run_preprocess)
-    report.data = data_dir
+        summary = train(plan.train)
+        return (f"{summary.updates} updates, {summary.epoch} epochs, best valid loss "
+                f"{summary.best_valid_loss:.3f} ({summary.stop_reason})" if summary.best_valid_loss is not None
+                else f"{summary.updates} updates ({summary.stop_reason})")
 
-    if "train" in stages and section(document, "train") is not None:
-        def run_train() -> str:
-            from nmt.training.config import load_train_config
-            from nmt.training.trainer import train
+    def run_average() -> str:
+        from nmt.averaging import average
 
-            summary = train(load_train_config({"data": train_values.get("data")}, path))
-            return (f"{summary.updates} updates, {summary.epoch} epochs, best valid loss "
-                    f"{summary.best_valid_loss:.3f} ({summary.stop_reason})" if summary.best_valid_loss is not None
-                    else f"{summary.updates} updates ({summary.stop_reason})")
+        options = plan.average
+        used = average(options.inputs, options.output, options.num_epoch_checkpoints, options.num_update_checkpoints)
+        return f"{options.output} (from {len(used)} checkpoints)"
 
-        timed("train", run_train)
+    def run_generate() -> str:
+        from nmt.generation.generator import generate
 
-    model_path = save_dir / "checkpoint_best.pt"
-    average_options = section(document, "average")
-    if average_options is not None:
-        output = Path(average_options.pop("output", save_dir / "averaged.pt"))
-        if "average" in stages:
-            def run_average() -> str:
-                from nmt.averaging import average
+        generate(plan.generate)
+        return str(plan.generate.output)
 
-                used = average([save_dir], output, **average_options)
-                return f"{output} (from {len(used)} checkpoints)"
+    def run_score() -> str:
+        from nmt.scoring import parse_metrics, score_files
 
-            timed("average", run_average)
-        model_path = output
-    report.model = model_path
+        options = plan.score
+        report.scores = score_files(options.system, options.ref, parse_metrics(options.metrics), options.lowercase)
+        return "; ".join(f"{r.name} {r.score:.2f}" for r in report.scores)
 
-    generate_options = section(document, "generate")
-    if generate_options is not None:
-        generate_options.setdefault("data", str(data_dir) if data_dir else None)
-        generate_options.setdefault("path", str(model_path))
-        split = generate_options.setdefault("split", "test")
-        generate_options.setdefault("output", str(save_dir / f"{split}.hyp"))
-        report.translations = Path(generate_options["output"])
-        if "generate" in stages:
-            def run_generate() -> str:
-                from nmt.generation.generator import GenerateOptions, generate
-
-                generate(GenerateOptions(**generate_options))
-                return str(report.translations)
-
-            timed("generate", run_generate)
-
-    score_options = section(document, "score")
-    if score_options is not None and "score" in stages:
-        if report.translations is None:
-            raise NmtError("the recipe's `score:` section needs a `generate:` section")
-
-        def run_score() -> str:
-            from nmt.scoring import parse_metrics, score_files
-
-            reference = score_options.get("reference") or reference_file(preprocess_options, generate_options["split"])
-            metrics = parse_metrics(score_options.get("metrics", "bleu"))
-            report.scores = score_files(report.translations, [reference], metrics, bool(score_options.get("lowercase")))
-            return "; ".join(f"{r.name} {r.score:.2f}" for r in report.scores)
-
-        timed("score", run_score)
+    for stage, work in (("preprocess", run_preprocess), ("train", run_train), ("average", run_average),
+                        ("generate", run_generate), ("score", run_score)):
+        timed(stage, work)
     return report
 
 
-def reference_file(preprocess_options: dict[str, Any] | None, split: str) -> Path:
-    """The raw target-side text of a split named by preprocess (test, test1, valid, ...)."""
-    from nmt.data.corpus import find_splits
-
-    if preprocess_options:
-        names = ("source_lang", "target_lang", "trainpref", "validpref", "testpref")
-        for files in find_splits(*(preprocess_options.get(name) for name in names)):
-            if files.name == split:
-                return files.target
-    raise NmtError(f"cannot find the raw reference of split {split!r}; give `score: {{reference: FILE}}`")
+def run_recipe(path: str | Path, stages: tuple[str, ...] = STAGES) -> PipelineReport:
+    return run_plan(plan_recipe(path, stages))

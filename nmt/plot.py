@@ -21,6 +21,7 @@ from nmt.errors import NmtError
 from nmt.files import atomic_write
 from nmt.log import logger
 from nmt.models.attention_maps import attention_maps
+from nmt.options import check_values
 from nmt.training.metrics_file import FILE_NAME as METRICS_FILE, read_metrics
 
 
@@ -28,20 +29,24 @@ from nmt.training.metrics_file import FILE_NAME as METRICS_FILE, read_metrics
 class PlotAttentionOptions:
     path: str = field(metadata={"help": "Checkpoint whose attention to draw."})
     text: str = field(metadata={"help": "Source sentence (raw text)."})
-    output: str = field(default="attention.png", metadata={"help": "PNG file to write."})
+    output: str = field(default="attention.png", metadata={"help": "PNG file to write.", "flags": ["--output", "-o"]})
     kind: Literal["encoder", "cross"] = field(default="encoder", metadata={
         "help": "encoder: the source's self-attention; cross: the translation's attention to the source."})
     layer: int | None = field(default=None, metadata={
-        "help": "Layer, counted from 1 at the bottom (default: the penultimate, as in the paper's figures).",
+        "help": "Layer, counted from 1 at the bottom; unset: the penultimate, as in the paper's figures.",
         "min": 1})
-    head: int | None = field(default=None, metadata={"help": "One head, counted from 1 (default: every head).",
+    head: int | None = field(default=None, metadata={"help": "One head, counted from 1; unset: every head.",
                                                      "min": 1})
+
+    def __post_init__(self) -> None:
+        check_values(self)
 
 
 @dataclass(frozen=True)
 class PlotCurvesOptions:
-    save_dir: str = field(metadata={"help": "Training save dir holding metrics.jsonl."})
-    output: str = field(default="curves.png", metadata={"help": "PNG file to write."})
+    save_dir: str = field(metadata={"help": "Training save dir holding metrics.jsonl.", "argument": True,
+                                    "metavar": "SAVE_DIR"})
+    output: str = field(default="curves.png", metadata={"help": "PNG file to write.", "flags": ["--output", "-o"]})
 
 
 def pyplot():
@@ -76,7 +81,7 @@ def pick_layer(layer: int | None, count: int) -> int:
 
 def plot_attention(options: PlotAttentionOptions) -> Path:
     plt = pyplot()
-    from nmt.generation.generator import GenerateOptions, prepare_model, translate_ids
+    from nmt.generation.generator import prepare_model, translate_ids
 
     model, vocabs = prepare_model(options.path, torch.device("cpu"))
     source = vocabs.source.encode(options.text) + [EOS_ID]
@@ -90,7 +95,7 @@ def plot_attention(options: PlotAttentionOptions) -> Path:
         title = "encoder self-attention"
     else:
         index = pick_layer(options.layer, len(model.decoder_layers))
-        target = translate_ids(model, [np.asarray(source)], GenerateOptions())[0][0].tokens
+        target = translate_ids(model, [np.asarray(source)])[0][0].tokens
         weights = attention_maps(model, src, torch.tensor([[BOS_ID] + target[:-1]])).cross[index][0]
         rows, columns = token_labels(vocabs.target, target), token_labels(vocabs.source, source)
         title = f"cross-attention of the translation \u201c{vocabs.target.decode(target)}\u201d"

@@ -7,7 +7,7 @@ so the line counts are checked here before anything is scored.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Sequence
 
@@ -15,6 +15,7 @@ from sacrebleu.metrics import BLEU, CHRF, TER
 
 from nmt.errors import NmtError
 from nmt.files import read_lines
+from nmt.options import check_values
 
 METRICS = ("bleu", "chrf", "ter")
 STDIN = "-"
@@ -29,6 +30,22 @@ class MetricResult:
 
     def to_dict(self) -> dict[str, object]:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class ScoreOptions:
+    """The options of ``nmt score`` (and a recipe's ``score:`` section, where system and ref are filled in)."""
+
+    system: str = field(metadata={"help": "Detokenized system output, one line per segment ('-' = stdin).",
+                                  "flags": ["--sys"]})
+    ref: list[str] = field(metadata={"help": "Reference file (repeat for several references); plain or .gz."})
+    metrics: str = field(default="bleu", metadata={"help": f"Comma-separated metrics from {', '.join(METRICS)}."})
+    lowercase: bool = field(default=False, metadata={"help": "Case-insensitive scores (sacrebleu's default is cased)."})
+    json_output: bool = field(default=False, metadata={"help": "Print the scores as JSON.", "flags": ["--json"]})
+
+    def __post_init__(self) -> None:
+        check_values(self)
+        parse_metrics(self.metrics)
 
 
 def parse_metrics(text: str) -> list[str]:

@@ -1,16 +1,23 @@
-"""Shared fixtures: tiny binarized data directories built without `nmt preprocess`."""
+"""Shared fixtures and helpers: tiny data directories built without `nmt preprocess`, running the
+CLI (in this process or as `python -m nmt`), and the tiny training configuration."""
 
 from __future__ import annotations
 
+import io
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from nmt.checkpoint import load_checkpoint
+from nmt.cli import main
 from nmt.data.dataset import DataDir, write_token_array
 from nmt.data.vocabulary import EOS_ID, Vocabulary
 from nmt.demo_data import demo_pairs, sample_numbers
+from nmt.training.config import TrainConfig, load_train_config
 
 # One intra-op thread for the tests and the commands they start: tiny models gain nothing from
 # more, and on a machine whose cores are busy with other work, OpenMP threads waiting for each
@@ -50,3 +57,49 @@ def tiny_data_dir(tmp_path_factory) -> Path:
     """300 training and 40 validation EN->DE pairs of the numbers task; vocabulary of 120 pieces."""
     pairs = numbers_pairs(340, seed=0)
     return make_data_dir(tmp_path_factory.mktemp("tiny-data"), {"train": pairs[:300], "valid": pairs[300:]})
+
+
+def run_nmt(*args, stdin: str | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`python -m nmt ARGS` in a new process, as a user runs it."""
+    return subprocess.run([sys.executable, "-m", "nmt", *map(str, args)], capture_output=True, text=True, input=stdin,
+                          timeout=timeout)
+
+
+def run_cli(monkeypatch, capsys, *args, stdin: str = "") -> tuple[int, str, str]:
+    """`nmt ARGS` in this process, through the same main() as the console script: (exit code, stdout, stderr)."""
+    monkeypatch.setattr(sys, "argv", ["nmt", *map(str, args)])
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin.encode("utf-8"))))
+    with pytest.raises(SystemExit) as exit_info:
+        main()
+    captured = capsys.readouterr()
+    return exit_info.value.code, captured.out, captured.err
+
+
+def assert_one_line_error(stderr: str | subprocess.CompletedProcess, *expected: str) -> str:
+    """stderr is exactly one `error: ...` line holding every expected text, and no traceback (a finished
+    process must also have exited with 1)."""
+    if isinstance(stderr, subprocess.CompletedProcess):
+        assert stderr.returncode == 1, stderr.stderr
+        stderr = stderr.stderr
+    lines = stderr.strip().splitlines()
+    assert "Traceback" not in stderr and len(lines) == 1 and lines[0].startswith("error: "), stderr
+    for text in expected:
+        assert text in lines[0], stderr
+    return lines[0]
+
+
+def tiny_config(data_dir, save_dir, **options) -> TrainConfig:
+    """transformer_tiny on the tiny numbers task: 300 pairs, 9 batches of <= 1000 tokens per epoch."""
+    values = {"data": str(data_dir), "arch": "transformer_tiny", "save_dir": str(save_dir), "max_tokens": 1000,
+              "lr": 3e-3, "warmup_updates": 10, "log_interval": 5}
+    values.update(options)
+    return load_train_config(values)
+
+
+def assert_same_weights(path_a, path_b) -> None:
+    a, b = load_checkpoint(path_a), load_checkpoint(path_b)
+    assert a["train_state"]["update"] == b["train_state"]["update"]
+    for name, tensor in a["model"].items():
+        assert torch.equal(tensor, b["model"][name]), name
+    for (key, state), other in zip(a["optimizer"]["state"].items(), b["optimizer"]["state"].values()):
+        assert all(torch.equal(state[k], other[k]) for k in state), key

@@ -11,8 +11,17 @@ from nmt.checkpoint import Vocabularies, model_state, save_checkpoint
 from nmt.data.dataset import DataDir
 from nmt.data.vocabulary import PAD_ID
 from nmt.errors import NmtError
-from nmt.generation.generator import GenerateOptions, generate
+from nmt.generation.generator import GenerateOptions, generate as run_generation
 from nmt.models.registry import build_model, get_arch
+from nmt.options import build
+
+def options(**values) -> GenerateOptions:
+    return build(GenerateOptions, values)
+
+
+def generate(options: GenerateOptions) -> None:
+    run_generation(options, show_progress=False)
+
 
 LINES = ["one hundred and twenty three", "", "seven thousand four hundred", "nine"]
 
@@ -41,10 +50,10 @@ def parse_pairs(column: str) -> list[tuple[int, int]]:
 
 def test_plain_alignment_column_indexes_words_of_both_sides(checkpoint, source, tmp_path):
     out = tmp_path / "out"
-    generate(GenerateOptions(path=str(checkpoint), input=source, output=str(out), print_alignment=True,
-                             max_len_b=6, progress=False))
+    generate(options(path=[str(checkpoint)], input=source, output=str(out), print_alignment=True,
+                             max_len_b=6))
     plain = tmp_path / "plain"
-    generate(GenerateOptions(path=str(checkpoint), input=source, output=str(plain), max_len_b=6, progress=False))
+    generate(options(path=[str(checkpoint)], input=source, output=str(plain), max_len_b=6))
     lines = out.read_text().splitlines()
     assert len(lines) == len(LINES)
     for line, text, source_line in zip(lines, plain.read_text().splitlines(), LINES):
@@ -59,8 +68,8 @@ def test_plain_alignment_column_indexes_words_of_both_sides(checkpoint, source, 
 
 def test_fairseq_format_has_an_a_line_per_hypothesis(checkpoint, source, tmp_path):
     out = tmp_path / "out"
-    generate(GenerateOptions(path=str(checkpoint), input=source, output=str(out), print_alignment=True, nbest=2,
-                             beam=2, format="fairseq", max_len_b=6, progress=False))
+    generate(options(path=[str(checkpoint)], input=source, output=str(out), print_alignment=True, nbest=2,
+                             beam=2, format="fairseq", max_len_b=6))
     lines = out.read_text().splitlines()
     a_lines = [line for line in lines if line.startswith("A-")]
     d_lines = [line for line in lines if line.startswith("D-")]
@@ -73,8 +82,8 @@ def test_fairseq_format_has_an_a_line_per_hypothesis(checkpoint, source, tmp_pat
 
 def test_print_attention_writes_one_json_line_per_input(checkpoint, source, tmp_path):
     jsonl = tmp_path / "attention.jsonl"
-    generate(GenerateOptions(path=str(checkpoint), input=source, output=str(tmp_path / "out"), max_len_b=6,
-                             print_attention=str(jsonl), alignment_layer=2, progress=False))
+    generate(options(path=[str(checkpoint)], input=source, output=str(tmp_path / "out"), max_len_b=6,
+                             print_attention=str(jsonl), alignment_layer=2))
     records = [json.loads(line) for line in jsonl.read_text().splitlines()]
     assert [r["index"] for r in records] == [0, 1, 2, 3]
     assert records[0]["source"] == LINES[0].split()
@@ -87,8 +96,8 @@ def test_print_attention_writes_one_json_line_per_input(checkpoint, source, tmp_
 
 def test_alignment_layer_is_checked(checkpoint, source, tmp_path):
     with pytest.raises(NmtError, match="--alignment-layer must be between 1 and 2"):
-        generate(GenerateOptions(path=str(checkpoint), input=source, output=str(tmp_path / "o"),
-                                 print_alignment=True, alignment_layer=3, progress=False))
+        generate(options(path=[str(checkpoint)], input=source, output=str(tmp_path / "o"),
+                                 print_alignment=True, alignment_layer=3))
     assert not (tmp_path / "o").exists()
     with pytest.raises(NmtError, match="applies with --print-alignment"):
-        GenerateOptions(path=str(checkpoint), input=source, alignment_layer=1).validate()
+        options(path=[str(checkpoint)], input=source, alignment_layer=1)

@@ -1,6 +1,5 @@
 import random
 import subprocess
-import sys
 
 import pytest
 import torch
@@ -10,6 +9,7 @@ from nmt.checkpoint import Vocabularies, load_checkpoint, model_from_checkpoint,
 from nmt.data.vocabulary import PAD_ID, Vocabulary
 from nmt.errors import NmtError
 from nmt.models.registry import build_model, get_arch, resolve_config
+from conftest import run_nmt
 
 WORDS = "the a cat dog sat on mat house tree red blue green big small runs jumps over under".split()
 
@@ -34,10 +34,6 @@ def save_model(path, vocab, seed: int, arch_name: str = "transformer_tiny", **ov
     checkpoint["optimizer"] = {"state": {0: {"step": torch.tensor(float(seed))}}}
     save_checkpoint(path, checkpoint)
     return model
-
-
-def run_nmt(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "nmt", *map(str, args)], capture_output=True, text=True)
 
 
 def error_line(result: subprocess.CompletedProcess) -> str:
@@ -73,6 +69,7 @@ def test_integer_buffers_come_from_the_last_checkpoint(tmp_path, vocab):
     assert averaged["model"]["steps"].tolist() == [20] and averaged["model"]["steps"].dtype == torch.long
 
 
+@pytest.mark.slow
 def test_output_loads_rebuilds_and_keeps_tied_weights(tmp_path, vocab):
     for i in range(2):
         save_model(tmp_path / f"c{i}.pt", vocab, seed=i)
@@ -130,6 +127,7 @@ def test_selecting_from_a_save_dir_averages_the_right_files(tmp_path, vocab):
         assert torch.equal(tensor, expected[key]), key
 
 
+@pytest.mark.slow
 def test_mismatched_arch_is_refused_on_one_line(tmp_path, vocab):
     save_model(tmp_path / "tiny.pt", vocab, seed=0)
     save_model(tmp_path / "wide.pt", vocab, seed=1, ffn_dim=256)

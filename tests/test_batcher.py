@@ -8,7 +8,7 @@ import threading
 import numpy as np
 import pytest
 
-from nmt.generation.generator import GenerateOptions
+from nmt.generation.search import SearchOptions
 from nmt.generation.search import Hypothesis
 from nmt.serving.batcher import Batcher, QueueFull
 
@@ -36,7 +36,7 @@ def test_requests_arriving_while_a_batch_runs_share_the_next_one_by_options():
         translate = ScriptedTranslate()
         batcher = Batcher(translate, window=0.0, max_tokens=10_000, max_waiting=100)
         worker = asyncio.create_task(batcher.run())
-        beam4, beam2 = GenerateOptions(), GenerateOptions(beam=2)
+        beam4, beam2 = SearchOptions(), SearchOptions(beam=2)
         first = batcher.submit([source(10)], beam4)
         while not batcher.queue.empty():  # the worker took the first request and is translating it
             await asyncio.sleep(0.01)
@@ -59,13 +59,13 @@ def test_a_full_queue_refuses_until_sentences_are_done():
         translate = ScriptedTranslate()
         batcher = Batcher(translate, window=0.0, max_tokens=10_000, max_waiting=3)
         worker = asyncio.create_task(batcher.run())
-        first = batcher.submit([source(1), source(2)], GenerateOptions())
+        first = batcher.submit([source(1), source(2)], SearchOptions())
         with pytest.raises(QueueFull, match="2 sentences are waiting"):
-            batcher.submit([source(3), source(4)], GenerateOptions())
-        second = batcher.submit([source(5)], GenerateOptions())
+            batcher.submit([source(3), source(4)], SearchOptions())
+        second = batcher.submit([source(5)], SearchOptions())
         translate.release.set()
         await first, await second
-        again = await batcher.submit([source(6), source(7), source(8)], GenerateOptions())
+        again = await batcher.submit([source(6), source(7), source(8)], SearchOptions())
         worker.cancel()
         return len(again)
 
@@ -85,8 +85,8 @@ def test_a_failed_translation_fails_its_requests_not_the_worker():
         batcher = Batcher(translate, window=0.0, max_tokens=10_000, max_waiting=10)
         worker = asyncio.create_task(batcher.run())
         with pytest.raises(RuntimeError, match="out of memory"):
-            await batcher.submit([source(1)], GenerateOptions())
-        answer = await batcher.submit([source(2)], GenerateOptions())
+            await batcher.submit([source(1)], SearchOptions())
+        answer = await batcher.submit([source(2)], SearchOptions())
         worker.cancel()
         return answer, batcher.waiting
 

@@ -1,18 +1,13 @@
 """The CLI's shared conventions: version, help, listing archs, one-line errors."""
 
-import subprocess
-import sys
-
+import pytest
 from typer.testing import CliRunner
 
 import nmt
 from nmt.cli import app
+from conftest import run_nmt
 
 runner = CliRunner()
-
-
-def run_nmt(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "nmt", *args], capture_output=True, text=True)
 
 
 def test_version():
@@ -25,6 +20,7 @@ def test_help_lists_archs_command():
     assert result.exit_code == 0 and "archs" in result.output
 
 
+@pytest.mark.slow
 def test_archs_table_has_paper_models():
     result = runner.invoke(app, ["archs", "--vocab-size", "37000"], terminal_width=200)
     assert result.exit_code == 0
@@ -32,6 +28,7 @@ def test_archs_table_has_paper_models():
     assert "transformer_big" in result.output and "214.2M" in result.output
 
 
+@pytest.mark.slow
 def test_bad_option_value_is_a_usage_error_without_traceback():
     result = run_nmt("archs", "--vocab-size", "many")
     assert result.returncode == 2

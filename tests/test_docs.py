@@ -4,10 +4,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 CLI_DOC = Path(__file__).resolve().parents[1] / "docs" / "cli.md"
 REGENERATE = "typer nmt.cli utils docs --name nmt --output docs/cli.md"
 
 
+@pytest.mark.slow
 def test_cli_reference_is_up_to_date():
     generated = subprocess.run([sys.executable, "-m", "typer", "nmt.cli", "utils", "docs", "--name", "nmt"],
                                capture_output=True, text=True, check=True).stdout

@@ -14,7 +14,8 @@ from nmt.checkpoint import load_checkpoint, model_from_checkpoint
 from nmt.data.dataset import DataDir
 from nmt.data.vocabulary import BOS_ID, PAD_ID, Vocabulary
 from nmt.generation.ensemble import Ensemble
-from nmt.generation.generator import GenerateOptions, prepare_model, translate_ids
+from nmt.generation.generator import prepare_model, translate_ids
+from nmt.generation.search import SearchOptions
 from nmt.scoring import score
 from nmt.training.config import load_train_config
 from nmt.training.trainer import train
@@ -22,7 +23,7 @@ from nmt.training.trainer import train
 from conftest import make_data_dir, numbers_pairs
 from test_translator import tiny_checkpoint
 
-OPTIONS = GenerateOptions(beam=3, nbest=3, max_len_b=8, progress=False)
+OPTIONS = SearchOptions(beam=3, nbest=3, max_len_b=8)
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +87,7 @@ def test_a_trained_pair_scores_at_least_as_well_as_the_worse_model(trained_pair,
     vocab = DataDir.open(data_dir).vocabulary("de")
     split = DataDir.open(data_dir).split("test")
     references = [vocab.decode(split.target[i]) for i in range(len(split))]
-    options = GenerateOptions(beam=4, progress=False)
+    options = SearchOptions(beam=4)
 
     def translate(path: str) -> tuple[list[str], float]:
         model, _ = prepare_model(path, torch.device("cpu"))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import shutil
 import subprocess
 import sys
@@ -12,14 +11,15 @@ import pytest
 import torch
 
 from nmt.checkpoint import Vocabularies, model_state, save_checkpoint
-from nmt.cli import main
 from nmt.data.dataset import DataDir
 from nmt.data.vocabulary import EOS_ID, PAD_ID
+from nmt.errors import NmtError
 from nmt.generation.generator import GenerateOptions, generate, prepare_model, translate_ids
+from nmt.options import build
 from nmt.models.registry import build_model, get_arch, resolve_config
 from nmt.scoring import score
 
-from conftest import make_data_dir, numbers_pairs
+from conftest import assert_one_line_error, make_data_dir, numbers_pairs, run_cli
 
 LINES = ["five", "Turn to page twelve.", "the number four", "My room number is eighty-two.", "seven",
          "I counted to nine thousand and one yesterday.", "She said three twice.", "the number sixty"]
@@ -55,7 +55,9 @@ def checkpoint(data_dir, tmp_path_factory):
 
 
 def options(checkpoint, **kwargs) -> GenerateOptions:
-    return GenerateOptions(**{"path": str(checkpoint), "max_len_b": 8, "progress": False, **kwargs})
+    """GenerateOptions from flat option names, as the CLI and recipes give them (raw input by default)."""
+    defaults = {"path": str(checkpoint), "max_len_b": 8, **({} if "data" in kwargs else {"input": "-"})}
+    return build(GenerateOptions, {**defaults, **kwargs})
 
 
 def best_tokens(result) -> list[list[int]]:
@@ -77,6 +79,7 @@ def test_split_translations_keep_input_order(data_dir, checkpoint, tmp_path):
     assert [t.source for t in result.translations] == [vocab.decode(split.source[i]) for i in range(30)]
 
 
+@pytest.mark.slow
 def test_hypotheses_do_not_depend_on_batching_or_input_order(data_dir, checkpoint):
     model, _ = prepare_model(checkpoint, torch.device("cpu"))
     split = DataDir.open(data_dir).split("test")
@@ -85,7 +88,8 @@ def test_hypotheses_do_not_depend_on_batching_or_input_order(data_dir, checkpoin
     search = dict(beam=3, nbest=3, max_len_b=6)
 
     def run(order: np.ndarray, **batching) -> list[list[list[int]]]:
-        hyps = translate_ids(model, [sources[i] for i in order], options(checkpoint, **search, **batching))
+        chosen = options(checkpoint, **search, **batching)
+        hyps = translate_ids(model, [sources[i] for i in order], chosen.search, chosen.batching)
         restored = [None] * len(sources)
         for position, index in enumerate(order):
             restored[index] = [h.tokens for h in hyps[position]]
@@ -188,18 +192,8 @@ def test_bf16_generation_runs_on_cpu(checkpoint, data_dir):
     assert len(result.translations) == 30 and all(t.hypotheses for t in result.translations)
 
 
-def run_cli(monkeypatch, capsys, *args: str, stdin: str = "") -> tuple[int, str, str]:
-    """`nmt generate ARGS` in this process, through the same main() as the console script."""
-    monkeypatch.setattr(sys, "argv", ["nmt", "generate", *args])
-    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin.encode("utf-8"))))
-    with pytest.raises(SystemExit) as exit_info:
-        main()
-    out, err = capsys.readouterr()
-    return exit_info.value.code, out, err
-
-
 def test_cli_writes_only_translations_to_stdout(checkpoint, data_dir, monkeypatch, capsys):
-    code, out, err = run_cli(monkeypatch, capsys, str(data_dir), "--path", str(checkpoint), "--max-len-b", "5",
+    code, out, err = run_cli(monkeypatch, capsys, "generate", str(data_dir), "--path", str(checkpoint), "--max-len-b", "5",
                              "--score-reference")
     assert code == 0
     assert len(out.splitlines()) == 30
@@ -224,12 +218,13 @@ def test_cli_errors_are_one_line(checkpoint, data_dir, tmp_path, monkeypatch, ca
         args += ["--path", str(checkpoint)]
     output = tmp_path / "kept.txt"
     output.write_text("old translations\n")
-    code, out, err = run_cli(monkeypatch, capsys, *args, "--output", str(output))
+    code, out, err = run_cli(monkeypatch, capsys, "generate", *args, "--output", str(output))
     assert code == 1 and out == ""
     assert err.startswith("error: ") and message in err and len(err.strip().splitlines()) == 1
     assert output.read_text() == "old translations\n"  # a failed run leaves the old output whole
 
 
+@pytest.mark.slow
 def test_console_script_reads_stdin_and_reports_errors_without_traceback(checkpoint):
     command = [sys.executable, "-m", "nmt", "generate", "-i", "-", "--path", str(checkpoint), "--max-len-b", "5"]
     result = subprocess.run(command, input="five\n\nthe number four\n", capture_output=True, text=True)
@@ -239,3 +234,18 @@ def test_console_script_reads_stdin_and_reports_errors_without_traceback(checkpo
     result = subprocess.run(command[:-4] + ["--path", "missing.pt"], input="five\n", capture_output=True, text=True)
     assert result.returncode == 1 and result.stderr.startswith("error: checkpoint not found")
     assert "Traceback" not in result.stderr
+
+
+def test_inputs_longer_than_max_positions_are_refused(data_dir, tmp_path, monkeypatch, capsys):
+    vocab = DataDir.open(data_dir).vocabulary("en")
+    arch = get_arch("transformer_tiny")
+    config = resolve_config(arch.config, {"d_model": 32, "ffn_dim": 64, "max_positions": 6})
+    model = build_model(arch.model_name, config, len(vocab), len(vocab), PAD_ID)
+    path = tmp_path / "short.pt"
+    save_checkpoint(path, model_state(model, "transformer_tiny", config, Vocabularies("en", "de", vocab, vocab)))
+    code, out, err = run_cli(monkeypatch, capsys, "generate", "-i", "-", "--path", path,
+                             stdin="five\nI counted to nine thousand and one yesterday.\n")
+    assert code == 1 and out == ""
+    assert_one_line_error(err, "input line 2 has", "over the model's max_positions 6")
+    with pytest.raises(NmtError, match="a sequence of 7 tokens is over the model's max_positions 6"):
+        model(torch.full((1, 7), EOS_ID), torch.full((1, 2), EOS_ID))

@@ -1,11 +1,9 @@
 """nmt run and nmt demo's recipe: every stage wired to the next."""
 
-import subprocess
-import sys
-
 import pytest
 import yaml
 
+from conftest import run_cli, run_nmt
 from nmt.checkpoint import load_checkpoint
 from nmt.demo import demo_recipe
 from nmt.demo_data import write_demo_corpus
@@ -33,6 +31,7 @@ def pipeline_run(tmp_path_factory):
     return tmp_path, path, run_recipe(path)
 
 
+@pytest.mark.slow
 def test_every_stage_runs_and_feeds_the_next(pipeline_run):
     tmp_path, _, report = pipeline_run
     assert list(report.seconds) == ["preprocess", "train", "average", "generate", "score"]
@@ -43,6 +42,7 @@ def test_every_stage_runs_and_feeds_the_next(pipeline_run):
     assert [r.name for r in report.scores] == ["BLEU", "chrF2"]
 
 
+@pytest.mark.slow
 def test_stages_can_be_rerun_alone(pipeline_run):
     _, path, _ = pipeline_run
     report = run_recipe(path, ("generate", "score"))
@@ -62,7 +62,23 @@ def test_unknown_sections_and_stages_are_errors(tmp_path):
         run_recipe(path, ("preprocess", "evaluate"))
 
 
+@pytest.mark.slow
 def test_cli_missing_recipe_is_one_line(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "nmt", "run", str(tmp_path / "none.yaml")],
-                            capture_output=True, text=True)
+    result = run_nmt("run", tmp_path / "none.yaml")
     assert result.returncode == 1 and "recipe not found" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_train_config_takes_the_recipes_data_dir(tiny_data_dir, tmp_path, monkeypatch, capsys):
+    """`nmt train --config RECIPE`, as recipes/README.md documents it: the data dir is preprocess's destdir."""
+    save_dir = tmp_path / "run"
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump({
+        "preprocess": {"source_lang": "en", "target_lang": "de", "trainpref": "raw/train", "destdir": str(tiny_data_dir)},
+        "arch": "transformer_tiny", "model": {"dropout": 0.0},
+        "train": {"save_dir": str(save_dir), "max_update": 1, "max_tokens": 1000, "device": "cpu"}}))
+    code, _, err = run_cli(monkeypatch, capsys, "train", "--config", recipe, "--seed", "5", "-q")
+    assert code == 0, err
+    written = yaml.safe_load((save_dir / "config.yaml").read_text())
+    assert written["train"]["data"] == str(tiny_data_dir) and written["train"]["seed"] == 5
+    assert written["model"]["dropout"] == 0.0
+    assert load_checkpoint(save_dir / "checkpoint_last.pt")["train_config"] == written

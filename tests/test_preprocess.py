@@ -8,8 +8,6 @@ import io
 import json
 import logging
 import random
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +15,7 @@ import pytest
 import sentencepiece as spm
 import typer.main
 
-from nmt.cli import app, main
+from nmt.cli import app
 from nmt.data import preprocess as preprocess_module
 from nmt.data.corpus import split_names
 from nmt.data.dataset import DataDir
@@ -25,6 +23,7 @@ from nmt.data.preprocess import PreprocessOptions, drop_reasons, preprocess
 from nmt.data.vocabulary import EOS_ID, UNK_ID
 from nmt.errors import NmtError
 from nmt.log import logger
+from conftest import assert_one_line_error, run_cli, run_nmt
 
 MULTI30K = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
 EN = "a the man woman child dog cat runs sits plays in on with red blue green big small house street park ball " \
@@ -222,6 +221,7 @@ def test_an_interrupted_build_leaves_no_dataset_and_the_old_one_intact(corpus, t
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bin", "text"]
 
 
+@pytest.mark.slow
 def test_multi30k_end_to_end_round_trip(tmp_path):
     if not (MULTI30K / "val.en.gz").exists():
         pytest.skip(f"Multi30k not found at {MULTI30K} (the shared data directory is absent)")
@@ -239,27 +239,15 @@ def test_multi30k_end_to_end_round_trip(tmp_path):
 # --- the command line ---------------------------------------------------------------------------------------------
 
 
-def run_cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
-    """Run `nmt ...` in-process through the real entry point (which turns NmtError into `error: ...`)."""
-    monkeypatch.setattr(sys, "argv", ["nmt", *args])
-    with pytest.raises(SystemExit) as exit_info:
-        main()
-    captured = capsys.readouterr()
-    return exit_info.value.code, captured.out, captured.err
-
-
 def cli_args(corpus: Path, tmp_path: Path, *extra: str) -> list[str]:
     return ["preprocess", "-s", "en", "-t", "de", "--trainpref", str(corpus / "train"), "--validpref",
             str(corpus / "valid"), "--destdir", str(tmp_path / "bin"), "--vocab-size", "100", *extra]
 
 
-def assert_one_line_error(monkeypatch, capsys, args: list[str], *expected: str) -> str:
+def assert_cli_error(monkeypatch, capsys, args: list[str], *expected: str) -> str:
     code, out, err = run_cli(monkeypatch, capsys, *args, "--quiet")
     assert code == 1, err
-    assert err.count("\n") == 1 and err.startswith("error: ") and "Traceback" not in err, err
-    for text in expected:
-        assert text in err, err
-    return err
+    return assert_one_line_error(err, *expected)
 
 
 def test_cli_builds_and_prints_a_summary(corpus, tmp_path, monkeypatch, capsys):
@@ -293,7 +281,7 @@ def test_cli_options_are_the_dataclass_fields_with_the_same_defaults():
 
 def test_missing_file(corpus, tmp_path, monkeypatch, capsys):
     (corpus / "train.de").unlink()
-    assert_one_line_error(monkeypatch, capsys, cli_args(corpus, tmp_path), f"{corpus}/train.de", "not found",
+    assert_cli_error(monkeypatch, capsys, cli_args(corpus, tmp_path), f"{corpus}/train.de", "not found",
                           "train.en")
     assert not (tmp_path / "bin").exists()
 
@@ -301,23 +289,23 @@ def test_missing_file(corpus, tmp_path, monkeypatch, capsys):
 def test_missing_prefix_and_directory(corpus, tmp_path, monkeypatch, capsys):
     args = cli_args(corpus, tmp_path)
     args[args.index("--validpref") + 1] = str(corpus / "vaild")
-    assert_one_line_error(monkeypatch, capsys, args, "vaild.en", "no file", "starts with vaild.")
+    assert_cli_error(monkeypatch, capsys, args, "vaild.en", "no file", "starts with vaild.")
     args[args.index("--validpref") + 1] = str(tmp_path / "nowhere" / "valid")
-    assert_one_line_error(monkeypatch, capsys, args, "does not exist")
+    assert_cli_error(monkeypatch, capsys, args, "does not exist")
     assert not (tmp_path / "bin").exists()
 
 
 def test_unknown_language_suffix_lists_the_files_there_are(corpus, tmp_path, monkeypatch, capsys):
     args = cli_args(corpus, tmp_path)
     args[args.index("-s") + 1] = "eng"
-    assert_one_line_error(monkeypatch, capsys, args, "train.eng", "'eng'", "train.de, train.en")
+    assert_cli_error(monkeypatch, capsys, args, "train.eng", "'eng'", "train.de, train.en")
     assert not (tmp_path / "bin").exists()
 
 
 def test_mismatched_line_counts_name_both_files(corpus, tmp_path, monkeypatch, capsys):
     english, german = parallel_lines(40, 1)
     write_pair(corpus, "valid", english, german[:-1])
-    assert_one_line_error(monkeypatch, capsys, cli_args(corpus, tmp_path), f"{corpus}/valid.en has 40 lines",
+    assert_cli_error(monkeypatch, capsys, cli_args(corpus, tmp_path), f"{corpus}/valid.en has 40 lines",
                           f"{corpus}/valid.de has 39")
     assert not (tmp_path / "bin").exists()
 
@@ -326,7 +314,7 @@ def test_invalid_utf8_names_file_and_line(corpus, tmp_path, monkeypatch, capsys)
     lines = (corpus / "train.de").read_bytes().split(b"\n")
     lines[250] = b"Der hund \xff\xfe im park."
     (corpus / "train.de").write_bytes(b"\n".join(lines))
-    assert_one_line_error(monkeypatch, capsys, cli_args(corpus, tmp_path), f"{corpus}/train.de: line 251",
+    assert_cli_error(monkeypatch, capsys, cli_args(corpus, tmp_path), f"{corpus}/train.de: line 251",
                           "not valid UTF-8")
     assert not (tmp_path / "bin").exists()
 
@@ -335,7 +323,7 @@ def test_empty_line_in_valid_is_an_error_naming_file_and_line(corpus, tmp_path, 
     english, german = parallel_lines(40, 1)
     german[16] = " "
     write_pair(corpus, "valid", english, german)
-    assert_one_line_error(monkeypatch, capsys, cli_args(corpus, tmp_path), f"{corpus}/valid.de: line 17 is empty")
+    assert_cli_error(monkeypatch, capsys, cli_args(corpus, tmp_path), f"{corpus}/valid.de: line 17 is empty")
     assert not (tmp_path / "bin").exists()
 
 
@@ -344,7 +332,7 @@ def test_empty_line_in_valid_is_an_error_naming_file_and_line(corpus, tmp_path, 
 def test_vocab_size_the_corpus_cannot_give(corpus, tmp_path, monkeypatch, capsys, size, expected):
     args = cli_args(corpus, tmp_path)
     args[args.index("--vocab-size") + 1] = size
-    assert_one_line_error(monkeypatch, capsys, args, expected)
+    assert_cli_error(monkeypatch, capsys, args, expected)
     assert not (tmp_path / "bin").exists() and sorted(p.name for p in tmp_path.iterdir()) == ["text"]
 
 
@@ -352,7 +340,7 @@ def test_destdir_with_another_dataset_is_refused_and_left_alone(corpus, tmp_path
     code, _, err = run_cli(monkeypatch, capsys, *cli_args(corpus, tmp_path), "--quiet")
     assert code == 0, err
     before = {p.name: p.read_bytes() for p in (tmp_path / "bin").iterdir()}
-    assert_one_line_error(monkeypatch, capsys, cli_args(corpus, tmp_path, "--no-joint"), "different dataset",
+    assert_cli_error(monkeypatch, capsys, cli_args(corpus, tmp_path, "--no-joint"), "different dataset",
                           "joint", "--force")
     assert {p.name: p.read_bytes() for p in (tmp_path / "bin").iterdir()} == before
     code, _, err = run_cli(monkeypatch, capsys, *cli_args(corpus, tmp_path, "--no-joint", "--force"), "--quiet")
@@ -362,7 +350,7 @@ def test_destdir_with_another_dataset_is_refused_and_left_alone(corpus, tmp_path
 def test_destdir_with_other_files_is_refused(corpus, tmp_path, monkeypatch, capsys):
     (tmp_path / "bin").mkdir()
     (tmp_path / "bin" / "notes.txt").write_text("mine")
-    assert_one_line_error(monkeypatch, capsys, cli_args(corpus, tmp_path), "not a finished nmt dataset", "--force")
+    assert_cli_error(monkeypatch, capsys, cli_args(corpus, tmp_path), "not a finished nmt dataset", "--force")
     assert (tmp_path / "bin" / "notes.txt").read_text() == "mine"
 
 
@@ -370,11 +358,11 @@ def test_destdir_with_other_files_is_refused(corpus, tmp_path, monkeypatch, caps
     (["-t", "en"], "--source-lang and --target-lang are both 'en'"),
     (["-t", "de/x"], "--target-lang 'de/x' is not a language code"),
     (["--max-len-ratio", "0.5"], "--max-len-ratio must be >= 1"),
-    (["--workers", "0"], "--workers must be >= 1"),
+    (["--workers", "0"], "--workers must be at least 1, got 0"),
     (["--spm-model", "a,b,c"], "--spm-model takes one path"),
 ])
 def test_bad_option_values(corpus, tmp_path, monkeypatch, capsys, extra, expected):
-    assert_one_line_error(monkeypatch, capsys, cli_args(corpus, tmp_path, *extra), expected)
+    assert_cli_error(monkeypatch, capsys, cli_args(corpus, tmp_path, *extra), expected)
     assert not (tmp_path / "bin").exists()
 
 
@@ -385,10 +373,10 @@ def test_options_without_text_to_train_on():
         preprocess(PreprocessOptions("en", "de", "out"))
 
 
+@pytest.mark.slow
 def test_errors_reach_the_console_script_as_one_line(corpus, tmp_path):
     (corpus / "valid.en").unlink()
-    result = subprocess.run([sys.executable, "-m", "nmt", *cli_args(corpus, tmp_path)], capture_output=True,
-                            text=True)
+    result = run_nmt(*cli_args(corpus, tmp_path))
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines()[-1].startswith(f"error: file not found: {corpus}/valid.en")
 
@@ -407,7 +395,7 @@ def test_destdir_that_cannot_be_a_directory(corpus, tmp_path, monkeypatch, capsy
     (tmp_path / "file").write_text("x")
     args = cli_args(corpus, tmp_path)
     args[args.index("--destdir") + 1] = str(tmp_path / "file")
-    assert_one_line_error(monkeypatch, capsys, args, f"--destdir {tmp_path}/file exists and is not a directory")
+    assert_cli_error(monkeypatch, capsys, args, f"--destdir {tmp_path}/file exists and is not a directory")
     args[args.index("--destdir") + 1] = str(tmp_path / "file" / "bin")
-    assert_one_line_error(monkeypatch, capsys, args, f"cannot create a directory in {tmp_path}/file for --destdir")
+    assert_cli_error(monkeypatch, capsys, args, f"cannot create a directory in {tmp_path}/file for --destdir")
     assert (tmp_path / "file").read_text() == "x"

@@ -3,9 +3,9 @@ import dataclasses
 import pytest
 
 from nmt.errors import NmtError
-from nmt.models.registry import (ARCHS, get_arch, parse_overrides, register_arch, register_model,
-                                 resolve_config)
+from nmt.models.registry import ARCHS, get_arch, register_arch, register_model, resolve_config
 from nmt.models.transformer import TransformerConfig
+from nmt.options import parse_overrides
 
 
 def test_builtin_archs_are_registered():

@@ -1,13 +1,12 @@
 import gzip
 import json
-import subprocess
-import sys
 
 import pytest
 import sacrebleu
 
 from nmt.errors import NmtError
 from nmt.scoring import format_results, parse_metrics, score, score_files
+from conftest import run_nmt
 
 HYPOTHESES = [
     "The cat sat on the mat.",
@@ -34,10 +33,6 @@ def write(path, lines):
     return path
 
 
-def run_nmt(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "nmt", *map(str, args)], capture_output=True, text=True, input=stdin)
-
-
 def test_bleu_equals_sacrebleu_corpus_bleu():
     expected = sacrebleu.corpus_bleu(HYPOTHESES, [REFERENCES, SECOND_REFERENCES])
     (bleu,) = score(HYPOTHESES, [REFERENCES, SECOND_REFERENCES])
@@ -59,6 +54,7 @@ def test_chrf_and_ter_match_sacrebleu_and_lowercase_is_applied():
     assert cased[0].score < lowered[0].score
 
 
+@pytest.mark.slow
 def test_line_count_mismatch_is_an_error_not_a_truncation(tmp_path):
     system = write(tmp_path / "hyp.txt", HYPOTHESES)
     short = write(tmp_path / "ref.txt", REFERENCES[:3])
@@ -87,6 +83,7 @@ def test_unknown_metric_is_an_error():
         parse_metrics("bleu,meteor")
 
 
+@pytest.mark.slow
 def test_cli_reads_stdin_and_gzip_references(tmp_path):
     reference = tmp_path / "ref.txt.gz"
     with gzip.open(reference, "wt", encoding="utf-8") as handle:
@@ -98,6 +95,7 @@ def test_cli_reads_stdin_and_gzip_references(tmp_path):
     assert f"= {expected.score:.2f} " in result.stdout and len(result.stdout.splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_cli_json_output_parses(tmp_path):
     system = write(tmp_path / "hyp.txt", HYPOTHESES)
     first, second = write(tmp_path / "ref1.txt", REFERENCES), write(tmp_path / "ref2.txt", SECOND_REFERENCES)

@@ -17,6 +17,7 @@ pytest.importorskip("uvicorn", reason="nmt serve needs the serve extra: pip inst
 
 from nmt import Translator  # noqa: E402
 from nmt.data.vocabulary import Vocabulary  # noqa: E402
+from nmt.options import build
 from nmt.generation.generator import GenerateOptions, generate  # noqa: E402
 
 from conftest import numbers_pairs  # noqa: E402
@@ -92,8 +93,8 @@ def request(address, method: str, path: str, body: bytes | dict | None = None, k
 def generate_lines(checkpoint: Path, tmp_path: Path, lines: list[str], **options) -> list[str]:
     source, output = tmp_path / "in.en", tmp_path / "out.de"
     source.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-    generate(GenerateOptions(path=str(checkpoint), input=str(source), output=str(output), progress=False,
-                             print_scores=True, **options))
+    generate(build(GenerateOptions, {"path": [str(checkpoint)], "input": str(source), "output": str(output),
+                                     "print_scores": True, **options}), show_progress=False)
     return output.read_text(encoding="utf-8").split("\n")[:-1]
 
 
@@ -151,7 +152,7 @@ def test_32_concurrent_clients_get_their_own_answers(server, checkpoint):
     (b'{"text": ["five"], "max_len_b": 100000}', 422, '"max_len_b" must be at most'),
     (b'{"text": ["five"], "beam": 0}', 422, "--beam must be at least 1"),
     (b'{"text": ["five"], "beam": 2, "nbest": 3}', 422, "--nbest"),
-    (b'{"text": ["five"], "lenpen_style": "x"}', 422, "--lenpen-style"),
+    (b'{"text": ["five"], "lenpen_style": "x"}', 422, "lenpen_style must be one of gnmt, fairseq"),
     (b'{"text": ["five"], "sampling": true}', 422, "unknown field(s) sampling"),
     (json.dumps({"text": ["five"] * 9}).encode(), 413, "9 sentences in one request; at most 8"),
     (json.dumps({"text": ["five " * 100]}).encode(), 413, "500 characters in one request; at most 400"),

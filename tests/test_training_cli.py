@@ -9,11 +9,14 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 from nmt.checkpoint import load_checkpoint
 from nmt.training.trainer import train
-from test_training_trainer import assert_same_weights, tiny_config
+from conftest import assert_one_line_error, assert_same_weights, run_nmt, tiny_config
+
+pytestmark = pytest.mark.slow  # training in other processes
 
 TINY = ["--arch", "transformer_tiny", "--max-tokens", "1000", "--lr", "3e-3", "--warmup-updates", "10",
         "--log-interval", "5"]
@@ -63,17 +66,6 @@ def test_ctrl_c_saves_the_last_checkpoint(tiny_data_dir, tmp_path):
     assert "Traceback" not in stderr and "interrupted" in stderr
     state = load_checkpoint(tmp_path / "checkpoint_last.pt")["train_state"]
     assert state["update"] >= 2 and state["position"] == state["update"] % 9  # saved after a whole update
-
-
-def run_nmt(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "nmt", *args], capture_output=True, text=True, timeout=120)
-
-
-def assert_one_line_error(result: subprocess.CompletedProcess, expected: str) -> None:
-    assert result.returncode == 1, result.stderr
-    assert "Traceback" not in result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], result.stderr
 
 
 def test_bad_input_is_a_one_line_error(tiny_data_dir, tmp_path):

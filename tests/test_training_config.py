@@ -5,7 +5,8 @@ import yaml
 
 from nmt.errors import NmtError
 from nmt.models.registry import get_arch
-from nmt.training.config import TrainConfig, load_train_config, parse_duration, read_recipe, write_config
+from nmt.recipe import read_document, train_values
+from nmt.training.config import TrainConfig, load_train_config, parse_duration, write_config
 
 RECIPE = """
 preprocess:
@@ -34,7 +35,7 @@ def recipe(tmp_path):
 
 
 def test_recipe_then_command_line_then_defaults(recipe):
-    config = load_train_config({"max_tokens": 2000, "update_freq": None, "seed": "7"}, recipe, {"dropout": "0.3"})
+    config = load_train_config({"max_tokens": 2000, "seed": "7", "model": {"dropout": "0.3"}}, recipe)
     assert config.arch == "transformer_small" and config.data == "data-bin"
     assert config.max_tokens == 2000  # given on the command line
     assert config.update_freq == 8  # not given: the recipe's
@@ -59,15 +60,15 @@ def test_written_config_reads_back_the_same(tmp_path, recipe):
     assert written["model"] == dataclasses.asdict(model_config)
     again = load_train_config({}, tmp_path / "config.yaml")
     assert dataclasses.replace(again, model={}) == dataclasses.replace(config, model={})
-    assert read_recipe(tmp_path / "config.yaml")["model"]["heads"] == 8
+    assert train_values(read_document(tmp_path / "config.yaml"), "config.yaml")["model"]["heads"] == 8
 
 
 @pytest.mark.parametrize("text,message", [
     ("train: {max_tokenz: 10}", "unknown train option 'max_tokenz'.*did you mean 'max_tokens'"),
     ("train: [1, 2]", "must be a mapping"),
-    ("train: {max_tokens: many}", "max_tokens expects int"),
-    ("train: {precision: fp8}", "precision must be one of fp32, bf16, fp16"),
-    ("train: {adam_betas: [0.9]}", "adam_betas expects 2 values"),
+    ("train: {max_tokens: many}", "`train: max_tokens` in .* expects int"),
+    ("train: {precision: fp8}", "precision` in .* must be one of fp32, bf16, fp16"),
+    ("train: {adam_betas: [0.9]}", "adam_betas` in .* expects 2 values"),
     ("train: {data: d, warmup_updates: 0}", "--warmup-updates must be at least 1"),
     ("train: {data: d, max_time: soon}", "--max-time expects a duration"),
     ("train: {data: d, label_smoothing: 1.5}", "--label-smoothing must be in"),

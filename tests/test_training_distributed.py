@@ -10,7 +10,9 @@ from nmt.checkpoint import load_checkpoint
 from nmt.errors import NmtError
 from nmt.log import logger, setup_logging
 from nmt.training.trainer import train
-from test_training_trainer import tiny_config
+from conftest import tiny_config
+
+pytestmark = pytest.mark.slow  # training in other processes
 
 
 @pytest.fixture()

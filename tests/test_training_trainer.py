@@ -9,21 +9,12 @@ import re
 import pytest
 import torch
 
-from conftest import MULTI30K, make_data_dir
+from conftest import MULTI30K, assert_same_weights, make_data_dir, numbers_pairs, tiny_config
 from nmt.checkpoint import load_checkpoint, model_from_checkpoint
 from nmt.errors import NmtError
 from nmt.files import read_lines
 from nmt.log import logger
-from nmt.training.config import load_train_config
 from nmt.training.trainer import train
-
-
-def tiny_config(data_dir, save_dir, **options):
-    """transformer_tiny on the tiny numbers task: 300 pairs, 9 batches of <= 1000 tokens per epoch."""
-    values = {"data": str(data_dir), "arch": "transformer_tiny", "save_dir": str(save_dir), "max_tokens": 1000,
-              "lr": 3e-3, "warmup_updates": 10, "log_interval": 5}
-    values.update(options)
-    return load_train_config(values)
 
 
 @pytest.fixture()
@@ -40,19 +31,11 @@ def messages():
     logger.setLevel(level)
 
 
-def assert_same_weights(path_a, path_b):
-    a, b = load_checkpoint(path_a), load_checkpoint(path_b)
-    assert a["train_state"]["update"] == b["train_state"]["update"]
-    for name, tensor in a["model"].items():
-        assert torch.equal(tensor, b["model"][name]), name
-    for (key, state), other in zip(a["optimizer"]["state"].items(), b["optimizer"]["state"].values()):
-        assert all(torch.equal(state[k], other[k]) for k in state), key
-
-
 def valid_losses(messages: list[str]) -> list[float]:
     return [float(re.search(r"\| loss ([\d.]+)", m)[1]) for m in messages if m.startswith("valid on")]
 
 
+@pytest.mark.slow
 def test_loss_goes_down(tiny_data_dir, tmp_path, messages):
     summary = train(tiny_config(tiny_data_dir, tmp_path, max_epoch=4))
     assert summary.epoch == 4 and summary.updates == 36 and summary.stop_reason == "reached --max-epoch 4"
@@ -64,6 +47,7 @@ def test_loss_goes_down(tiny_data_dir, tmp_path, messages):
     assert vocabs.source_lang == "en" and model.config.d_model == 64  # loads like any checkpoint
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not MULTI30K.is_dir(), reason=f"Multi30k not found at {MULTI30K}")
 def test_loss_goes_down_on_multi30k(tmp_path):
     # The 1014 validation pairs (900 to train on, 114 to validate): real language, a few seconds.
@@ -75,6 +59,7 @@ def test_loss_goes_down_on_multi30k(tmp_path):
     assert later.updates == 40 and later.valid_loss < early.valid_loss - 0.5, (early.valid_loss, later.valid_loss)
 
 
+@pytest.mark.slow
 def test_resumed_run_reaches_the_same_weights_bit_exactly(tiny_data_dir, tmp_path, messages):
     # 9 batches per epoch with update_freq 2: 5 updates per epoch (the last of one batch); stop at 3
     # (mid-epoch 1), 6 (one update into epoch 2) and 12 (two into epoch 3).
@@ -89,6 +74,7 @@ def test_resumed_run_reaches_the_same_weights_bit_exactly(tiny_data_dir, tmp_pat
     assert state["epoch"] == 3 and state["position"] == 4  # 2 updates of 2 batches into epoch 3
 
 
+@pytest.mark.slow
 def test_checkpoint_files_and_pruning(tiny_data_dir, tmp_path):
     train(tiny_config(tiny_data_dir, tmp_path, max_epoch=3, save_interval_updates=3, keep_last_epochs=2,
                       keep_interval_updates=2))
@@ -134,14 +120,11 @@ def test_restore_file_starts_from_a_model_only_checkpoint(tiny_data_dir, tmp_pat
 
 
 def test_resume_refuses_another_arch_or_vocabulary(tiny_data_dir, tmp_path, tmp_path_factory):
-    from conftest import numbers_pairs
-
     train(tiny_config(tiny_data_dir, tmp_path, max_update=1))
     with pytest.raises(NmtError, match="holds a transformer_tiny .*d_model 64 vs 256.*not the transformer_small"):
         train(tiny_config(tiny_data_dir, tmp_path, arch="transformer_small"))
     with pytest.raises(NmtError, match=r"dropout 0\.1 vs 0\.3"):
-        train(load_train_config({"data": str(tiny_data_dir), "arch": "transformer_tiny", "save_dir": str(tmp_path),
-                                 "max_tokens": 1000}, model_overrides={"dropout": "0.3"}))
+        train(tiny_config(tiny_data_dir, tmp_path, model={"dropout": "0.3"}))
     pairs = numbers_pairs(120, seed=5)
     other = make_data_dir(tmp_path_factory.mktemp("other-vocab"), {"train": pairs[:100], "valid": pairs[100:]},
                           vocab_size=120)
@@ -168,6 +151,7 @@ def test_tensorboard_dir_without_tensorboard_is_a_clear_error(tiny_data_dir, tmp
         assert any((tmp_path / "tb").iterdir())
 
 
+@pytest.mark.slow
 def test_bf16_on_cpu_trains(tiny_data_dir, tmp_path):
     summary = train(tiny_config(tiny_data_dir, tmp_path, precision="bf16", max_update=8))
     assert summary.updates == 8 and math.isfinite(summary.valid_loss) and summary.valid_loss < math.log(120)
@@ -199,6 +183,7 @@ def test_out_of_memory_batches_are_skipped_then_fatal(tiny_data_dir, tmp_path, m
         train(tiny_config(tiny_data_dir, tmp_path / "always", max_update=4))
 
 
+@pytest.mark.slow
 def test_eval_bleu_reports_bleu_of_the_validation_set(tiny_data_dir, tmp_path, messages):
     summary = train(tiny_config(tiny_data_dir, tmp_path, max_epoch=3, eval_bleu=True, eval_bleu_beam=2))
     assert 0.0 <= summary.valid_bleu <= 100.0
@@ -223,3 +208,8 @@ def test_loss_scaler_skips_overflowing_steps(tiny_data_dir, tmp_path, messages):
     handle.remove()
     _, grad_norm = trainer.train_step(next(updates))
     assert math.isfinite(grad_norm) and not torch.equal(weight, before)
+
+
+def test_max_positions_is_enforced_in_training(tiny_data_dir, tmp_path):
+    with pytest.raises(NmtError, match="over the model's max_positions 8"):
+        train(tiny_config(tiny_data_dir, tmp_path, max_update=1, model={"max_positions": 8}))

@@ -131,6 +131,7 @@ def test_sinusoidal_positions_match_the_paper():
     torch.testing.assert_close(sinusoidal_positions(3, 8, offset=7), table[7:10])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch,paper_millions", [("transformer_base", 65), ("transformer_big", 213)])
 def test_parameter_counts_match_table_3(arch, paper_millions):
     # Table 3 reports 65M / 213M for a 37k joint vocabulary. Our count of the paper's exact

@@ -12,6 +12,7 @@ from nmt import Translator
 from nmt.checkpoint import Vocabularies, model_state, save_checkpoint
 from nmt.data.vocabulary import PAD_ID, Vocabulary
 from nmt.errors import NmtError
+from nmt.options import build
 from nmt.generation.generator import GenerateOptions, generate
 from nmt.models.registry import build_model, get_arch, resolve_config
 
@@ -46,7 +47,8 @@ def checkpoint(vocab, tmp_path_factory) -> Path:
 def generate_lines(checkpoint: Path, tmp_path: Path, lines: list[str], **options) -> list[str]:
     source, output = tmp_path / "in.en", tmp_path / "out.de"
     source.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-    generate(GenerateOptions(path=str(checkpoint), input=str(source), output=str(output), progress=False, **options))
+    generate(build(GenerateOptions, {"path": [str(checkpoint)], "input": str(source), "output": str(output),
+                                     **options}), show_progress=False)
     return output.read_text(encoding="utf-8").split("\n")[:-1]
 
 

@@ -18,10 +18,10 @@ import os
 import re
 import shutil
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import chain
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Literal
 
 import numpy as np
 import sentencepiece as spm
@@ -35,8 +35,8 @@ from nmt.data.vocabulary import EOS_ID, UNK_ID, Vocabulary
 from nmt.errors import NmtError
 from nmt.files import fsync_dir
 from nmt.log import logger, stderr_console
+from nmt.options import check_values
 
-MODEL_TYPES = ("bpe", "unigram")
 LANG_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
 NOT_RECORDED = ("destdir", "workers", "force")  # options that never change the output
 ENCODE_BATCH = 50_000  # lines per sentencepiece batch: large enough for its threads, small for the progress bar
@@ -47,24 +47,38 @@ SPM_SEED = 1  # sentencepiece samples --input-sentence-size sentences; a fixed s
 class PreprocessOptions:
     """The options of ``nmt preprocess``; field names are the CLI option names (and recipe keys)."""
 
-    source_lang: str
-    target_lang: str
-    destdir: str
-    trainpref: str | None = None
-    validpref: str | None = None  # comma-separated prefixes become valid, valid1, valid2, ...
-    testpref: str | None = None  # likewise test, test1, ...
-    joint: bool = True  # one sentencepiece model for both languages
-    vocab_size: int = 37000
-    model_type: str = "bpe"
-    character_coverage: float = 1.0
-    input_sentence_size: int = 10_000_000  # sentences sampled to train sentencepiece; 0 = all
-    spm_model: str | None = None  # PATH (both languages) or SRC_PATH,TGT_PATH: reuse instead of training
-    max_len: int = 250  # train pairs with a side longer than this many tokens (EOS included) are dropped; 0 = no limit
-    max_len_ratio: float = 9.0  # train pairs whose longer side has more than this times the tokens are dropped; 0 = off
-    workers: int = 1
-    force: bool = False
+    source_lang: str = field(metadata={"help": "Source language: the suffix of its files.",
+                                       "flags": ["--source-lang", "-s"]})
+    target_lang: str = field(metadata={"help": "Target language: the suffix of its files.",
+                                       "flags": ["--target-lang", "-t"]})
+    destdir: str = field(metadata={"help": "Data directory to write (replaced only once complete)."})
+    trainpref: str | None = field(default=None, metadata={
+        "help": "Training text: PREFIX.SRC and PREFIX.TGT, plain or .gz."})
+    validpref: str | None = field(default=None, metadata={
+        "help": "Validation text prefix(es), comma-separated: splits valid, valid1, ..."})
+    testpref: str | None = field(default=None, metadata={
+        "help": "Test text prefix(es), comma-separated: splits test, test1, ..."})
+    joint: bool = field(default=True, metadata={"help": "One sentencepiece model for both languages."})
+    vocab_size: int = field(default=37000, metadata={"help": "Sentencepiece vocabulary size (per model).", "min": 1})
+    model_type: Literal["bpe", "unigram"] = field(default="bpe", metadata={"help": "Sentencepiece model type."})
+    character_coverage: float = field(default=1.0, metadata={
+        "help": "Share of characters the vocabulary covers, in (0, 1] (0.9995 for languages with large alphabets).",
+        "max": 1.0})
+    input_sentence_size: int = field(default=10_000_000, metadata={
+        "help": "Sentences sampled to train sentencepiece (0 = all).", "min": 0})
+    spm_model: str | None = field(default=None, metadata={
+        "help": "Reuse a sentencepiece model instead of training one: PATH, or SRC_PATH,TGT_PATH "
+                "(then --joint, --vocab-size and the other training options do not apply)."})
+    max_len: int = field(default=250, metadata={
+        "help": "Drop training pairs with a side over this many tokens, EOS included (0 = no limit).", "min": 0})
+    max_len_ratio: float = field(default=9.0, metadata={
+        "help": "Drop training pairs whose longer side has over this many times the tokens of the other "
+                "(0 = off, else at least 1).", "min": 0.0})
+    workers: int = field(default=1, metadata={"help": "Sentencepiece threads for training and encoding.", "min": 1})
+    force: bool = field(default=False, metadata={"help": "Replace a destdir that holds a different dataset."})
 
-    def validate(self) -> None:
+    def __post_init__(self) -> None:
+        check_values(self)
         for option, lang in (("--source-lang", self.source_lang), ("--target-lang", self.target_lang)):
             if not LANG_PATTERN.fullmatch(lang or ""):
                 raise NmtError(f"{option} {lang!r} is not a language code (letters, digits, - or _)")
@@ -78,22 +92,14 @@ class PreprocessOptions:
             raise NmtError("without --trainpref there is no text to train sentencepiece on; give --spm-model")
         if self.spm_model and len(self.spm_model.split(",")) > 2:
             raise NmtError("--spm-model takes one path (both languages) or two comma-separated paths (source,target)")
-        if self.model_type not in MODEL_TYPES:
-            raise NmtError(f"--model-type {self.model_type!r} is unknown; use one of {', '.join(MODEL_TYPES)}")
-        checks = [(self.vocab_size > 0, "--vocab-size must be positive"),
-                  (0 < self.character_coverage <= 1, "--character-coverage must be in (0, 1]"),
-                  (self.input_sentence_size >= 0, "--input-sentence-size must be >= 0 (0 = all sentences)"),
-                  (self.max_len >= 0, "--max-len must be >= 0 (0 = no limit)"),
-                  (self.max_len_ratio == 0 or self.max_len_ratio >= 1, "--max-len-ratio must be >= 1 (or 0 = off)"),
-                  (self.workers >= 1, "--workers must be >= 1")]
-        for ok, message in checks:
-            if not ok:
-                raise NmtError(message)
+        if self.character_coverage <= 0:
+            raise NmtError(f"--character-coverage must be in (0, 1], got {self.character_coverage}")
+        if 0 < self.max_len_ratio < 1:
+            raise NmtError(f"--max-len-ratio must be >= 1 (or 0 = off), got {self.max_len_ratio}")
 
 
 def preprocess(options: PreprocessOptions, show_progress: bool = True) -> DataDir:
     """Build (or find up to date) the data directory ``options.destdir`` and open it."""
-    options.validate()
     splits = find_splits(options.source_lang, options.target_lang, options.trainpref, options.validpref,
                          options.testpref)
     destdir = Path(options.destdir)

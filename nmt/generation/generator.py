@@ -30,7 +30,7 @@ from nmt.checkpoint import Vocabularies, load_checkpoint, model_from_checkpoint
 from nmt.data.batching import batch_by_size, collate
 from nmt.data.dataset import DataDir
 from nmt.data.vocabulary import EOS_ID, UNK_ID
-from nmt.device import autocast, resolve_device
+from nmt.device import Precision, autocast, resolve_device
 from nmt.errors import NmtError
 from nmt.files import atomic_write, read_lines
 from nmt.generation.alignment import word_attentions
@@ -39,82 +39,77 @@ from nmt.generation.output import Translation, write_translations
 from nmt.generation.search import Hypothesis, SearchOptions, beam_search
 from nmt.generation.streaming import LineReader, is_stream
 from nmt.log import logger, stderr_console
+from nmt.options import check_values
 
 if TYPE_CHECKING:
     from nmt.scoring import MetricResult
 
 
 @dataclass(frozen=True)
-class GenerateOptions(SearchOptions):
-    """The options of ``nmt generate``: the search's plus input, output and device.
+class BatchingOptions:
+    """How sentences are grouped for the model; the output never depends on it."""
 
-    Field names are the CLI option names (and recipe keys).
-    """
+    max_tokens: int | None = field(default=8000, metadata={"help": "Source tokens x beam per batch.", "min": 1})
+    batch_size: int | None = field(default=None, metadata={"help": "Sentences per batch at most.", "min": 1})
 
-    path: str = "checkpoints/checkpoint_best.pt"
-    data: str | None = None  # data directory from `nmt preprocess` (with `split`)...
-    split: str = "test"
-    input: str | None = None  # ...or raw source text, one sentence a line ("-": stdin)
-    output: str | None = None  # default: stdout
-    seed: int = 1  # for --sampling
-    format: Literal["plain", "fairseq"] = "plain"
-    print_scores: bool = False
-    max_tokens: int | None = 8000
-    batch_size: int | None = None
-    device: str = "cpu"
-    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
-    quantize: Literal["none", "int8"] = "none"
-    score_reference: bool = False
+    def __post_init__(self) -> None:
+        check_values(self)
+        if self.max_tokens is None and self.batch_size is None:
+            raise NmtError("give --max-tokens or --batch-size")
+
+
+@dataclass(frozen=True)
+class GenerateOptions:
+    """The options of ``nmt generate``: what to translate, where to write it, on what device, and the
+    search and batching options composed in. Option names are the CLI's and the recipe's keys."""
+
+    data: str | None = field(default=None, metadata={
+        "help": "Data directory from `nmt preprocess` (or use --input).", "argument": True, "metavar": "[DATA_DIR]"})
+    path: list[str] = field(default_factory=lambda: ["checkpoints/checkpoint_best.pt"], metadata={
+        "help": "Checkpoint to translate with; several (a.pt:b.pt, or --path repeated) decode as an ensemble."})
+    split: str = field(default="test", metadata={"help": "Split of DATA_DIR to translate."})
+    input: str | None = field(default=None, metadata={
+        "help": "Raw source text instead of DATA_DIR, one sentence a line ('-' = stdin, translated as lines arrive).",
+        "flags": ["--input", "-i"]})
+    output: str | None = field(default=None, metadata={
+        "help": "Write here (atomically) instead of stdout.", "flags": ["--output", "-o"]})
+    buffer_size: int | None = field(default=None, metadata={
+        "help": "Streaming stdin: translate N lines at a time (waiting for N) instead of whatever has arrived.",
+        "min": 1})
+    format: Literal["plain", "fairseq"] = field(default="plain", metadata={
+        "help": "plain: one translation per line; fairseq: S-/T-/H-/D-/P- lines."})
+    print_scores: bool = field(default=False, metadata={
+        "help": "Plain format: prefix each line with its score and a tab."})
     print_alignment: bool = field(default=False, metadata={
         "help": "Add each translation's word alignment (srcpos-tgtpos pairs from the cross-attention): a tab-separated "
                 "column in plain format, A- lines in fairseq format."})
     alignment_layer: int | None = field(default=None, metadata={
-        "help": "Decoder layer whose heads' mean attention gives the alignment, from 1 (default: the penultimate).",
+        "help": "Decoder layer whose heads' mean attention gives the alignment, from 1; unset: the penultimate.",
         "min": 1})
     print_attention: str | None = field(default=None, metadata={
         "help": "Write each best translation's word-level soft attention to this JSON-lines file."})
-    progress: bool = True
-    buffer_size: int | None = field(default=None, metadata={
-        "help": "Streaming stdin: translate N lines at a time (waiting for N) instead of whatever has arrived.",
-        "min": 1})
+    device: str = field(default="cpu", metadata={"help": "cpu, cuda, cuda:N or auto (the GPU when there is one)."})
+    precision: Precision = field(default="fp32", metadata={"help": "Autocast precision."})
+    quantize: Literal["none", "int8"] = field(default="none", metadata={
+        "help": "CPU only: int8 dynamic quantization of every nn.Linear layer, the output projection included."})
+    score_reference: bool = field(default=False, metadata={
+        "help": "Print BLEU (on stderr) against the split's raw reference file, or its target side if that is gone."})
+    search: SearchOptions = field(default_factory=SearchOptions, metadata={
+        "help": "Search options.", "panel": "Search"})
+    batching: BatchingOptions = field(default_factory=BatchingOptions, metadata={
+        "help": "Batching options.", "panel": "Batching"})
 
-    def validate(self) -> None:
+    def __post_init__(self) -> None:
+        check_values(self)
         if (self.data is None) == (self.input is None):
             raise NmtError("give either DATA_DIR (with --split) or --input FILE|-")
-        self.validate_search()
         if self.quantize == "int8" and self.device != "cpu":
             raise NmtError("--quantize int8 is for CPU inference (dynamic quantization); use --precision on GPU")
-        if self.buffer_size is not None and self.buffer_size < 1:
-            raise NmtError(f"--buffer-size must be at least 1, got {self.buffer_size}")
         if self.alignment_layer is not None and not (self.print_alignment or self.print_attention):
             raise NmtError("--alignment-layer applies with --print-alignment or --print-attention")
         if self.score_reference and self.data is None:
             raise NmtError("--score-reference needs a binarized split (DATA_DIR --split); "
                            "for raw input use `nmt score --ref FILE` on the output")
-
-    def validate_search(self) -> None:
-        """The checks of the options a `Translator` call may change too (search and batching)."""
-        if self.beam < 1:
-            raise NmtError(f"--beam must be at least 1, got {self.beam}")
-        if not 1 <= self.nbest <= self.beam:
-            raise NmtError(f"--nbest must be between 1 and --beam ({self.beam}), got {self.nbest}")
-        if self.max_len_a < 0 or self.max_len_b < 0:
-            raise NmtError("--max-len-a and --max-len-b must not be negative")
-        if self.min_len < 0 or self.no_repeat_ngram_size < 0:
-            raise NmtError("--min-len and --no-repeat-ngram-size must not be negative")
-        if self.lenpen_style not in ("gnmt", "fairseq"):
-            raise NmtError(f"--lenpen-style must be gnmt or fairseq, got {self.lenpen_style!r}")
-        if self.temperature <= 0:
-            raise NmtError(f"--temperature must be positive, got {self.temperature}")
-        if self.topk < 0 or not 0.0 <= self.topp <= 1.0:
-            raise NmtError("--topk must be >= 0 and --topp in [0, 1]")
-        if (self.topk or self.topp) and not self.sampling:
-            raise NmtError("--topk/--topp only apply with --sampling")
-        if self.max_tokens is None and self.batch_size is None:
-            raise NmtError("give --max-tokens or --batch-size")
-        if (self.max_tokens is not None and self.max_tokens < 1) or (self.batch_size is not None
-                                                                      and self.batch_size < 1):
-            raise NmtError("--max-tokens and --batch-size must be at least 1")
 
 
 @dataclass
@@ -125,10 +120,12 @@ class GenerateResult:
     output_tokens: int  # tokens of the best hypotheses, EOS included
 
 
-def prepare_model(checkpoint_path: str | Path, device: torch.device, quantize: str = "none"
+def prepare_model(checkpoint_path: str | Path | list[str], device: torch.device, quantize: str = "none"
                   ) -> tuple[nn.Module, Vocabularies]:
-    """The model of a checkpoint, or an Ensemble of those of ``a.pt:b.pt`` (which must share vocabularies)."""
-    paths = split_paths(str(checkpoint_path))
+    """The model of a checkpoint, or an Ensemble of several (``a.pt:b.pt``, or a list; they must share
+    vocabularies)."""
+    given = checkpoint_path if isinstance(checkpoint_path, list) else [checkpoint_path]
+    paths = [path for item in given for path in split_paths(str(item))]
     models, vocabs = [], None
     for path in paths:
         model, its_vocabs = model_from_checkpoint(load_checkpoint(path))
@@ -166,30 +163,41 @@ def empty_hypotheses(nbest: int) -> list[Hypothesis]:
     return [Hypothesis(tokens=[EOS_ID], score=0.0, positional_scores=[0.0]) for _ in range(nbest)]
 
 
-def translate_ids(model: nn.Module, sources: list[np.ndarray], options: GenerateOptions,
-                  device: torch.device = torch.device("cpu"), progress: Progress | None = None
-                  ) -> list[list[Hypothesis]]:
+def translate_ids(model: nn.Module, sources: list[np.ndarray], search: SearchOptions | None = None,
+                  batching: BatchingOptions | None = None, device: torch.device = torch.device("cpu"),
+                  precision: str = "fp32", progress: Progress | None = None) -> list[list[Hypothesis]]:
     """The ``nbest`` hypotheses for each source (token ids ending in EOS), in the order given."""
-    results = [empty_hypotheses(options.nbest) if len(s) <= 1 else [] for s in sources]
+    search, batching = search or SearchOptions(), batching or BatchingOptions()
+    check_lengths(model, sources)
+    results = [empty_hypotheses(search.nbest) if len(s) <= 1 else [] for s in sources]
     todo = np.asarray([i for i, s in enumerate(sources) if len(s) > 1], dtype=np.int64)
     lengths = np.fromiter((len(sources[i]) for i in todo), dtype=np.int64, count=len(todo))
     # A sentence's beams take about beam * (source length + some output) rows of work.
-    max_tokens = None if options.max_tokens is None else max(options.max_tokens // options.beam,
-                                                             int(lengths.max(initial=1)))
-    generator = torch.Generator(device=device).manual_seed(options.seed) if options.sampling else None
+    max_tokens = None if batching.max_tokens is None else max(batching.max_tokens // search.beam,
+                                                              int(lengths.max(initial=1)))
+    generator = torch.Generator(device=device).manual_seed(search.seed) if search.sampling else None
     skipped = len(sources) - len(todo)
     task = progress.add_task("translating", total=len(sources), completed=skipped) if progress else None
     output_tokens = 0
-    with torch.inference_mode(), autocast(device, options.precision):
-        for batch_positions in batch_by_size(lengths, None, max_tokens, options.batch_size):
+    with torch.inference_mode(), autocast(device, precision):
+        for batch_positions in batch_by_size(lengths, None, max_tokens, batching.batch_size):
             indices = todo[batch_positions]
             batch = collate(indices, [sources[i] for i in indices]).to(device)
-            for index, hyps in zip(indices.tolist(), beam_search(model, batch.source, options, generator)):
+            for index, hyps in zip(indices.tolist(), beam_search(model, batch.source, search, generator)):
                 results[index] = hyps
             if progress:
                 output_tokens += sum(len(results[i][0].tokens) for i in indices)
                 progress.update(task, advance=len(indices), tokens=output_tokens)
     return results
+
+
+def check_lengths(model: nn.Module, sources: list[np.ndarray]) -> None:
+    """A source longer than the model's positions is an error before any work, not a failure mid-batch."""
+    limit = getattr(getattr(model, "config", None), "max_positions", None)
+    longest = max(range(len(sources)), key=lambda i: len(sources[i]), default=None)
+    if limit is not None and longest is not None and len(sources[longest]) > limit:
+        raise NmtError(f"input line {longest + 1} has {len(sources[longest])} tokens (EOS included), over the "
+                       f"model's max_positions {limit}")
 
 
 def encode_sources(vocabs: Vocabularies, lines: list[str]) -> list[np.ndarray]:
@@ -263,7 +271,7 @@ def translate_stream(model: nn.Module, vocabs: Vocabularies, options: GenerateOp
     translations: list[Translation] = []
     while lines := reader.next_batch(options.buffer_size):
         sources = encode_sources(vocabs, lines)
-        hypotheses = translate_ids(model, sources, options, device)
+        hypotheses = translate_ids(model, sources, options.search, options.batching, device, options.precision)
         batch = [Translation(len(translations) + i, line, hyps) for i, (line, hyps) in enumerate(zip(lines, hypotheses))]
         if options.print_alignment or options.print_attention:
             attach_attention(model, vocabs, sources, batch, options, device)
@@ -300,13 +308,12 @@ def write_attention(translations: list[Translation], path: str) -> None:
             handle.write(json.dumps({"index": t.index, **t.attention[0].to_json()}, ensure_ascii=False) + "\n")
 
 
-def generate(options: GenerateOptions) -> GenerateResult:
+def generate(options: GenerateOptions, show_progress: bool = True) -> GenerateResult:
     """Translate, write the output (atomically to a file, or to stdout) and, with
     ``score_reference``, score the best hypotheses against the split's reference.
 
     Raw text from a pipe or terminal to stdout is translated as it arrives (``buffer_size``
     lines at a time, or what is waiting); files are read whole and batched by length."""
-    options.validate()
     device = resolve_device(options.device)
     autocast(device, options.precision)  # an impossible precision fails before the model is loaded
     model, vocabs = prepare_model(options.path, device, options.quantize)
@@ -317,8 +324,9 @@ def generate(options: GenerateOptions) -> GenerateResult:
     else:
         sources, source_texts, references = read_inputs(options, vocabs)
         start = time.perf_counter()
-        with progress_bar(options.progress and stderr_console.is_terminal) as progress:
-            hypotheses = translate_ids(model, sources, options, device, progress)
+        with progress_bar(show_progress and stderr_console.is_terminal) as progress:
+            hypotheses = translate_ids(model, sources, options.search, options.batching, device, options.precision,
+                                       progress)
         translations = [Translation(i, source_texts[i], hyps, references[i] if references else None)
                         for i, hyps in enumerate(hypotheses)]
         if options.print_alignment or options.print_attention:

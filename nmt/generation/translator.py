@@ -12,7 +12,6 @@ batches, beam search), with its defaults, so a sentence translates the same eith
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,11 +22,12 @@ from torch import nn
 from nmt.checkpoint import Vocabularies
 from nmt.device import autocast, resolve_device
 from nmt.errors import NmtError
-from nmt.generation.generator import GenerateOptions, encode_sources, prepare_model, translate_ids
+from nmt.generation.generator import BatchingOptions, GenerateOptions, encode_sources, prepare_model, translate_ids
 from nmt.generation.search import Hypothesis, SearchOptions
+from nmt.options import build, options_of
 
 # What a call may change: the search and the batching. Loading options belong to from_checkpoint.
-CALL_OPTIONS = tuple(f.name for f in dataclasses.fields(SearchOptions)) + ("seed", "max_tokens", "batch_size")
+CALL_OPTIONS = tuple(options_of(SearchOptions)) + tuple(options_of(BatchingOptions))
 
 
 @dataclass
@@ -61,22 +61,22 @@ class Translator:
         model, vocabs = prepare_model(str(path), resolved, quantize)
         return cls(model, vocabs, resolved, precision, quantize, str(path))
 
-    def options(self, **overrides: Any) -> GenerateOptions:
-        """``nmt generate``'s options with this translator's precision and the given search options."""
+    def options(self, **overrides: Any) -> tuple[SearchOptions, BatchingOptions]:
+        """``nmt generate``'s search and batching options, with the given ones changed (and checked)."""
         unknown = sorted(set(overrides) - set(CALL_OPTIONS))
         if unknown:
             raise NmtError(f"unknown translation option(s) {', '.join(unknown)}; known: {', '.join(CALL_OPTIONS)}")
-        options = GenerateOptions(path=self.path, device=str(self.device), precision=self.precision,
-                                  quantize=self.quantize, progress=False, **overrides)
-        options.validate_search()
-        return options
+        search = build(SearchOptions, {k: v for k, v in overrides.items() if k in options_of(SearchOptions)})
+        batching = build(BatchingOptions, {k: v for k, v in overrides.items() if k in options_of(BatchingOptions)})
+        return search, batching
 
     def hypotheses(self, sentences: list[str], **options: Any) -> list[list[ScoredTranslation]]:
         """The ``nbest`` translations of each sentence, best first, with their scores."""
         if isinstance(sentences, str) or not all(isinstance(s, str) for s in sentences):
             raise NmtError("translate a list of strings (one sentence each), not a single string")
-        resolved = self.options(**options)
-        found = translate_ids(self.model, encode_sources(self.vocabs, list(sentences)), resolved, self.device)
+        search, batching = self.options(**options)
+        found = translate_ids(self.model, encode_sources(self.vocabs, list(sentences)), search, batching, self.device,
+                              self.precision)
         return [[self.scored(h) for h in hyps] for hyps in found]
 
     def translate(self, sentences: list[str], **options: Any) -> list[str]:

@@ -9,9 +9,6 @@ arch name plus overrides, checkpoints store the model name and the resolved conf
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import re
-import types
 import typing
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
@@ -19,6 +16,7 @@ from typing import Any, Callable, Mapping
 from torch import nn
 
 from nmt.errors import NmtError
+from nmt.options import coerce, did_you_mean
 
 MODELS: dict[str, type[nn.Module]] = {}
 
@@ -70,9 +68,7 @@ def _ensure_builtin_models_loaded() -> None:
 def get_arch(name: str) -> Arch:
     _ensure_builtin_models_loaded()
     if name not in ARCHS:
-        close = difflib.get_close_matches(name, ARCHS, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise NmtError(f"unknown arch {name!r}{hint}; known: {', '.join(sorted(ARCHS))}")
+        raise NmtError(f"unknown arch {name!r}{did_you_mean(name, ARCHS)}; known: {', '.join(sorted(ARCHS))}")
     return ARCHS[name]
 
 
@@ -83,74 +79,19 @@ def get_model_class(name: str) -> type[nn.Module]:
     return MODELS[name]
 
 
-def coerce(value: Any, field_type: Any, field_name: str) -> Any:
-    """Turn a CLI string or YAML value into a dataclass field's type (Optional, tuples, Literals, dicts)."""
-    if isinstance(field_type, str):
-        field_type = {"int": int, "float": float, "bool": bool, "str": str}.get(field_type, field_type)
-    origin, args = typing.get_origin(field_type), typing.get_args(field_type)
-    if origin in (typing.Union, types.UnionType):
-        if value is None or (isinstance(value, str) and value.lower() in {"none", "null", ""}):
-            return None
-        (inner,) = [arg for arg in args if arg is not type(None)]
-        return coerce(value, inner, field_name)
-    if origin is tuple:
-        items = [item for item in re.split(r"[\s,()\[\]]+", value) if item] if isinstance(value, str) else value
-        if not isinstance(items, (list, tuple)) or len(items) != len(args):
-            raise NmtError(f"{field_name} expects {len(args)} values such as '0.9,0.98', got {value!r}")
-        return tuple(coerce(item, arg, field_name) for item, arg in zip(items, args))
-    if origin is dict:
-        if not isinstance(value, Mapping):
-            raise NmtError(f"{field_name} expects a mapping of key: value, got {value!r}")
-        return dict(value)
-    if field_type is float and isinstance(value, str):
-        value = value.strip()  # PyYAML reads 1e-9 (no dot) as a string; float() takes it
-    if origin is typing.Literal:
-        if value not in args:
-            raise NmtError(f"{field_name} must be one of {', '.join(map(str, args))}, got {value!r}")
-        return value
-    try:
-        if field_type is bool:
-            if isinstance(value, bool):
-                return value
-            text = str(value).lower()
-            if text in {"1", "true", "yes", "on"}:
-                return True
-            if text in {"0", "false", "no", "off"}:
-                return False
-            raise ValueError(value)
-        if field_type is int and isinstance(value, float) and not value.is_integer():
-            raise ValueError(value)
-        return field_type(value)
-    except (TypeError, ValueError):
-        raise NmtError(f"{field_name} expects {getattr(field_type, '__name__', field_type)}, got {value!r}") from None
-
-
 def resolve_config(config: Any, overrides: Mapping[str, Any]) -> Any:
     """Return a copy of an arch config with fields overridden (values may be strings)."""
     fields = {f.name: f for f in dataclasses.fields(config)}
     changes = {}
     for key, value in overrides.items():
         if key not in fields:
-            close = difflib.get_close_matches(key, fields, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise NmtError(f"unknown model option {key!r}{hint}; known: {', '.join(fields)}")
+            raise NmtError(f"unknown model option {key!r}{did_you_mean(key, fields)}; known: {', '.join(fields)}")
         changes[key] = coerce(value, typing.get_type_hints(type(config)).get(key, fields[key].type), key)
     resolved = dataclasses.replace(config, **changes)
     validate = getattr(resolved, "validate", None)
     if validate is not None:
         validate()
     return resolved
-
-
-def parse_overrides(pairs: list[str] | None) -> dict[str, str]:
-    """Parse repeated ``--set key=value`` options."""
-    overrides: dict[str, str] = {}
-    for pair in pairs or []:
-        key, sep, value = pair.partition("=")
-        if not sep or not key.strip():
-            raise NmtError(f"--set expects key=value, got {pair!r}")
-        overrides[key.strip()] = value.strip()
-    return overrides
 
 
 def build_model(model_name: str, config: Any, src_vocab_size: int, tgt_vocab_size: int, pad_id: int) -> nn.Module:

@@ -216,6 +216,9 @@ class Transformer(nn.Module):
         self.output_layer.weight = nn.Parameter(weight.clone(), requires_grad=False)
 
     def _embed(self, embedding: nn.Embedding, tokens: Tensor, offset: int = 0) -> Tensor:
+        if offset + tokens.size(1) > self.config.max_positions:
+            raise NmtError(f"a sequence of {offset + tokens.size(1)} tokens is over the model's max_positions "
+                           f"{self.config.max_positions}")
         positions = sinusoidal_positions(tokens.size(1), self.config.d_model, offset, tokens.device)
         return self.embed_dropout(embedding(tokens) * self.embed_scale + positions)
 

@@ -17,10 +17,9 @@ from typing import Callable
 
 import numpy as np
 
-from nmt.generation.generator import GenerateOptions
-from nmt.generation.search import Hypothesis
+from nmt.generation.search import Hypothesis, SearchOptions
 
-TranslateFn = Callable[[list[np.ndarray], GenerateOptions], list[list[Hypothesis]]]
+TranslateFn = Callable[[list[np.ndarray], SearchOptions], list[list[Hypothesis]]]
 
 
 class QueueFull(Exception):
@@ -30,7 +29,7 @@ class QueueFull(Exception):
 @dataclass
 class Job:
     sources: list[np.ndarray]  # token ids ending in EOS
-    options: GenerateOptions
+    options: SearchOptions
     future: asyncio.Future
     tokens: int = field(init=False)
 
@@ -56,7 +55,7 @@ class Batcher:
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nmt-translate")
         self.stats = BatchStats()
 
-    def submit(self, sources: list[np.ndarray], options: GenerateOptions) -> asyncio.Future:
+    def submit(self, sources: list[np.ndarray], options: SearchOptions) -> asyncio.Future:
         """Queue a request; its future gets the ``nbest`` hypotheses of each source."""
         if self.waiting + len(sources) > self.max_waiting:
             raise QueueFull(f"{self.waiting} sentences are waiting (at most {self.max_waiting}); retry later")
@@ -118,7 +117,7 @@ class Batcher:
 
 def group_by_options(jobs: list[Job]) -> list[list[Job]]:
     """Requests with the same search options share a batch; arrival order is kept within each group."""
-    groups: dict[GenerateOptions, list[Job]] = {}
+    groups: dict[SearchOptions, list[Job]] = {}
     for job in jobs:
         groups.setdefault(job.options, []).append(job)
     return list(groups.values())

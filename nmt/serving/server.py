@@ -22,11 +22,13 @@ import secrets
 import socket
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import nmt
+from nmt.device import Precision
 from nmt.errors import NmtError
-from nmt.generation.generator import GenerateOptions, encode_sources, translate_ids
+from nmt.generation.generator import BatchingOptions, GenerateOptions, encode_sources, translate_ids
+from nmt.generation.search import SearchOptions
 from nmt.generation.translator import Translator
 from nmt.log import logger
 from nmt.serving.batcher import Batcher, QueueFull
@@ -49,8 +51,9 @@ class ServeOptions:
     api_key: str | None = field(default=None, metadata={
         "help": f"Require this key on every request (Authorization: Bearer KEY or X-API-Key); env {API_KEY_ENV}."})
     device: str = field(default=GenerateOptions.device, metadata={"help": "cpu, cuda, cuda:N or auto."})
-    precision: str = field(default=GenerateOptions.precision, metadata={"help": "Autocast precision."})
-    quantize: str = field(default=GenerateOptions.quantize, metadata={"help": "none or int8 (CPU)."})
+    precision: Precision = field(default=GenerateOptions.precision, metadata={"help": "Autocast precision."})
+    quantize: Literal["none", "int8"] = field(default=GenerateOptions.quantize, metadata={
+        "help": "CPU only: int8 dynamic quantization."})
     max_sentences: int = field(default=64, metadata={"help": "Sentences per request at most (413 beyond).",
                                                      "min": 1})
     max_characters: int = field(default=20_000, metadata={"help": "Characters per request at most (413 beyond).",
@@ -60,7 +63,7 @@ class ServeOptions:
         "help": "Sentences waiting or being translated at most; more answer 429.", "min": 1})
     batch_window_ms: float = field(default=5.0, metadata={
         "help": "How long the first request of a batch waits for others to join it.", "min": 0})
-    max_batch_tokens: int = field(default=GenerateOptions.max_tokens, metadata={
+    max_batch_tokens: int = field(default=BatchingOptions.max_tokens, metadata={
         "help": "Source tokens x beam gathered into one batch at most.", "min": 1})
     request_timeout: float = field(default=60.0, metadata={
         "help": "Seconds a request may wait for its translation; later it answers 503.", "min": 0.001})
@@ -112,7 +115,7 @@ def parse_request(body: bytes, options: ServeOptions) -> tuple[list[str], dict[s
     unknown = sorted(set(payload) - set(REQUEST_OPTIONS))
     if unknown:
         raise ApiError(422, f"unknown field(s) {', '.join(unknown)}; known: text, {', '.join(REQUEST_OPTIONS)}")
-    defaults = GenerateOptions()
+    defaults = SearchOptions()
     for name, value in payload.items():
         expected = type(getattr(defaults, name))
         number = expected is float and isinstance(value, int)
@@ -141,7 +144,9 @@ def create_app(translator: Translator, options: ServeOptions):
     from starlette.responses import JSONResponse
     from starlette.routing import Route
 
-    batcher = Batcher(lambda sources, search: translate_ids(translator.model, sources, search, translator.device),
+    batching = BatchingOptions(max_tokens=options.max_batch_tokens)
+    batcher = Batcher(lambda sources, search: translate_ids(translator.model, sources, search, batching,
+                                                            translator.device, translator.precision),
                       options.batch_window_ms / 1000, options.max_batch_tokens, options.max_queue)
     started = time.time()
     info = server_info(translator, options)
@@ -164,7 +169,7 @@ def create_app(translator: Translator, options: ServeOptions):
     async def translate(request: Request) -> dict[str, Any]:
         texts, overrides = parse_request(await read_body(request, options.max_characters * 4 + 65536), options)
         try:
-            search = translator.options(**overrides)
+            search, _ = translator.options(**overrides)
         except NmtError as exc:
             raise ApiError(422, str(exc)) from exc
         try:
@@ -240,7 +245,7 @@ def server_info(translator: Translator, options: ServeOptions) -> dict[str, Any]
         "device": str(translator.device), "precision": translator.precision, "quantize": translator.quantize,
         "limits": {"max_sentences": options.max_sentences, "max_characters": options.max_characters,
                    "max_beam": options.max_beam, "max_queue": options.max_queue},
-        "defaults": {name: getattr(GenerateOptions(), name) for name in REQUEST_OPTIONS},
+        "defaults": {name: getattr(SearchOptions(), name) for name in REQUEST_OPTIONS},
     }
 
 

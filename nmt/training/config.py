@@ -1,16 +1,14 @@
 """The options of ``nmt train``: one dataclass whose field names are the CLI options and YAML keys.
 
-A recipe is a YAML file; train reads its ``train:`` section (keys = TrainConfig fields) and the
-top-level ``arch:`` and ``model:`` keys (``model:`` maps model hyper-parameters to override, like
-``--set``). Other top-level sections (``preprocess:``, ``generate:``, ...) belong to other commands
-and are ignored here::
+``nmt train --config RECIPE`` reads the recipe's ``train:`` section, its top-level ``arch:`` and
+``model:`` (``model:`` maps hyper-parameters to override, like ``--set``) and its data directory
+(top-level ``data:`` or ``preprocess: {destdir}``); see nmt/recipe.py::
 
     arch: transformer_base
     model: {dropout: 0.1}
     train:
       max_tokens: 25000
       update_freq: 8
-      warmup_updates: 4000
       save_dir: checkpoints/wmt16
 
 Precedence: an option given on the command line > the recipe > the dataclass default. The
@@ -21,109 +19,133 @@ passed back as ``--config``.
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Mapping
 
 import yaml
 
+from nmt.device import Precision
 from nmt.errors import NmtError
-from nmt.files import atomic_write, read_yaml_mapping
-from nmt.models.registry import coerce
+from nmt.files import atomic_write
+from nmt.options import build, check_values, merge
+from nmt.recipe import read_document, train_values
 
-PRECISION = Literal["fp32", "bf16", "fp16"]
+BATCHING, OPTIM, DEVICES, CHECKPOINTS, STOPPING, REPORTING = (
+    "Batching", "Optimisation", "Devices", "Checkpoints", "Stopping", "Validation and logging")
 
 
 @dataclass
 class TrainConfig:
-    data: str | None = None  # the data directory written by `nmt preprocess`
-    arch: str = "transformer_base"
-    model: dict[str, Any] = field(default_factory=dict)  # model hyper-parameters overriding the arch's
-    save_dir: str = "checkpoints"
+    data: str | None = field(default=None, metadata={
+        "help": "Data directory written by `nmt preprocess`.", "argument": True, "metavar": "DATA_DIR"})
+    arch: str = field(default="transformer_base", metadata={"help": "Architecture from `nmt archs`."})
+    model: dict[str, Any] = field(default_factory=dict, metadata={
+        "help": "Override a model hyper-parameter of the arch, e.g. --set dropout=0.2 (repeatable).",
+        "flags": ["--set"], "metavar": "KEY=VALUE"})
+    save_dir: str = field(default="checkpoints", metadata={"help": "Checkpoint directory.", "panel": CHECKPOINTS})
 
     # Batching: padded tokens per batch (source or target side, whichever is longer).
-    max_tokens: int | None = 4096
-    max_sentences: int | None = None
-    required_batch_size_multiple: int = 8
-    update_freq: int = 1  # batches accumulated into one update (per process)
-    skip_invalid_size_inputs: bool = False  # drop training pairs longer than max_tokens instead of failing
-    prefetch: int = 4  # updates prepared ahead by a background thread (0: in the training loop)
-    train_subset: str = "train"
-    valid_subset: str | None = "valid"  # None: no validation
+    max_tokens: int | None = field(default=4096, metadata={
+        "help": "Tokens per batch, padding included (the paper: 25000).", "panel": BATCHING, "min": 1})
+    max_sentences: int | None = field(default=None, metadata={
+        "help": "Sentences per batch at most.", "panel": BATCHING, "min": 1})
+    required_batch_size_multiple: int = field(default=8, metadata={
+        "help": "Round batch sizes down to a multiple of this (tensor cores).", "panel": BATCHING, "min": 1})
+    update_freq: int = field(default=1, metadata={
+        "help": "Accumulate gradients over N batches per update (N times more GPUs).", "panel": BATCHING, "min": 1})
+    skip_invalid_size_inputs: bool = field(default=False, metadata={
+        "help": "Skip training pairs longer than --max-tokens (with a count) instead of stopping.", "panel": BATCHING})
+    prefetch: int = field(default=4, metadata={
+        "help": "Updates prepared ahead by a background thread (0: none).", "panel": BATCHING, "min": 0})
+    train_subset: str = field(default="train", metadata={"help": "Split to train on.", "panel": BATCHING})
+    valid_subset: str | None = field(default="valid", metadata={
+        "help": "Split to validate on; none: no validation.", "panel": BATCHING})
 
     # Optimisation, the paper's defaults.
-    lr: float | None = None  # peak learning rate (fairseq's form); None: the paper's d_model^-0.5 formula
-    lr_scheduler: Literal["inverse_sqrt"] = "inverse_sqrt"
-    warmup_updates: int = 4000
-    adam_betas: tuple[float, float] = (0.9, 0.98)
-    adam_eps: float = 1e-9
-    weight_decay: float = 0.0  # decoupled (AdamW), as fairseq's Adam
-    clip_norm: float = 0.0  # 0: no clipping
-    label_smoothing: float = 0.1
-    seed: int = 1
+    lr: float | None = field(default=None, metadata={
+        "help": "Peak learning rate (fairseq's form, e.g. 7e-4); without it, the paper's d_model^-0.5 formula.",
+        "panel": OPTIM})
+    warmup_updates: int = field(default=4000, metadata={"help": "Linear warm-up updates.", "panel": OPTIM, "min": 1})
+    adam_betas: tuple[float, float] = field(default=(0.9, 0.98), metadata={
+        "help": "Adam betas, e.g. '0.9,0.98'.", "panel": OPTIM})
+    adam_eps: float = field(default=1e-9, metadata={"help": "Adam epsilon.", "panel": OPTIM, "min": 0.0})
+    weight_decay: float = field(default=0.0, metadata={
+        "help": "Decoupled weight decay (AdamW).", "panel": OPTIM, "min": 0.0})
+    clip_norm: float = field(default=0.0, metadata={
+        "help": "Clip the gradient norm to this (0: off).", "panel": OPTIM, "min": 0.0})
+    label_smoothing: float = field(default=0.1, metadata={
+        "help": "Label smoothing epsilon, in [0, 1).", "panel": OPTIM, "min": 0.0})
+    seed: int = field(default=1, metadata={
+        "help": "Random seed: initialisation, batch order, dropout.", "panel": OPTIM})
 
     # Devices.
-    device: str = "auto"  # auto (cuda when available), cpu, cuda
-    precision: PRECISION = "fp32"
-    nproc: int = 1  # local worker processes to spawn (one per GPU; gloo on CPU)
+    device: str = field(default="auto", metadata={"help": "auto (cuda when available), cpu or cuda.", "panel": DEVICES})
+    precision: Precision = field(default="fp32", metadata={
+        "help": "Autocast precision; bf16 works on CPU too, fp16 (GPU) uses a dynamic loss scale.", "panel": DEVICES})
+    nproc: int = field(default=1, metadata={
+        "help": "Spawn N local worker processes (one per GPU; gloo on CPU). Under torchrun, leave it out.",
+        "panel": DEVICES, "min": 1})
 
     # Checkpoints.
-    save_interval_updates: int = 0  # also save every N updates (0: only at epoch ends)
-    keep_last_epochs: int = -1  # keep only the newest N checkpoint{epoch}.pt (-1: all)
-    keep_interval_updates: int = -1  # keep only the newest N checkpoint_{epoch}_{update}.pt (-1: all)
-    restore_file: str | None = None  # start from this checkpoint when save_dir has no checkpoint_last.pt
+    save_interval_updates: int = field(default=0, metadata={
+        "help": "Also save checkpoint_{epoch}_{update}.pt and checkpoint_last.pt every N updates (0: at epoch ends "
+                "only).", "panel": CHECKPOINTS, "min": 0})
+    keep_last_epochs: int = field(default=-1, metadata={
+        "help": "Keep only the newest N checkpoint{epoch}.pt (-1: all).", "panel": CHECKPOINTS, "min": -1})
+    keep_interval_updates: int = field(default=-1, metadata={
+        "help": "Keep only the newest N checkpoint_{epoch}_{update}.pt (-1: all).", "panel": CHECKPOINTS, "min": -1})
+    restore_file: str | None = field(default=None, metadata={
+        "help": "Start from this checkpoint when the save dir has no checkpoint_last.pt.", "panel": CHECKPOINTS})
 
     # Stopping (0 / None: no limit).
-    max_update: int = 0
-    max_epoch: int = 0
-    max_time: str | None = None  # wall clock: "90m", "12h", "1:30:00" or seconds
-    patience: int = 0  # stop after N validations without a better best_checkpoint_metric
+    max_update: int = field(default=0, metadata={
+        "help": "Stop after N updates (0: no limit).", "panel": STOPPING, "min": 0})
+    max_epoch: int = field(default=0, metadata={
+        "help": "Stop after N epochs (0: no limit).", "panel": STOPPING, "min": 0})
+    max_time: str | None = field(default=None, metadata={
+        "help": "Stop after this much training time over all runs: 90m, 12h, 1:30:00 or seconds.", "panel": STOPPING})
+    patience: int = field(default=0, metadata={
+        "help": "Stop after N validations without a better --best-checkpoint-metric (0: off).", "panel": STOPPING,
+        "min": 0})
 
     # Validation and logging.
-    validate_interval_updates: int = 0  # also validate every N updates (always at epoch ends)
-    eval_bleu: bool = False  # also BLEU of the validation set, translated with a short beam
-    eval_bleu_beam: int = 2
+    validate_interval_updates: int = field(default=0, metadata={
+        "help": "Also validate every N updates (0: at epoch ends only).", "panel": REPORTING, "min": 0})
+    eval_bleu: bool = field(default=False, metadata={
+        "help": "Also compute BLEU on the validation set (beam search, sacrebleu).", "panel": REPORTING})
+    eval_bleu_beam: int = field(default=2, metadata={
+        "help": "Beam size for --eval-bleu.", "panel": REPORTING, "min": 1})
     best_checkpoint_metric: Literal["loss", "bleu"] = field(default="loss", metadata={
         "help": "What makes checkpoint_best.pt and counts --patience: validation loss (lower is better) or "
-                "BLEU (higher is better; needs --eval-bleu)."})
-    log_interval: int = 100
-    tensorboard_dir: str | None = None
+                "BLEU (higher is better; needs --eval-bleu).", "panel": REPORTING})
+    log_interval: int = field(default=100, metadata={
+        "help": "A log line every N updates.", "panel": REPORTING, "min": 1})
+    tensorboard_dir: str | None = field(default=None, metadata={
+        "help": "Write TensorBoard scalars here (needs the tensorboard package).", "panel": REPORTING})
 
-    def validate(self) -> None:
-        if not self.data:
-            raise NmtError("give the data directory (DATA_DIR, or `data:` in the recipe's train section)")
-        if self.max_tokens is None and self.max_sentences is None:
-            raise NmtError("give --max-tokens or --max-sentences")
-        at_least = {"max_tokens": 1, "max_sentences": 1, "required_batch_size_multiple": 1, "update_freq": 1,
-                    "prefetch": 0, "warmup_updates": 1, "nproc": 1, "save_interval_updates": 0,
-                    "keep_last_epochs": -1, "keep_interval_updates": -1, "max_update": 0, "max_epoch": 0,
-                    "patience": 0, "validate_interval_updates": 0, "eval_bleu_beam": 1, "log_interval": 1}
-        for name, low in at_least.items():
-            value = getattr(self, name)
-            if value is not None and value < low:
-                raise NmtError(f"--{option(name)} must be at least {low}, got {value}")
+    def __post_init__(self) -> None:
+        check_values(self)
         if self.lr is not None and self.lr <= 0:
             raise NmtError(f"--lr must be positive, got {self.lr}")
-        if not 0.0 <= self.label_smoothing < 1.0:
+        if self.best_checkpoint_metric == "bleu" and not self.eval_bleu:
+            raise NmtError("--best-checkpoint-metric bleu needs --eval-bleu")
+        if self.label_smoothing >= 1.0:
             raise NmtError(f"--label-smoothing must be in [0, 1), got {self.label_smoothing}")
         if not all(0.0 <= beta < 1.0 for beta in self.adam_betas):
             raise NmtError(f"--adam-betas must be in [0, 1), got {self.adam_betas}")
-        for name in ("adam_eps", "weight_decay", "clip_norm"):
-            if getattr(self, name) < 0:
-                raise NmtError(f"--{option(name)} must not be negative, got {getattr(self, name)}")
-        if self.best_checkpoint_metric == "bleu" and not self.eval_bleu:
-            raise NmtError("--best-checkpoint-metric bleu needs --eval-bleu")
+        if self.max_tokens is None and self.max_sentences is None:
+            raise NmtError("give --max-tokens or --max-sentences")
         self.max_time_seconds  # noqa: B018  (parses, or raises a clear error)
+
+    def validate(self) -> None:
+        """What a run needs beyond valid values: a data directory."""
+        if not self.data:
+            raise NmtError("give the data directory (DATA_DIR, or `data:` in the recipe)")
 
     @property
     def max_time_seconds(self) -> float | None:
         return None if self.max_time is None else parse_duration(self.max_time)
-
-
-def option(name: str) -> str:
-    return name.replace("_", "-")
 
 
 def parse_duration(text: str) -> float:
@@ -146,46 +168,14 @@ def parse_duration(text: str) -> float:
     return seconds
 
 
-FIELDS = typing.get_type_hints(TrainConfig)  # name -> type (the dataclass stores them as strings)
+def load_train_config(cli_values: Mapping[str, Any] | None = None, config_file: str | Path | None = None
+                      ) -> TrainConfig:
+    """Merge the command line's given options over the recipe over the defaults.
 
-
-def read_recipe(path: str | Path) -> dict[str, Any]:
-    """The train-related part of a recipe: the ``train:`` section plus top-level arch and model."""
-    document = read_yaml_mapping(path, "config file")
-    section = document.get("train") or {}
-    if not isinstance(section, dict):
-        raise NmtError(f"{path}: the `train:` section must be a mapping of option: value")
-    values = dict(section)
-    for key in ("arch", "model"):
-        if key in document:
-            if key in section and section[key] != document[key]:
-                raise NmtError(f"{path} gives `{key}` both at the top level and in `train:`; keep one")
-            values[key] = document[key]
-    return values
-
-
-def check_keys(values: Mapping[str, Any], where: str) -> None:
-    for key in values:
-        if key not in FIELDS:
-            close = difflib.get_close_matches(key, FIELDS, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise NmtError(f"unknown train option {key!r} in {where}{hint}")
-
-
-def load_train_config(cli_values: Mapping[str, Any] | None = None, config_file: str | Path | None = None,
-                      model_overrides: Mapping[str, Any] | None = None) -> TrainConfig:
-    """Merge the command line's given options (None = not given) over the recipe over the defaults.
-
-    ``model_overrides`` (``--set``) are merged key by key over the recipe's ``model:`` mapping.
+    A ``model`` mapping (``--set``) is merged key by key over the recipe's ``model:``.
     """
-    recipe = read_recipe(config_file) if config_file is not None else {}
-    check_keys(recipe, str(config_file))
-    given = {key: value for key, value in (cli_values or {}).items() if value is not None}
-    check_keys(given, "the command line")
-    values = {**recipe, **given}
-    values["model"] = {**coerce(recipe.get("model") or {}, FIELDS["model"], "model"),
-                       **(model_overrides or {})}
-    config = TrainConfig(**{key: coerce(value, FIELDS[key], key) for key, value in values.items()})
+    recipe = train_values(read_document(config_file, "config file"), config_file) if config_file is not None else {}
+    config = build(TrainConfig, merge(recipe, cli_values or {}), "train", str(config_file or "the command line"))
     config.validate()
     return config
 

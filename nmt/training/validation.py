@@ -53,12 +53,13 @@ def validation_bleu(model: nn.Module, dataset: ParallelDataset, vocabs: Vocabula
     The references are the binarized targets decoded by sentencepiece, i.e. normalized text,
     close to but not always the raw reference file: a figure to watch, not to report.
     """
-    from nmt.generation.generator import GenerateOptions, translate_ids
+    from nmt.generation.generator import BatchingOptions, translate_ids
+    from nmt.generation.search import SearchOptions
     from nmt.scoring import score
 
     mine = range(context.rank, len(dataset), context.world_size)
-    options = GenerateOptions(beam=beam, max_tokens=max_tokens, precision=precision, progress=False)
-    hypotheses = translate_ids(model, [dataset.source[i] for i in mine], options, device)
+    hypotheses = translate_ids(model, [dataset.source[i] for i in mine], SearchOptions(beam=beam),
+                               BatchingOptions(max_tokens=max_tokens), device, precision)
     pairs = [(vocabs.target.decode(hyps[0].tokens), vocabs.target.decode(dataset.target[i]))
              for hyps, i in zip(hypotheses, mine)]
     if context.is_distributed:

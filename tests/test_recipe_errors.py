@@ -1,0 +1,127 @@
+"""Every recipe section fails the same way, before anything runs: one `error:` line, exit 1, no traceback.
+
+A catalogue: a typo and a wrong type in each section of an otherwise valid recipe, run through the
+real CLI; neither the data directory nor the save dir may exist afterwards.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import assert_one_line_error, run_cli, run_nmt
+from nmt.pipeline import plan_recipe
+
+RECIPES = Path(__file__).resolve().parents[1] / "recipes"
+
+
+@pytest.fixture()
+def recipe(tmp_path):
+    """A valid recipe (a few lines of raw text) and a function writing it with one section changed."""
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    for split in ("train", "valid", "test"):
+        for lang in ("en", "de"):
+            (raw / f"{split}.{lang}").write_text("one two\nthree four\n", encoding="utf-8")
+    document = {
+        "preprocess": {"source_lang": "en", "target_lang": "de", "trainpref": str(raw / "train"),
+                       "validpref": str(raw / "valid"), "testpref": str(raw / "test"),
+                       "destdir": str(tmp_path / "data-bin"), "vocab_size": 60},
+        "arch": "transformer_tiny",
+        "model": {"d_model": 32, "ffn_dim": 64},
+        "train": {"save_dir": str(tmp_path / "checkpoints"), "max_update": 2, "device": "cpu"},
+        "average": {"num_update_checkpoints": 1},
+        "generate": {"beam": 2},
+        "score": {"metrics": "bleu"},
+    }
+
+    def write(section: str | None = None, key: str | None = None, value=None):
+        changed = {name: dict(body) if isinstance(body, dict) else body for name, body in document.items()}
+        if section is not None:
+            changed[section][key] = value
+        path = tmp_path / "recipe.yaml"
+        path.write_text(yaml.safe_dump(changed), encoding="utf-8")
+        return path
+
+    return write
+
+
+CASES = [  # section, key, value, what the error says
+    ("preprocess", "vocab_sise", 100, "unknown preprocess option 'vocab_sise' in {recipe} (did you mean 'vocab_size'?)"),
+    ("preprocess", "vocab_size", "many", "`preprocess: vocab_size` in {recipe} expects int, got 'many'"),
+    ("model", "dropuot", 0.1, "unknown model option 'dropuot' in {recipe} (did you mean 'dropout'?)"),
+    ("model", "dropout", "high", "dropout expects float, got 'high'"),
+    ("train", "max_tokenz", 100, "unknown train option 'max_tokenz' in {recipe} (did you mean 'max_tokens'?)"),
+    ("train", "max_tokens", "many", "`train: max_tokens` in {recipe} expects int, got 'many'"),
+    ("average", "num_update_checkpoint", 1, "unknown average option 'num_update_checkpoint' in {recipe} "
+                                            "(did you mean 'num_update_checkpoints'?)"),
+    ("average", "num_update_checkpoints", "two", "`average: num_update_checkpoints` in {recipe} expects int"),
+    ("generate", "bem", 4, "unknown generate option 'bem' in {recipe} (did you mean 'beam'?)"),
+    ("preprocess", "trainpref", "missing/train", "missing/train.en"),
+    ("generate", "beam", "five", "`generate: beam` in {recipe} expects int, got 'five'"),
+    ("score", "metric", "chrf", "unknown score option 'metric' in {recipe} (did you mean 'metrics'?)"),
+    ("score", "lowercase", "maybe", "`score: lowercase` in {recipe} expects bool, got 'maybe'"),
+    # Values of the right type but out of range, and sections that cannot work.
+    ("generate", "batch_size", 0, "{recipe}, `generate:` section: --batch-size must be at least 1, got 0"),
+    ("generate", "lenpen", 7, "--lenpen must be between -5.0 and 5.0, got 7"),
+    ("train", "warmup_updates", 0, "--warmup-updates must be at least 1, got 0"),
+    ("score", "metrics", "blue", "unknown metric blue"),
+    ("average", "num_update_checkpoints", None, "the `average:` section needs num_epoch_checkpoints or"),
+]
+
+
+@pytest.mark.parametrize("section,key,value,message", CASES, ids=[f"{c[0]}-{c[1]}-{c[2]}" for c in CASES])
+def test_bad_section_fails_before_anything_runs(recipe, tmp_path, monkeypatch, capsys, section, key, value, message):
+    path = recipe(section, key, value)
+    code, out, err = run_cli(monkeypatch, capsys, "run", path)
+    assert code == 1 and out == ""
+    assert_one_line_error(err, message.format(recipe=path))
+    assert not (tmp_path / "data-bin").exists() and not (tmp_path / "checkpoints").exists()  # nothing ran
+
+
+@pytest.mark.parametrize("text,message", [
+    ("generat: {beam: 4}", "unknown section 'generat' (did you mean 'generate'?)"),
+    ("generate: [4]", "the `generate:` section must be a mapping"),
+    ("arch: transformer_huge\ntrain: {data: d}", "unknown arch 'transformer_huge'"),
+    ("train: {}", "give the data directory"),
+    ("score: {}", "the `score:` section needs a `generate:` section"),
+])
+def test_bad_recipe_structure(tmp_path, monkeypatch, capsys, text, message):
+    path = tmp_path / "recipe.yaml"
+    path.write_text(text, encoding="utf-8")
+    code, _, err = run_cli(monkeypatch, capsys, "run", path, "--dry-run")
+    assert code == 1
+    assert_one_line_error(err, message)
+
+
+@pytest.mark.slow
+def test_console_script_reports_a_recipe_error_in_one_line(recipe, tmp_path):
+    path = recipe("generate", "bem", 4)
+    result = run_nmt("run", path)
+    assert_one_line_error(result, f"unknown generate option 'bem' in {path}")
+    assert not (tmp_path / "data-bin").exists()
+
+
+def test_dry_run_prints_every_stage_resolved_and_runs_nothing(recipe, tmp_path, monkeypatch, capsys):
+    code, out, err = run_cli(monkeypatch, capsys, "run", recipe(), "--dry-run")
+    assert code == 0, err
+    plan = yaml.safe_load(out)
+    assert [stage for stage in plan if stage in ("preprocess", "train", "average", "generate", "score")] == \
+        ["preprocess", "train", "average", "generate", "score"]
+    checkpoints = str(tmp_path / "checkpoints")
+    assert plan["train"]["data"] == plan["generate"]["data"] == str(tmp_path / "data-bin")
+    assert plan["train"]["model"]["d_model"] == 32 and plan["train"]["model"]["heads"] == 4  # arch + overrides
+    assert plan["average"]["inputs"] == [checkpoints]
+    assert plan["generate"]["path"] == [plan["average"]["output"]] == [f"{checkpoints}/averaged.pt"]
+    assert plan["generate"]["beam"] == 2 and plan["generate"]["max_tokens"] == 8000  # flat: search and batching
+    assert plan["score"]["system"] == plan["generate"]["output"] == f"{checkpoints}/test.hyp"
+    assert plan["score"]["ref"] == [str(tmp_path / "raw" / "test.de")]
+    assert not (tmp_path / "data-bin").exists() and not (tmp_path / "checkpoints").exists()
+
+
+@pytest.mark.parametrize("path", sorted(RECIPES.glob("*.yaml")), ids=lambda path: path.name)
+def test_shipped_recipes_are_valid(path):
+    plan = plan_recipe(path, ("train", "average", "generate"))  # preprocess and score need the raw corpus
+    assert plan.train.data == plan.preprocess.destdir == plan.generate.data  # the data dir is named once
