@@ -279,6 +279,11 @@ class QuantizeChoice(str, Enum):
     int8 = "int8"
 
 
+class EngineChoice(str, Enum):
+    nmt = "nmt"
+    ctranslate2 = "ctranslate2"
+
+
 SEARCH = "Search"
 
 
@@ -320,6 +325,10 @@ def generate(
         )] = QuantizeChoice.none,
     score_reference: Annotated[bool, typer.Option(
         help="Print BLEU (on stderr) against the split's raw reference file, or its target side if that is gone.")] = False,
+    engine: Annotated[EngineChoice, typer.Option(
+        help="nmt, or ctranslate2 (pip install 'nmt\\[ct2]'): --path is then a directory from `nmt export ctranslate2` "
+        "or a checkpoint (exported to a temporary directory first); needs --lenpen-style fairseq; outputs can "
+        "differ (search stopping rule, max length, sampling draws).")] = EngineChoice.nmt,
     verbose: Verbose = 0, quiet: Quiet = False, log_format: LogFormat = LogFormatChoice.text,
 ) -> None:
     """Translate a binarized split or raw text with beam search (defaults: the paper's beam 4, alpha 0.6).
@@ -337,6 +346,27 @@ def generate(
     result = run_generation(GenerateOptions(**options, progress=not quiet))
     for metric in result.scores:  # stderr: stdout holds only translations
         typer.echo(metric.formatted, err=True)
+
+
+export_app = typer.Typer(help="Export a checkpoint to another inference engine.", no_args_is_help=True)
+app.add_typer(export_app, name="export")
+Ct2Quantization = Enum("Ct2Quantization", {name: name for name in (
+    "float32", "int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16", "bfloat16")}, type=str)
+
+
+@export_app.command("ctranslate2")
+def export_ctranslate2(
+    checkpoint: Annotated[str, typer.Argument(help="The nmt checkpoint to export.")],
+    outdir: Annotated[str, typer.Argument(help="The CTranslate2 model directory to write (replaced once complete).")],
+    quantization: Annotated[Ct2Quantization, typer.Option(help="Weight type CTranslate2 stores.")] = "float32",
+    force: Annotated[bool, typer.Option(help="Replace OUTDIR if it already exists.")] = False,
+    verbose: Verbose = 0, quiet: Quiet = False, log_format: LogFormat = LogFormatChoice.text,
+) -> None:
+    """Write a CTranslate2 model directory (pip install 'nmt\\[ct2]'), with the sentencepiece model(s) beside it."""
+    common(verbose, quiet, log_format)
+    from nmt.export.ctranslate2 import ExportOptions, export_ctranslate2 as run_export
+
+    run_export(ExportOptions(checkpoint, outdir, Ct2Quantization(quantization).value, force))
 
 
 @app.command()

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Callable, Literal
 
 import numpy as np
 import torch
@@ -60,6 +60,10 @@ class GenerateOptions(SearchOptions):
     quantize: Literal["none", "int8"] = "none"
     score_reference: bool = False
     progress: bool = True
+    engine: Literal["nmt", "ctranslate2"] = field(default="nmt", metadata={
+        "help": "nmt: its own decoder; ctranslate2: CTranslate2 (pip install 'nmt[ct2]') on --path, a directory "
+                "from `nmt export ctranslate2` or a checkpoint (exported to a temporary directory). Needs "
+                "--lenpen-style fairseq; outputs can differ: see nmt/generation/ctranslate2_engine.py."})
 
     def validate(self) -> None:
         if (self.data is None) == (self.input is None):
@@ -204,17 +208,28 @@ def score_against_references(options: GenerateOptions, hypotheses: list[str], de
     return score(hypotheses, [references])
 
 
+def load_engine(options: GenerateOptions, device: torch.device
+                ) -> tuple[Callable[[list[np.ndarray], Progress | None], list[list[Hypothesis]]], Vocabularies]:
+    """A function from source ids to hypotheses, by nmt's decoder or CTranslate2's, and the vocabularies."""
+    if options.engine == "ctranslate2":
+        from nmt.generation.ctranslate2_engine import load_ctranslate2
+
+        return load_ctranslate2(options, device)
+    model, vocabs = prepare_model(options.path, device, options.quantize)
+    return lambda sources, progress: translate_ids(model, sources, options, device, progress), vocabs
+
+
 def generate(options: GenerateOptions) -> GenerateResult:
     """Translate, write the output (atomically to a file, or to stdout) and, with
     ``score_reference``, score the best hypotheses against the split's reference."""
     options.validate()
     device = resolve_device(options.device)
     autocast(device, options.precision)  # an impossible precision fails before the model is loaded
-    model, vocabs = prepare_model(options.path, device, options.quantize)
+    translate_sources, vocabs = load_engine(options, device)
     sources, source_texts, references = read_inputs(options, vocabs)
     start = time.perf_counter()
     with progress_bar(options.progress and stderr_console.is_terminal) as progress:
-        hypotheses = translate_ids(model, sources, options, device, progress)
+        hypotheses = translate_sources(sources, progress)
     seconds = time.perf_counter() - start
     translations = [Translation(i, source_texts[i], hyps, references[i] if references else None)
                     for i, hyps in enumerate(hypotheses)]
