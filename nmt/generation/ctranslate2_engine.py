@@ -2,9 +2,8 @@
 
 ``--path`` is a directory from ``nmt export ctranslate2``, or a checkpoint, exported (float32) to
 a temporary directory first. The search options map onto CTranslate2's: beam, nbest, min length,
-no-repeat n-grams, sampling (top-k, top-p, temperature, seed), PAD and BOS never generated; the
-max length ``a * |source| + b`` is per sentence, so sentences are sent in batches of one length
-rule result each. ``--quantize int8`` and ``--precision bf16|fp16`` choose CTranslate2's compute
+no-repeat n-grams, sampling (top-k, top-p, temperature, seed). The max length ``a * |source| + b``
+is per sentence, so each batch holds sentences of one max length. ``--quantize int8`` and ``--precision bf16|fp16`` choose CTranslate2's compute
 type; otherwise it computes in the type the export stored.
 
 Where the outputs can differ from nmt's own decoder (with the same weights, in float32):
@@ -17,10 +16,12 @@ Where the outputs can differ from nmt's own decoder (with the same weights, in f
   ``--beam 1`` is plain greedy in CTranslate2; in nmt it too keeps a spare candidate when alpha != 0.
 - The max length: nmt ends a hypothesis that reaches it with EOS (scored); CTranslate2 stops it
   there, and EOS is appended here without a score.
-- Banned tokens (PAD, BOS, EOS before the min length, repeated n-grams): CTranslate2 removes them
-  before the softmax, nmt after it (as fairseq): CTranslate2's log-probabilities are higher by the
-  mass the model gave them, e.g. about 2 * eps / |V| per token for PAD and BOS after label
-  smoothing eps, which can break a near-tie between hypotheses of different lengths the other way.
+- Banned tokens: CTranslate2 removes them before the softmax, nmt after it (as fairseq), so
+  CTranslate2's log-probabilities would be higher by the mass the model gave them, per prefix.
+  For PAD and BOS that mass is about eps / |V| each after label smoothing eps: enough to flip
+  near-ties, so beam search and greedy do not ban them here (scores then equal nmt's; a trained
+  model never ranks them among the candidates). Sampling bans them, as nmt's sampling
+  renormalizes too. EOS before the min length and repeated n-grams are banned, renormalized.
 - Sampling draws from CTranslate2's random generator: other samples than nmt's for the same seed.
 - Numerics: different kernels, so near-ties can break the other way.
 """
@@ -116,12 +117,12 @@ def translate_ids_ctranslate2(translator: ctranslate2.Translator, vocabs: Vocabu
 def decode_batch(translator: ctranslate2.Translator, vocabs: Vocabularies, batch: list[list[str]], limit: int,
                  options: GenerateOptions) -> list[list[Hypothesis]]:
     """One ``translate_batch`` call for sources that share the max length ``limit`` (EOS excluded)."""
-    piece = vocabs.target.piece
+    banned = [[vocabs.target.piece(PAD_ID)], [vocabs.target.piece(BOS_ID)]] if options.sampling else None
     results = translator.translate_batch(
         batch, beam_size=1 if options.sampling else options.beam,
         num_hypotheses=options.beam if options.sampling else options.nbest,
         length_penalty=options.lenpen, max_decoding_length=limit, min_decoding_length=min(options.min_len, limit),
-        no_repeat_ngram_size=options.no_repeat_ngram_size, suppress_sequences=[[piece(PAD_ID)], [piece(BOS_ID)]],
+        no_repeat_ngram_size=options.no_repeat_ngram_size, suppress_sequences=banned,
         max_input_length=0, return_scores=True, return_end_token=True,
         sampling_topk=(options.topk or 0) if options.sampling else 1, sampling_topp=options.topp or 1.0,
         sampling_temperature=options.temperature)
