@@ -326,9 +326,9 @@ def generate(
     score_reference: Annotated[bool, typer.Option(
         help="Print BLEU (on stderr) against the split's raw reference file, or its target side if that is gone.")] = False,
     engine: Annotated[EngineChoice, typer.Option(
-        help="nmt, or ctranslate2 (pip install 'nmt\\[ct2]'): --path is then a directory from `nmt export ctranslate2` "
-        "or a checkpoint (exported to a temporary directory first); needs --lenpen-style fairseq; outputs can "
-        "differ (search stopping rule, max length, sampling draws).")] = EngineChoice.nmt,
+        help="nmt, or ctranslate2 (pip install 'nmt\\[ct2]'): --path is then a directory from "
+        "`nmt export ctranslate2` or a checkpoint (exported to a temporary directory first); needs --lenpen-style "
+        "fairseq; outputs can differ (search stopping rule, max length, sampling draws).")] = EngineChoice.nmt,
     verbose: Verbose = 0, quiet: Quiet = False, log_format: LogFormat = LogFormatChoice.text,
 ) -> None:
     """Translate a binarized split or raw text with beam search (defaults: the paper's beam 4, alpha 0.6).

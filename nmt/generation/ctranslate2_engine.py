@@ -3,8 +3,9 @@
 ``--path`` is a directory from ``nmt export ctranslate2``, or a checkpoint, exported (float32) to
 a temporary directory first. The search options map onto CTranslate2's: beam, nbest, min length,
 no-repeat n-grams, sampling (top-k, top-p, temperature, seed). The max length ``a * |source| + b``
-is per sentence, so each batch holds sentences of one max length. ``--quantize int8`` and ``--precision bf16|fp16`` choose CTranslate2's compute
-type; otherwise it computes in the type the export stored.
+is per sentence, so each batch holds sentences of one max length. ``--quantize int8`` and
+``--precision bf16|fp16`` choose CTranslate2's compute type; otherwise it computes in the type the
+export stored.
 
 Where the outputs can differ from nmt's own decoder (with the same weights, in float32):
 
@@ -118,14 +119,17 @@ def decode_batch(translator: ctranslate2.Translator, vocabs: Vocabularies, batch
                  options: GenerateOptions) -> list[list[Hypothesis]]:
     """One ``translate_batch`` call for sources that share the max length ``limit`` (EOS excluded)."""
     banned = [[vocabs.target.piece(PAD_ID)], [vocabs.target.piece(BOS_ID)]] if options.sampling else None
-    results = translator.translate_batch(
-        batch, beam_size=1 if options.sampling else options.beam,
-        num_hypotheses=options.beam if options.sampling else options.nbest,
-        length_penalty=options.lenpen, max_decoding_length=limit, min_decoding_length=min(options.min_len, limit),
-        no_repeat_ngram_size=options.no_repeat_ngram_size, suppress_sequences=banned,
-        max_input_length=0, return_scores=True, return_end_token=True,
-        sampling_topk=(options.topk or 0) if options.sampling else 1, sampling_topp=options.topp or 1.0,
-        sampling_temperature=options.temperature)
+    try:
+        results = translator.translate_batch(
+            batch, beam_size=1 if options.sampling else options.beam,
+            num_hypotheses=options.beam if options.sampling else options.nbest,
+            length_penalty=options.lenpen, max_decoding_length=limit, min_decoding_length=min(options.min_len, limit),
+            no_repeat_ngram_size=options.no_repeat_ngram_size, suppress_sequences=banned,
+            max_input_length=0, return_scores=True, return_end_token=True,
+            sampling_topk=(options.topk or 0) if options.sampling else 1, sampling_topp=options.topp or 1.0,
+            sampling_temperature=options.temperature)
+    except (RuntimeError, ValueError) as exc:  # e.g. a sentence longer than the exported position table
+        raise NmtError(f"CTranslate2 failed: {str(exc).strip().splitlines()[0]}") from exc
     to_id = vocabs.target.processor.piece_to_id
     hypotheses = []
     for result in results:

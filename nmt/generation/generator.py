@@ -86,6 +86,8 @@ class GenerateOptions(SearchOptions):
             raise NmtError("give --max-tokens or --batch-size")
         if self.quantize == "int8" and self.device != "cpu":
             raise NmtError("--quantize int8 is for CPU inference (dynamic quantization); use --precision on GPU")
+        if self.engine not in ("nmt", "ctranslate2"):
+            raise NmtError(f"--engine must be nmt or ctranslate2, got {self.engine!r}")
         if self.score_reference and self.data is None:
             raise NmtError("--score-reference needs a binarized split (DATA_DIR --split); "
                            "for raw input use `nmt score --ref FILE` on the output")
