@@ -10,12 +10,13 @@ import numpy as np
 import pytest
 import torch
 
-from nmt.checkpoint import load_checkpoint, save_checkpoint
+from nmt.checkpoint import Vocabularies, load_checkpoint, model_state, save_checkpoint
 from nmt.cli import main
-from nmt.data.vocabulary import BOS_ID, EOS_ID
+from nmt.data.vocabulary import BOS_ID, EOS_ID, PAD_ID, Vocabulary
 from nmt.errors import NmtError
 from nmt.export.ctranslate2 import ExportOptions, export_ctranslate2
 from nmt.generation.generator import GenerateOptions, generate, prepare_model, translate_ids
+from nmt.models.registry import build_model, get_arch, resolve_config
 from nmt.training.config import load_train_config
 from nmt.training.trainer import train
 
@@ -62,6 +63,40 @@ def test_greedy_and_beam_outputs_equal_nmts_own(trained, exported, sources, beam
     theirs = [hyps[0].tokens for hyps in ct2_hypotheses(exported, sources, options)]
     assert len(set(map(tuple, ours))) > 20  # varied translations, not one degenerate output
     assert theirs == ours
+
+
+@needs_ct2
+@pytest.mark.parametrize("overrides", [{"normalize_before": True}, {"share_embeddings": "decoder"},
+                                       {"share_embeddings": "none", "normalize_before": True}])
+def test_every_variant_gives_nmts_log_probabilities(overrides, tmp_path):
+    """Pre-norm (joint vocabulary), separate vocabularies, untied output projection: teacher-forced log-probabilities of
+    every token through CTranslate2 equal nmt's. Every weight is perturbed, so that no layer norm is the
+    identity and no bias zero: a weight exported to the wrong place changes the numbers."""
+    from nmt.generation.ctranslate2_engine import open_translator
+
+    pairs = numbers_pairs(200, 2)
+    source = Vocabulary.train([s for s, _ in pairs], vocab_size=100)
+    target = Vocabulary.train([t for _, t in pairs], vocab_size=110) if "share_embeddings" in overrides else source
+    arch = get_arch("transformer_tiny")
+    config = resolve_config(arch.config, overrides)
+    torch.manual_seed(0)
+    model = build_model(arch.model_name, config, len(source), len(target), PAD_ID).eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.2)
+    path = tmp_path / "model.pt"
+    save_checkpoint(path, model_state(model, arch.name, config, Vocabularies("en", "de", source, target)))
+    translator, vocabs = open_translator(export_ctranslate2(ExportOptions(str(path), str(tmp_path / "ct2"))),
+                                         torch.device("cpu"), "default")
+    assert vocabs.source == source and vocabs.target == target
+    for source_text, target_text in pairs[:5]:
+        source_ids, target_ids = source.encode(source_text), target.encode(target_text) + [EOS_ID]
+        theirs = translator.score_batch([[source.piece(i) for i in source_ids]],
+                                        [[target.piece(i) for i in target_ids[:-1]]])[0].log_probs
+        with torch.inference_mode():
+            logits = model(torch.tensor([source_ids + [EOS_ID]]), torch.tensor([[BOS_ID] + target_ids[:-1]]))[0]
+        ours = logits.log_softmax(-1)[torch.arange(len(target_ids)), torch.tensor(target_ids)]
+        assert theirs == pytest.approx(ours.tolist(), abs=1e-3)
 
 
 @needs_ct2

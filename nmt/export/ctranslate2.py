@@ -6,9 +6,11 @@ post-norm (``pre_norm=False``) or pre-norm; embeddings scaled by sqrt(d_model); 
 table written out explicitly, because CTranslate2's built-in one differs (positions from 1,
 [sin | cos] halves, another frequency step) while nmt's starts at 0 with sin at even and cos at
 odd dimensions; fused q/k/v projections; tokens as sentencepiece pieces, the decoder starting
-from BOS and the source ending in EOS (``add_source_eos``). A tied embedding is simply written
-twice. The directory also holds the sentencepiece model(s) and ``nmt.json`` (languages and
-file names), so that ``nmt generate --engine ctranslate2 --path DIR`` and other tools can use it.
+from BOS and the source ending in EOS (``add_source_eos``). A tied embedding is given to every
+place that uses it; CTranslate2 stores identical variables once. The directory also holds the
+sentencepiece model(s) and ``nmt.json`` (languages and file names), so that ``nmt generate
+--engine ctranslate2 --path DIR`` and other tools can use it. The position table has
+``max_positions`` rows (the model config's, 1024 by default): CTranslate2 refuses longer inputs.
 """
 
 from __future__ import annotations
