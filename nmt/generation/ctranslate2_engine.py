@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -47,9 +47,7 @@ from nmt.generation.search import Hypothesis, max_lengths
 if TYPE_CHECKING:
     import ctranslate2
 
-    from nmt.generation.generator import GenerateOptions
-
-TranslateSources = Callable[[list[np.ndarray], "Progress | None"], list[list[Hypothesis]]]
+    from nmt.generation.generator import GenerateOptions, TranslateSources
 
 
 def check_options(options: GenerateOptions) -> None:

@@ -210,8 +210,10 @@ def score_against_references(options: GenerateOptions, hypotheses: list[str], de
     return score(hypotheses, [references])
 
 
-def load_engine(options: GenerateOptions, device: torch.device
-                ) -> tuple[Callable[[list[np.ndarray], Progress | None], list[list[Hypothesis]]], Vocabularies]:
+TranslateSources = Callable[[list[np.ndarray], Progress | None], list[list[Hypothesis]]]  # as translate_ids
+
+
+def load_engine(options: GenerateOptions, device: torch.device) -> tuple[TranslateSources, Vocabularies]:
     """A function from source ids to hypotheses, by nmt's decoder or CTranslate2's, and the vocabularies."""
     if options.engine == "ctranslate2":
         from nmt.generation.ctranslate2_engine import load_ctranslate2
