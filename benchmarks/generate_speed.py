@@ -10,11 +10,18 @@ chooses EOS, so every hypothesis runs to the max length, which is capped at |sou
 With --reference (the raw German test side), the table also gives BLEU per precision, the cost of
 bf16 and int8. Sentences/s and tokens/s (output tokens of the best hypothesis, EOS included) are
 wall time over the whole set, model loading excluded; each figure is the best of --repeats runs.
+
+With CTranslate2 installed (pip install 'nmt[ct2]'), the settings ct2-float32 and ct2-int8 decode
+the same model exported by `nmt export ctranslate2`, through the function behind `nmt generate
+--engine ctranslate2` (same batches, beam, max length, threads; fairseq's length penalty with the
+same alpha, as CTranslate2 has no other), and a second table gives the ratios nmt / CTranslate2.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import importlib.util
 import os
 import tempfile
 import time
@@ -36,6 +43,8 @@ from nmt.scoring import score
 
 DEFAULT_DATA = Path(os.environ.get("NMT_MULTI30K", Path(__file__).resolve().parents[2] / "shared/data/multi30k"))
 SETTINGS = {"fp32": ("fp32", "none"), "bf16": ("bf16", "none"), "int8": ("fp32", "int8")}  # (precision, quantize)
+CT2_SETTINGS = {"ct2-float32": "float32", "ct2-int8": "int8"}  # the weight type the export stores
+HAVE_CT2 = importlib.util.find_spec("ctranslate2") is not None
 
 
 @dataclass
@@ -71,6 +80,47 @@ def time_translation(path: Path, lines: list[str], options: GenerateOptions, thr
     return best
 
 
+def time_ctranslate2(path: Path, lines: list[str], options: GenerateOptions, threads: int, repeats: int,
+                     quantization: str, workdir: Path) -> Run:
+    """The model exported to CTranslate2 (once per weight type), decoded as `--engine ctranslate2` does."""
+    from nmt.export.ctranslate2 import ExportOptions, export_ctranslate2
+    from nmt.generation.ctranslate2_engine import open_translator, translate_ids_ctranslate2
+
+    directory = workdir / f"ct2-{quantization}"
+    if not directory.exists():
+        export_ctranslate2(ExportOptions(str(path), str(directory), quantization))
+    torch.set_num_threads(threads)  # CTranslate2 gets torch's thread count
+    translator, vocabs = open_translator(directory, torch.device("cpu"), "default")
+    options = dataclasses.replace(options, search=dataclasses.replace(options.search, lenpen_style="fairseq"))
+    sources = [np.asarray(ids + [EOS_ID], dtype=np.int64) for ids in vocabs.source.encode_batch(lines)]
+    translate_ids_ctranslate2(translator, vocabs, sources[:32], options)  # warm-up
+    best = None
+    for _ in range(repeats):
+        start = time.perf_counter()
+        hypotheses = translate_ids_ctranslate2(translator, vocabs, sources, options)
+        seconds = time.perf_counter() - start
+        if best is None or seconds < best.seconds:
+            best = Run(seconds, [hyps[0].tokens for hyps in hypotheses])
+    return best
+
+
+def ratio_table(speeds: dict[tuple[str, int], float]) -> Table:
+    """nmt / CTranslate2 sentences/s per thread count: float32 against float32, fastest against fastest."""
+    table = Table(title="nmt / CTranslate2 (sentences/s ratio, same threads)")
+    for column in ("threads", "fp32 / ct2-float32", "nmt fastest / ct2 fastest"):
+        table.add_column(column, justify="right")
+    for threads in sorted({t for _, t in speeds}):
+        ours = {name: v for (name, t), v in speeds.items() if t == threads and name in SETTINGS}
+        theirs = {name: v for (name, t), v in speeds.items() if t == threads and name in CT2_SETTINGS}
+        if not ours or not theirs:
+            continue
+        same_type = ours["fp32"] / theirs["ct2-float32"] if "fp32" in ours and "ct2-float32" in theirs else None
+        fastest = f"{max(ours.values()) / max(theirs.values()):.2f}x ({max(ours, key=ours.get)} / " \
+                  f"{max(theirs, key=theirs.get)})"
+        table.add_row(str(threads), "n/a" if same_type is None else f"{same_type:.2f}x", fastest)
+    return table
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--path", type=Path, help="a trained checkpoint (default: random transformer_small)")
@@ -81,7 +131,8 @@ def main() -> None:
     parser.add_argument("--beam", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=8000)
     parser.add_argument("--threads", default="1,2", help="comma-separated torch thread counts")
-    parser.add_argument("--settings", default="fp32,bf16,int8", help="comma-separated, from fp32, bf16, int8")
+    parser.add_argument("--settings", default="fp32,bf16,int8" + (",ct2-float32,ct2-int8" if HAVE_CT2 else ""),
+                        help="comma-separated, from fp32, bf16, int8, ct2-float32, ct2-int8")
     parser.add_argument("--repeats", type=int, default=1)
     args = parser.parse_args()
     test_file = args.data / "test_2016_flickr.en.gz"
@@ -103,12 +154,18 @@ def main() -> None:
         for column in columns + (["BLEU"] if references else []):
             table.add_column(column, justify="right")
         fp32_outputs = None  # of the first fp32 run
+        speeds: dict[tuple[str, int], float] = {}  # (setting, threads) -> sentences/s
         for threads in (int(t) for t in args.threads.split(",")):
             for name in args.settings.split(","):
-                precision, quantize = SETTINGS[name]
+                precision, quantize = ("fp32", "none") if name in CT2_SETTINGS else SETTINGS[name]
                 options = build(GenerateOptions, dict(input="-", beam=args.beam, max_tokens=args.max_tokens,
                                                       precision=precision, quantize=quantize, **length_rule))
-                run = time_translation(Path(path), lines, options, threads, args.repeats)
+                if name in CT2_SETTINGS:
+                    run = time_ctranslate2(Path(path), lines, options, threads, args.repeats, CT2_SETTINGS[name],
+                                           Path(tmp))
+                else:
+                    run = time_translation(Path(path), lines, options, threads, args.repeats)
+                speeds[name, threads] = len(lines) / run.seconds
                 fp32_outputs = fp32_outputs or (run.outputs if name == "fp32" else None)
                 tokens = sum(len(tokens) for tokens in run.outputs)
                 same = "n/a" if fp32_outputs is None else \
@@ -121,6 +178,8 @@ def main() -> None:
                 table.add_row(*row)
                 Console(stderr=True).print(f"done: {row}")
     Console().print(table)
+    if any(name in CT2_SETTINGS for name, _ in speeds):
+        Console().print(ratio_table(speeds))
 
 
 if __name__ == "__main__":

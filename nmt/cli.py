@@ -23,6 +23,7 @@ import nmt
 from nmt.averaging import AverageOptions, average as average_checkpoints
 from nmt.data.preprocess import PreprocessOptions, preprocess as run_preprocess, summary_table
 from nmt.errors import NmtError
+from nmt.export.ctranslate2 import ExportOptions
 from nmt.generation.generator import GenerateOptions, generate as run_generation
 from nmt.log import logger, setup_logging, state
 from nmt.options import Option, build, options_of, parse_overrides
@@ -210,6 +211,18 @@ def plot_curves(given: dict) -> None:
     from nmt.plot import plot_curves as draw
 
     draw(build(PlotCurvesOptions, given, "plot curves"))
+
+
+export_app = typer.Typer(help="Export a checkpoint to another inference engine.", no_args_is_help=True)
+app.add_typer(export_app, name="export")
+
+
+@command(ExportOptions, export_app, "ctranslate2", "export ")
+def export_ctranslate2(given: dict) -> None:
+    """Write a CTranslate2 model directory (needs the ct2 extra of nmt), with the sentencepiece model(s) beside it."""
+    from nmt.export.ctranslate2 import export_ctranslate2 as run_export
+
+    run_export(build(ExportOptions, given, "export ctranslate2"))
 
 
 @command()

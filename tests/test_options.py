@@ -45,7 +45,7 @@ def shown_default(option) -> str | None:
 
 def test_every_command_is_built_from_its_dataclass():
     assert set(COMMAND_OPTIONS) == {"average", "preprocess", "score", "train", "generate", "serve", "plot attention",
-                                    "plot curves"}
+                                    "plot curves", "export ctranslate2"}
     assert COMMAND_OPTIONS["generate"] is GenerateOptions
 
 

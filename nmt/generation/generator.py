@@ -18,7 +18,7 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Callable, Literal, NamedTuple
 
 import numpy as np
 import torch
@@ -94,6 +94,10 @@ class GenerateOptions:
         "help": "CPU only: int8 dynamic quantization of every nn.Linear layer, the output projection included."})
     score_reference: bool = field(default=False, metadata={
         "help": "Print BLEU (on stderr) against the split's raw reference file, or its target side if that is gone."})
+    engine: Literal["nmt", "ctranslate2"] = field(default="nmt", metadata={
+        "help": "nmt: its own decoder; ctranslate2: CTranslate2 (the ct2 extra of nmt) on --path, a directory "
+                "from `nmt export ctranslate2` or a checkpoint (exported to a temporary directory). Needs "
+                "--lenpen-style fairseq; outputs can differ: see nmt/generation/ctranslate2_engine.py."})
     search: SearchOptions = field(default_factory=SearchOptions, metadata={
         "help": "Search options.", "panel": "Search"})
     batching: BatchingOptions = field(default_factory=BatchingOptions, metadata={
@@ -107,6 +111,8 @@ class GenerateOptions:
             raise NmtError("--quantize int8 is for CPU inference (dynamic quantization); use --precision on GPU")
         if self.alignment_layer is not None and not (self.print_alignment or self.print_attention):
             raise NmtError("--alignment-layer applies with --print-alignment or --print-attention")
+        if self.engine == "ctranslate2" and (self.print_alignment or self.print_attention):
+            raise NmtError("--print-alignment and --print-attention need --engine nmt (attention weights)")
         if self.score_reference and self.data is None:
             raise NmtError("--score-reference needs a binarized split (DATA_DIR --split); "
                            "for raw input use `nmt score --ref FILE` on the output")
@@ -264,18 +270,39 @@ def score_against_references(options: GenerateOptions, hypotheses: list[str], de
     return score(hypotheses, [references])
 
 
-def translate_stream(model: nn.Module, vocabs: Vocabularies, options: GenerateOptions, device: torch.device
-                     ) -> list[Translation]:
+TranslateSources = Callable[[list[np.ndarray], Progress | None], list[list[Hypothesis]]]  # as translate_ids
+
+
+class Engine(NamedTuple):
+    """What translates: a function from source ids to hypotheses, and the vocabularies."""
+
+    translate: TranslateSources
+    vocabs: Vocabularies
+    model: nn.Module | None  # nmt's model (for attention weights); None for CTranslate2
+
+
+def load_engine(options: GenerateOptions, device: torch.device) -> Engine:
+    """nmt's decoder (one model or an ensemble) or CTranslate2's, as --engine says."""
+    if options.engine == "ctranslate2":
+        from nmt.generation.ctranslate2_engine import load_ctranslate2
+
+        return Engine(*load_ctranslate2(options, device), None)
+    model, vocabs = prepare_model(options.path, device, options.quantize)
+    return Engine(lambda sources, progress=None: translate_ids(model, sources, options.search, options.batching,
+                                                               device, options.precision, progress), vocabs, model)
+
+
+def translate_stream(engine: Engine, options: GenerateOptions, device: torch.device) -> list[Translation]:
     """Translate stdin as lines arrive, writing and flushing each batch before reading on."""
     reader = LineReader(name="stdin")
     translations: list[Translation] = []
     while lines := reader.next_batch(options.buffer_size):
-        sources = encode_sources(vocabs, lines)
-        hypotheses = translate_ids(model, sources, options.search, options.batching, device, options.precision)
+        sources = encode_sources(engine.vocabs, lines)
+        hypotheses = engine.translate(sources, None)
         batch = [Translation(len(translations) + i, line, hyps) for i, (line, hyps) in enumerate(zip(lines, hypotheses))]
         if options.print_alignment or options.print_attention:
-            attach_attention(model, vocabs, sources, batch, options, device)
-        write_translations(batch, vocabs, None, options.format, options.print_scores)
+            attach_attention(engine.model, engine.vocabs, sources, batch, options, device)
+        write_translations(batch, engine.vocabs, None, options.format, options.print_scores)
         translations += batch
     if not translations:
         raise NmtError("stdin is empty: nothing to translate")
@@ -316,21 +343,21 @@ def generate(options: GenerateOptions, show_progress: bool = True) -> GenerateRe
     lines at a time, or what is waiting); files are read whole and batched by length."""
     device = resolve_device(options.device)
     autocast(device, options.precision)  # an impossible precision fails before the model is loaded
-    model, vocabs = prepare_model(options.path, device, options.quantize)
+    engine = load_engine(options, device)
+    vocabs = engine.vocabs
     start = time.perf_counter()
     references = None
     if options.input == "-" and options.output is None and is_stream(sys.stdin):
-        translations = translate_stream(model, vocabs, options, device)
+        translations = translate_stream(engine, options, device)
     else:
         sources, source_texts, references = read_inputs(options, vocabs)
         start = time.perf_counter()
         with progress_bar(show_progress and stderr_console.is_terminal) as progress:
-            hypotheses = translate_ids(model, sources, options.search, options.batching, device, options.precision,
-                                       progress)
+            hypotheses = engine.translate(sources, progress)
         translations = [Translation(i, source_texts[i], hyps, references[i] if references else None)
                         for i, hyps in enumerate(hypotheses)]
         if options.print_alignment or options.print_attention:
-            attach_attention(model, vocabs, sources, translations, options, device)
+            attach_attention(engine.model, vocabs, sources, translations, options, device)
         write_translations(translations, vocabs, options.output, options.format, options.print_scores)
     seconds = time.perf_counter() - start
     if options.print_attention:

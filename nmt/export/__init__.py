@@ -1,0 +1,1 @@
+"""Exports of nmt checkpoints to other inference engines."""

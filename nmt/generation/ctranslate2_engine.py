@@ -1,0 +1,154 @@
+"""``nmt generate --engine ctranslate2``: the same inputs and outputs, decoded by CTranslate2.
+
+``--path`` is a directory from ``nmt export ctranslate2``, or a checkpoint, exported (float32) to
+a temporary directory first. The search options map onto CTranslate2's: beam, nbest, min length,
+no-repeat n-grams, sampling (top-k, top-p, temperature, seed). The max length ``a * |source| + b``
+is per sentence, so each batch holds sentences of one max length. ``--quantize int8`` and
+``--precision bf16|fp16`` choose CTranslate2's compute type; otherwise it computes in the type the
+export stored.
+
+Where the outputs can differ from nmt's own decoder (with the same weights, in float32):
+
+- Length penalty: CTranslate2 divides by |Y|^alpha (|Y| counting EOS here), fairseq's form; GNMT's
+  ((5+|Y|)/6)^alpha cannot be expressed, so ``--lenpen-style gnmt`` is refused unless alpha is 0.
+- Stopping: CTranslate2 ends a sentence once ``beam`` hypotheses have ended (or, with alpha 0, once
+  the best one has); nmt searches on while an unfinished hypothesis could still win. With alpha 0
+  the best hypothesis is the same; with alpha != 0, and for ``--nbest`` > 1, some can differ.
+  ``--beam 1`` is plain greedy in CTranslate2; in nmt it too keeps a spare candidate when alpha != 0.
+- The max length: nmt ends a hypothesis that reaches it with EOS (scored); CTranslate2 stops it
+  there, and EOS is appended here without a score.
+- Banned tokens: CTranslate2 removes them before the softmax, nmt after it (as fairseq), so
+  CTranslate2's log-probabilities would be higher by the mass the model gave them, per prefix.
+  For PAD and BOS that mass is about eps / |V| each after label smoothing eps: enough to flip
+  near-ties, so beam search and greedy do not ban them here (scores then equal nmt's; a trained
+  model never ranks them among the candidates). Sampling bans them, as nmt's sampling
+  renormalizes too. EOS before the min length and repeated n-grams are banned, renormalized.
+- Sampling draws from CTranslate2's random generator: other samples than nmt's for the same seed.
+- Numerics: different kernels, so near-ties can break the other way.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+from rich.progress import Progress
+
+from nmt.checkpoint import Vocabularies
+from nmt.data.batching import batch_by_size
+from nmt.data.vocabulary import BOS_ID, EOS_ID, PAD_ID
+from nmt.errors import NmtError
+from nmt.export.ctranslate2 import ExportOptions, export_ctranslate2, import_ctranslate2, load_vocabularies
+from nmt.generation.search import Hypothesis, max_lengths
+
+if TYPE_CHECKING:
+    import ctranslate2
+
+    from nmt.generation.generator import GenerateOptions, TranslateSources
+
+
+def check_options(options: GenerateOptions) -> None:
+    if options.search.lenpen_style == "gnmt" and options.search.lenpen != 0:
+        raise NmtError("--engine ctranslate2 normalises scores by |Y|^alpha: use --lenpen-style fairseq (or "
+                       "--lenpen 0); GNMT's ((5+|Y|)/6)^alpha cannot be expressed in CTranslate2")
+
+
+def compute_type(options: GenerateOptions) -> str:
+    if options.quantize == "int8":
+        return "int8"
+    return {"bf16": "bfloat16", "fp16": "float16"}.get(options.precision, "default")
+
+
+def load_ctranslate2(options: GenerateOptions, device: torch.device) -> tuple[TranslateSources, Vocabularies]:
+    """A function translating source ids with CTranslate2, and the model's vocabularies."""
+    check_options(options)
+    if len(options.path) != 1 or ":" in options.path[0] and not Path(options.path[0]).exists():
+        raise NmtError("--engine ctranslate2 decodes with one model: give one --path (ensembles need --engine nmt)")
+    translator, vocabs = open_translator(Path(options.path[0]), device, compute_type(options))
+    return lambda sources, progress: translate_ids_ctranslate2(translator, vocabs, sources, options, progress), vocabs
+
+
+def open_translator(path: Path, device: torch.device, compute: str) -> tuple[ctranslate2.Translator, Vocabularies]:
+    """An exported directory as it is; a checkpoint is exported to a temporary directory first
+    (the translator reads its files into memory, so the directory can go right after)."""
+    ctranslate2 = import_ctranslate2()
+    with tempfile.TemporaryDirectory(prefix="nmt-ct2-") as tmp:
+        directory = path if path.is_dir() else export_ctranslate2(ExportOptions(str(path), str(Path(tmp) / "model")))
+        vocabs = load_vocabularies(directory)
+        try:
+            translator = ctranslate2.Translator(str(directory), device=device.type, device_index=device.index or 0,
+                                                compute_type=compute, intra_threads=torch.get_num_threads())
+        except (RuntimeError, ValueError) as exc:
+            raise NmtError(f"CTranslate2 cannot run {path}: {str(exc).strip().splitlines()[0]}") from exc
+    return translator, vocabs
+
+
+def translate_ids_ctranslate2(translator: ctranslate2.Translator, vocabs: Vocabularies, sources: list[np.ndarray],
+                              options: GenerateOptions, progress: Progress | None = None) -> list[list[Hypothesis]]:
+    """Like ``translate_ids``: the ``nbest`` hypotheses of each source (ids ending in EOS), in order."""
+    from nmt.generation.generator import empty_hypotheses
+
+    if options.search.sampling:
+        import_ctranslate2().set_random_seed(options.search.seed)
+    results = [empty_hypotheses(options.search.nbest) if len(s) <= 1 else [] for s in sources]
+    todo = np.asarray([i for i, s in enumerate(sources) if len(s) > 1], dtype=np.int64)
+    lengths = np.fromiter((len(sources[i]) for i in todo), dtype=np.int64, count=len(todo))
+    limits = max_lengths(torch.as_tensor(lengths - 1), options.search.max_len_a, options.search.max_len_b).numpy()
+    max_tokens = None if options.batching.max_tokens is None else max(options.batching.max_tokens // options.search.beam,
+                                                             int(lengths.max(initial=1)))
+    task = progress.add_task("translating", total=len(sources), completed=len(sources) - len(todo)) \
+        if progress else None
+    output_tokens = 0
+    for limit in np.unique(limits):
+        group = todo[limits == limit]
+        for positions in batch_by_size(lengths[limits == limit], None, max_tokens, options.batching.batch_size):
+            indices = group[positions]
+            batch = [[vocabs.source.piece(i) for i in sources[index][:-1]] for index in indices]
+            for index, hyps in zip(indices.tolist(), decode_batch(translator, vocabs, batch, int(limit), options)):
+                results[index] = hyps
+            if progress:
+                output_tokens += sum(len(results[i][0].tokens) for i in indices)
+                progress.update(task, advance=len(indices), tokens=output_tokens)
+    return results
+
+
+def decode_batch(translator: ctranslate2.Translator, vocabs: Vocabularies, batch: list[list[str]], limit: int,
+                 options: GenerateOptions) -> list[list[Hypothesis]]:
+    """One ``translate_batch`` call for sources that share the max length ``limit`` (EOS excluded)."""
+    banned = [[vocabs.target.piece(PAD_ID)], [vocabs.target.piece(BOS_ID)]] if options.search.sampling else None
+    try:
+        results = translator.translate_batch(
+            batch, beam_size=1 if options.search.sampling else options.search.beam,
+            num_hypotheses=options.search.beam if options.search.sampling else options.search.nbest,
+            length_penalty=options.search.lenpen, max_decoding_length=limit, min_decoding_length=min(options.search.min_len, limit),
+            no_repeat_ngram_size=options.search.no_repeat_ngram_size, suppress_sequences=banned,
+            max_input_length=0, return_scores=True, return_end_token=True,
+            sampling_topk=(options.search.topk or 0) if options.search.sampling else 1, sampling_topp=options.search.topp or 1.0,
+            sampling_temperature=options.search.temperature)
+    except (RuntimeError, ValueError) as exc:  # e.g. a sentence longer than the exported position table
+        raise NmtError(f"CTranslate2 failed: {str(exc).strip().splitlines()[0]}") from exc
+    to_id = vocabs.target.processor.piece_to_id
+    hypotheses = []
+    for result in results:
+        hyps = []
+        for tokens, score in list(zip(result.hypotheses, result.scores))[: options.search.nbest]:
+            ids = [to_id(token) for token in tokens]
+            hyps.append(Hypothesis(ids if ids and ids[-1] == EOS_ID else ids + [EOS_ID], score))
+        hypotheses.append(hyps)
+    if options.format == "fairseq":  # its P- lines: each token's log-probability
+        add_positional_scores(translator, vocabs, batch, hypotheses)
+    return hypotheses
+
+
+def add_positional_scores(translator: ctranslate2.Translator, vocabs: Vocabularies, batch: list[list[str]],
+                          hypotheses: list[list[Hypothesis]]) -> None:
+    """Score each hypothesis again, teacher-forced (CTranslate2's search returns only the total)."""
+    pairs = [(source, hyp) for source, hyps in zip(batch, hypotheses) for hyp in hyps]
+    scored = translator.score_batch([source for source, _ in pairs],
+                                    [[vocabs.target.piece(i) for i in hyp.tokens[:-1]] for _, hyp in pairs],
+                                    max_input_length=0)
+    for (_, hyp), result in zip(pairs, scored):
+        hyp.positional_scores = list(result.log_probs)

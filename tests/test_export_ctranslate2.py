@@ -1,0 +1,210 @@
+"""nmt export ctranslate2 and generate --engine ctranslate2: the same model, the same outputs."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from nmt.checkpoint import Vocabularies, load_checkpoint, model_state, save_checkpoint
+from nmt.cli import main
+from nmt.data.vocabulary import BOS_ID, EOS_ID, PAD_ID, Vocabulary
+from nmt.errors import NmtError
+from nmt.export.ctranslate2 import ExportOptions, export_ctranslate2
+from nmt.generation.generator import GenerateOptions, generate, prepare_model, translate_ids
+from nmt.options import build
+from nmt.models.registry import build_model, get_arch, resolve_config
+from nmt.training.config import load_train_config
+from nmt.training.trainer import train
+
+from conftest import numbers_pairs
+
+needs_ct2 = pytest.mark.skipif(importlib.util.find_spec("ctranslate2") is None,
+                               reason="ctranslate2 is not installed (pip install 'nmt[ct2]')")
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_data_dir, tmp_path_factory):
+    """transformer_tiny after 120 updates on the numbers task (a few seconds)."""
+    save_dir = tmp_path_factory.mktemp("ct2-train")
+    train(load_train_config({"data": str(tiny_data_dir), "arch": "transformer_tiny", "save_dir": str(save_dir),
+                             "max_tokens": 1000, "lr": 3e-3, "warmup_updates": 10, "max_update": 120,
+                             "valid_subset": "none", "log_interval": 1000}))
+    return save_dir / "checkpoint_last.pt"
+
+
+@pytest.fixture(scope="module")
+def exported(trained, tmp_path_factory):
+    return export_ctranslate2(ExportOptions(str(trained), str(tmp_path_factory.mktemp("ct2") / "model")))
+
+
+@pytest.fixture(scope="module")
+def sources(trained) -> list[np.ndarray]:
+    _, vocabs = prepare_model(trained, torch.device("cpu"))
+    return [np.asarray(ids + [EOS_ID]) for ids in vocabs.source.encode_batch([s for s, _ in numbers_pairs(80, 11)])]
+
+
+def options_of_generate(**values) -> GenerateOptions:
+    return build(GenerateOptions, {"input": "-", **values})
+
+
+def ct2_hypotheses(exported, sources, options):
+    from nmt.generation.ctranslate2_engine import open_translator, translate_ids_ctranslate2
+
+    translator, vocabs = open_translator(exported, torch.device("cpu"), "default")
+    return translate_ids_ctranslate2(translator, vocabs, sources, options)
+
+
+@needs_ct2
+@pytest.mark.parametrize("beam", [1, 4])
+def test_greedy_and_beam_outputs_equal_nmts_own(trained, exported, sources, beam):
+    options = options_of_generate(beam=beam, lenpen=0.0, max_tokens=2000)
+    model, _ = prepare_model(trained, torch.device("cpu"))
+    ours = [hyps[0].tokens for hyps in translate_ids(model, sources, options.search, options.batching)]
+    theirs = [hyps[0].tokens for hyps in ct2_hypotheses(exported, sources, options)]
+    assert len(set(map(tuple, ours))) > 20  # varied translations, not one degenerate output
+    assert theirs == ours
+
+
+@needs_ct2
+@pytest.mark.parametrize("overrides", [{"normalize_before": True}, {"share_embeddings": "decoder"},
+                                       {"share_embeddings": "none", "normalize_before": True}])
+def test_every_variant_gives_nmts_log_probabilities(overrides, tmp_path):
+    """Pre-norm (joint vocabulary), separate vocabularies, untied output projection: teacher-forced log-probabilities of
+    every token through CTranslate2 equal nmt's. Every weight is perturbed, so that no layer norm is the
+    identity and no bias zero: a weight exported to the wrong place changes the numbers."""
+    from nmt.generation.ctranslate2_engine import open_translator
+
+    pairs = numbers_pairs(200, 2)
+    source = Vocabulary.train([s for s, _ in pairs], vocab_size=100)
+    target = Vocabulary.train([t for _, t in pairs], vocab_size=110) if "share_embeddings" in overrides else source
+    arch = get_arch("transformer_tiny")
+    config = resolve_config(arch.config, overrides)
+    torch.manual_seed(0)
+    model = build_model(arch.model_name, config, len(source), len(target), PAD_ID).eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.2)
+    path = tmp_path / "model.pt"
+    save_checkpoint(path, model_state(model, arch.name, config, Vocabularies("en", "de", source, target)))
+    translator, vocabs = open_translator(export_ctranslate2(ExportOptions(str(path), str(tmp_path / "ct2"))),
+                                         torch.device("cpu"), "default")
+    assert vocabs.source == source and vocabs.target == target
+    for source_text, target_text in pairs[:5]:
+        source_ids, target_ids = source.encode(source_text), target.encode(target_text) + [EOS_ID]
+        theirs = translator.score_batch([[source.piece(i) for i in source_ids]],
+                                        [[target.piece(i) for i in target_ids[:-1]]])[0].log_probs
+        with torch.inference_mode():
+            logits = model(torch.tensor([source_ids + [EOS_ID]]), torch.tensor([[BOS_ID] + target_ids[:-1]]))[0]
+        ours = logits.log_softmax(-1)[torch.arange(len(target_ids)), torch.tensor(target_ids)]
+        assert theirs == pytest.approx(ours.tolist(), abs=1e-3)
+
+
+@needs_ct2
+def test_scores_are_log_probabilities_over_length_to_the_alpha(trained, exported, sources):
+    """fairseq's length penalty, |Y| counting EOS; the P- scores are each token's log-probability."""
+    options = options_of_generate(beam=4, nbest=2, lenpen=1.0, lenpen_style="fairseq", format="fairseq")
+    model, _ = prepare_model(trained, torch.device("cpu"))
+    for source, hyps in zip(sources[:20], ct2_hypotheses(exported, sources[:20], options)):
+        assert len(hyps) == 2 and hyps[0].score >= hyps[1].score
+        for hyp in hyps:
+            with torch.inference_mode():
+                prev = torch.tensor([[BOS_ID] + hyp.tokens[:-1]])
+                logprobs = model(torch.as_tensor(source)[None], prev)[0].log_softmax(-1)
+            ours = logprobs[torch.arange(len(hyp.tokens)), torch.tensor(hyp.tokens)]
+            assert hyp.tokens[-1] == EOS_ID and len(hyp.positional_scores) == len(hyp.tokens)
+            assert hyp.score == pytest.approx(float(ours.sum()) / len(hyp.tokens), abs=2e-3)
+            assert hyp.positional_scores == pytest.approx(ours.tolist(), abs=2e-3)
+
+
+@needs_ct2
+def test_max_length_is_per_sentence(exported, sources):
+    options = options_of_generate(beam=2, lenpen=0.0, max_len_a=0.5, max_len_b=1)
+    hypotheses = ct2_hypotheses(exported, sources, options)
+    limits = [int(0.5 * (len(s) - 1) + 1) for s in sources]
+    assert all(len(hyps[0].tokens) - 1 <= limit for hyps, limit in zip(hypotheses, limits))
+    assert max(len(hyps[0].tokens) - 1 for hyps in hypotheses) > min(limits)  # not the batch's shortest limit
+
+
+@needs_ct2
+def test_sampling_gives_nbest_samples_and_follows_the_seed(exported, sources):
+    options = options_of_generate(beam=3, nbest=3, sampling=True, topk=10, lenpen=0.0, seed=4)
+    first = ct2_hypotheses(exported, sources[:10], options)
+    assert all(len(hyps) == 3 and [h.score for h in hyps] == sorted((h.score for h in hyps), reverse=True)
+               for hyps in first)
+    assert [[h.tokens for h in hyps] for hyps in ct2_hypotheses(exported, sources[:10], options)] == \
+        [[h.tokens for h in hyps] for hyps in first]
+
+
+def run_cli(monkeypatch, capsys, *args: str, stdin: str = "") -> tuple[int, str, str]:
+    monkeypatch.setattr(sys, "argv", ["nmt", *args])
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin.encode("utf-8"))))
+    with pytest.raises(SystemExit) as exit_info:
+        main()
+    out, err = capsys.readouterr()
+    return exit_info.value.code, out, err
+
+
+@needs_ct2
+def test_cli_int8_export_loads_and_translates(trained, exported, tmp_path, monkeypatch, capsys):
+    outdir = tmp_path / "int8"
+    code, _, err = run_cli(monkeypatch, capsys, "export", "ctranslate2", str(trained), str(outdir),
+                           "--quantization", "int8")
+    assert code in (0, None), err
+    assert {"model.bin", "shared_vocabulary.json", "sentencepiece.model", "nmt.json"} <= \
+        {p.name for p in outdir.iterdir()}
+    assert (outdir / "model.bin").stat().st_size < 0.5 * (exported / "model.bin").stat().st_size
+    code, out, err = run_cli(monkeypatch, capsys, "generate", "-i", "-", "--path", str(outdir), "--engine",
+                             "ctranslate2", "--lenpen", "0", stdin="five\n\nI counted to nine yesterday.\n")
+    assert code in (0, None), err
+    lines = out.split("\n")[:-1]
+    assert len(lines) == 3 and lines[1] == "" and "gezählt" in lines[2]
+
+
+@needs_ct2
+def test_cli_generate_from_a_checkpoint_equals_nmts_output(trained, monkeypatch, capsys):
+    text = "".join(s + "\n" for s, _ in numbers_pairs(15, 3))
+    outputs = [run_cli(monkeypatch, capsys, "generate", "-i", "-", "--path", str(trained), "--lenpen", "0",
+                       "--engine", engine, stdin=text)[1] for engine in ("nmt", "ctranslate2")]
+    assert len(outputs[0].splitlines()) == 15 and outputs[1] == outputs[0]
+
+
+@needs_ct2
+def test_existing_outdir_is_kept_without_force(trained, tmp_path):
+    outdir = tmp_path / "model"
+    outdir.mkdir()
+    (outdir / "mine.txt").write_text("keep me")
+    with pytest.raises(NmtError, match="already exists: use --force"):
+        export_ctranslate2(ExportOptions(str(trained), str(outdir)))
+    assert (outdir / "mine.txt").read_text() == "keep me"
+    export_ctranslate2(ExportOptions(str(trained), str(outdir), force=True))
+    assert (outdir / "model.bin").is_file() and not (outdir / "mine.txt").exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["model"]  # no work directory left behind
+
+
+@needs_ct2
+def test_an_architecture_ctranslate2_cannot_express_is_a_clear_error(trained, tmp_path, monkeypatch, capsys):
+    checkpoint = load_checkpoint(trained)
+    checkpoint["model_name"] = "lstm"
+    path = tmp_path / "lstm.pt"
+    save_checkpoint(path, checkpoint)
+    code, _, err = run_cli(monkeypatch, capsys, "export", "ctranslate2", str(path), str(tmp_path / "out"))
+    assert code == 1 and err == "error: cannot export model 'lstm' (arch 'transformer_tiny') to CTranslate2: " \
+                                "only transformer is supported\n"
+    assert not (tmp_path / "out").exists()
+
+
+@needs_ct2
+def test_gnmt_length_penalty_is_refused(trained):
+    with pytest.raises(NmtError, match="--lenpen-style fairseq"):
+        generate(options_of_generate(path=[str(trained)], engine="ctranslate2"), show_progress=False)
+
+
+def test_missing_ctranslate2_is_a_one_line_hint(trained, tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "ctranslate2", None)  # import fails as if not installed
+    code, _, err = run_cli(monkeypatch, capsys, "export", "ctranslate2", str(trained), str(tmp_path / "out"))
+    assert code == 1 and err == "error: CTranslate2 is not installed: pip install 'nmt[ct2]'\n"
