@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 import nmt
-from nmt.checkpoint import load_checkpoint, save_checkpoint
+from nmt.checkpoint import check_compatible, load_checkpoint, save_checkpoint
 from nmt.errors import NmtError
 from nmt.log import logger
 
@@ -51,29 +51,6 @@ def last_checkpoints(directory: str | Path, num_epoch_checkpoints: int | None = 
         names = ", ".join(path.name for _, path in found) or "none"
         raise NmtError(f"asked for the last {count} {kind} checkpoints but {directory} has {len(found)} ({names})")
     return [path for _, path in found[-count:]]
-
-
-def _first_difference(a: dict[str, Any], b: dict[str, Any]) -> str:
-    """Name the first model_config field that differs, for the error message."""
-    for key in sorted(set(a) | set(b)):
-        if a.get(key) != b.get(key):
-            return f"{key}: {a.get(key)!r} vs {b.get(key)!r}"
-    return ""
-
-
-def check_compatible(reference: dict[str, Any], reference_path: Path, other: dict[str, Any], other_path: Path) -> None:
-    """Refuse to average checkpoints of different models or vocabularies."""
-    prefix = f"cannot average {reference_path} and {other_path}"
-    if reference["model_name"] != other["model_name"]:
-        raise NmtError(f"{prefix}: different models ({reference['model_name']} vs {other['model_name']})")
-    if reference["model_config"] != other["model_config"]:
-        archs = f"arch {reference['arch']} vs {other['arch']}; " if reference["arch"] != other["arch"] else ""
-        raise NmtError(f"{prefix}: different model configs ({archs}"
-                       f"{_first_difference(reference['model_config'], other['model_config'])})")
-    for key in ("source_lang", "target_lang", "source", "target"):
-        if reference["vocab"].get(key) != other["vocab"].get(key):
-            what = "language pairs" if key.endswith("_lang") else f"{key} vocabularies"
-            raise NmtError(f"{prefix}: different {what}")
 
 
 def _aliases(state: dict[str, Tensor]) -> dict[str, str]:
@@ -112,14 +89,14 @@ def average_checkpoints(paths: list[str | Path]) -> dict[str, Any]:
     dtypes: dict[str, torch.dtype] = {}
     for path in paths:
         logger.info("reading %s", path)
-        checkpoint = load_checkpoint(path, mmap=True)  # the optimizer state is never read
+        checkpoint = load_checkpoint(path, mmap=True, verify=("model",))  # the optimizer state is never read
         state = checkpoint["model"]
         layout = {key: (tuple(tensor.shape), tensor.is_floating_point()) for key, tensor in state.items()}
         if first is None:
             first = {key: checkpoint[key] for key in ("model_name", "arch", "model_config", "vocab")}
             first_layout, aliases = layout, _aliases(state)
         else:
-            check_compatible(first, paths[0], checkpoint, path)
+            check_compatible(checkpoint, first, f"cannot average {paths[0]} and {path}")
             if layout != first_layout:
                 changed = sorted(set(layout.items()) ^ set(first_layout.items()))
                 raise NmtError(f"cannot average {paths[0]} and {path}: their weights differ "
@@ -170,9 +147,6 @@ def average(inputs: list[str | Path], output: str | Path, num_epoch_checkpoints:
         paths = inputs
     checkpoint = average_checkpoints(paths)
     output = Path(output)
-    try:
-        save_checkpoint(output, checkpoint)
-    except OSError as exc:
-        raise NmtError(f"cannot write {output}: {exc.strerror or exc}") from exc
+    save_checkpoint(output, checkpoint)
     logger.info("averaged %d checkpoints (%s) into %s", len(paths), ", ".join(path.name for path in paths), output)
     return paths

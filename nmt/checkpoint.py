@@ -6,49 +6,28 @@ A checkpoint is a dict saved with ``torch.save``. Every checkpoint holds at leas
     vocab: {source_lang, target_lang, source: bytes, target: bytes}  (sentencepiece protos)
     model: state_dict
 
-Training checkpoints add optimizer, scheduler, scaler, rng and train_state entries.
+Training checkpoints add optimizer, scaler, rng and train_state entries. ``save_checkpoint`` adds
+``checksums`` (a CRC-32 of each entry's tensors), which ``load_checkpoint`` verifies and removes.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import pickle
-import zipfile
-from dataclasses import dataclass
+import zlib
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from torch import nn
 
 import nmt
-from nmt.data.vocabulary import PAD_ID, Vocabulary
+from nmt.data.vocabulary import PAD_ID, Vocabularies
 from nmt.errors import NmtError
 from nmt.files import atomic_write
 from nmt.models.registry import build_model, config_from_dict
 
 REQUIRED_KEYS = ("model_name", "arch", "model_config", "vocab", "model")
-
-
-@dataclass
-class Vocabularies:
-    source_lang: str
-    target_lang: str
-    source: Vocabulary
-    target: Vocabulary
-
-    @property
-    def joint(self) -> bool:
-        return self.source == self.target
-
-    def to_state(self) -> dict[str, Any]:
-        return {"source_lang": self.source_lang, "target_lang": self.target_lang,
-                "source": self.source.model_proto, "target": self.target.model_proto}
-
-    @classmethod
-    def from_state(cls, state: dict[str, Any]) -> "Vocabularies":
-        return cls(state["source_lang"], state["target_lang"], Vocabulary(state["source"]), Vocabulary(state["target"]))
 
 
 def model_state(model: nn.Module, arch: str, config: Any, vocabs: Vocabularies) -> dict[str, Any]:
@@ -63,15 +42,47 @@ def model_state(model: nn.Module, arch: str, config: Any, vocabs: Vocabularies) 
     }
 
 
+def tensors_of(value: Any, name: str = "") -> Iterator[tuple[str, torch.Tensor]]:
+    """Every tensor inside nested dicts/lists/tuples, with a path-like name, in a fixed order."""
+    if isinstance(value, torch.Tensor):
+        yield name, value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from tensors_of(item, f"{name}/{key}")
+    elif isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            yield from tensors_of(item, f"{name}/{index}")
+
+
+def checksum(value: Any) -> int:
+    """CRC-32 over the names, dtypes, shapes and bytes of the tensors in ``value``.
+
+    torch.load notices a broken zip structure but not flipped bytes inside a tensor; this does.
+    """
+    crc = 0
+    for name, tensor in tensors_of(value):
+        crc = zlib.crc32(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}".encode(), crc)
+        data = tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
+        crc = zlib.crc32(memoryview(data.numpy()), crc)
+    return crc
+
+
 def save_checkpoint(path: str | os.PathLike, checkpoint: dict[str, Any]) -> None:
+    """Write atomically, with a checksum of each entry's tensors (``checksums``) for load to verify."""
+    sums = {key: checksum(value) for key, value in checkpoint.items() if key != "checksums"}
     with atomic_write(path, "wb") as handle:
-        torch.save(checkpoint, handle)
+        torch.save({**checkpoint, "checksums": sums}, handle)
 
 
 def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu",
-                    mmap: bool = False) -> dict[str, Any]:
-    """``mmap=True`` maps the tensors from the file instead of reading them: entries never
-    touched (a training checkpoint's optimizer state, when averaging) cost no memory."""
+                    mmap: bool = False, verify: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """Load and check a checkpoint: the file must unpickle safely and its tensors match their checksums.
+
+    ``verify`` names the entries whose checksums are checked (default: all). ``mmap=True`` maps
+    the tensors from the file instead of reading them: entries never touched (a training
+    checkpoint's optimizer state, when averaging) cost no memory. Checkpoints written before
+    checksums existed load unverified.
+    """
     path = Path(path)
     if not path.exists():
         raise NmtError(f"checkpoint not found: {path}")
@@ -79,11 +90,16 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
         raise NmtError(f"expected a checkpoint file, got a directory: {path}")
     try:
         checkpoint = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
-    except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError, OSError) as exc:
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise NmtError(f"checkpoint {path} is corrupt or truncated ({reason})") from exc
+    except OSError as exc:
+        raise NmtError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    except Exception as exc:  # torch raises many types here; its text advises weights_only=False, which we never want
+        raise NmtError(f"{path} is corrupt or not an nmt checkpoint") from exc
     if not isinstance(checkpoint, dict) or any(key not in checkpoint for key in REQUIRED_KEYS):
-        raise NmtError(f"{path} is not an nmt checkpoint")
+        raise NmtError(f"{path} is corrupt or not an nmt checkpoint")
+    stored = checkpoint.pop("checksums", {})
+    for key in stored if verify is None else verify:
+        if key in stored and checksum(checkpoint.get(key)) != stored[key]:
+            raise NmtError(f"{path} is corrupt: its {key!r} entry does not match its checksum")
     return checkpoint
 
 
@@ -102,3 +118,21 @@ def model_from_checkpoint(checkpoint: dict[str, Any]) -> tuple[nn.Module, Vocabu
 
 def describe(checkpoint: dict[str, Any]) -> str:
     return f"{checkpoint['arch']} ({checkpoint['model_name']})"
+
+
+def check_compatible(found: dict[str, Any], expected: dict[str, Any], context: str, remedy: str = "") -> None:
+    """Refuse checkpoint ``found`` when it holds another model, language pair or vocabulary than
+    ``expected`` (a checkpoint too): ``{context}: different ...[; remedy]``."""
+    remedy = f"; {remedy}" if remedy else ""
+    if found["model_name"] != expected["model_name"] or found["model_config"] != expected["model_config"]:
+        a, b = found["model_config"], expected["model_config"]
+        differences = [f"{key} {a.get(key)!r} vs {b.get(key)!r}" for key in sorted(set(a) | set(b))
+                       if a.get(key) != b.get(key)]
+        raise NmtError(f"{context}: different models ({describe(found)} vs {describe(expected)}"
+                       f"{': ' if differences else ''}{', '.join(differences[:3])}){remedy}")
+    pairs = [f"{c['vocab']['source_lang']}->{c['vocab']['target_lang']}" for c in (found, expected)]
+    if pairs[0] != pairs[1]:
+        raise NmtError(f"{context}: different language pairs ({pairs[0]} vs {pairs[1]}){remedy}")
+    for side in ("source", "target"):
+        if found["vocab"][side] != expected["vocab"][side]:
+            raise NmtError(f"{context}: different {side} vocabularies{remedy}")

@@ -363,7 +363,6 @@ def demo(
     workdir: Annotated[Path, typer.Option(help="Where the demo writes its data, model and translations.")] =
         Path("nmt-demo"),
     max_update: Annotated[int, typer.Option(min=1, help="Training updates.")] = 300,
-    max_time: Annotated[str, typer.Option(help="Training time limit, a safety net on a slow or busy machine.")] = "10m",
     verbose: Verbose = 0, quiet: Quiet = False, log_format: LogFormat = LogFormatChoice.text,
 ) -> None:
     """Train and evaluate on an embedded toy task (numbers in words, EN->DE) on the CPU: no download."""
@@ -372,7 +371,7 @@ def demo(
 
     from nmt.demo import run_demo
 
-    report = run_demo(workdir, max_update, max_time)
+    report = run_demo(workdir, max_update)
     console = Console(stderr=True)
     console.print(report.table())
     for result in report.scores:
@@ -388,6 +387,6 @@ def main() -> None:
             logger.exception("error")
         typer.echo(f"error: {exc}", err=True)
         sys.exit(1)
-    except KeyboardInterrupt:
-        typer.echo("interrupted", err=True)
-        sys.exit(130)
+    except KeyboardInterrupt as exc:  # nmt.training.distributed.Stopped carries the signal's exit code
+        typer.echo(f"interrupted: {exc}" if str(exc) else "interrupted", err=True)
+        sys.exit(getattr(exc, "exit_code", 130))

@@ -153,7 +153,7 @@ def test_truncated_input_is_reported(tmp_path, vocab):
     save_model(tmp_path / "b.pt", vocab, seed=1)
     data = (tmp_path / "b.pt").read_bytes()
     (tmp_path / "b.pt").write_bytes(data[: len(data) // 2])
-    with pytest.raises(NmtError, match=r"b\.pt is corrupt or truncated"):
+    with pytest.raises(NmtError, match=r"b\.pt is corrupt or not an nmt checkpoint"):
         average([tmp_path / "a.pt", tmp_path / "b.pt"], tmp_path / "out.pt")
     assert not (tmp_path / "out.pt").exists()
 

@@ -43,14 +43,14 @@ def test_truncated_checkpoint_is_reported(checkpoint_path, tmp_path):
     data = path.read_bytes()
     truncated = tmp_path / "truncated.pt"
     truncated.write_bytes(data[: len(data) // 2])
-    with pytest.raises(NmtError, match="corrupt or truncated"):
+    with pytest.raises(NmtError, match="corrupt or not an nmt checkpoint"):
         load_checkpoint(truncated)
 
 
 def test_garbage_and_foreign_files_are_reported(tmp_path):
     garbage = tmp_path / "garbage.pt"
     garbage.write_bytes(b"\x00not a checkpoint" * 10)
-    with pytest.raises(NmtError, match="corrupt or truncated"):
+    with pytest.raises(NmtError, match="corrupt or not an nmt checkpoint"):
         load_checkpoint(garbage)
     foreign = tmp_path / "foreign.pt"
     torch.save({"weights": torch.zeros(2)}, foreign)

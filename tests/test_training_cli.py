@@ -90,4 +90,4 @@ def test_bad_input_is_a_one_line_error(tiny_data_dir, tmp_path):
 def test_resume_with_another_arch_is_a_one_line_error(tiny_data_dir, tmp_path):
     train(tiny_config(tiny_data_dir, tmp_path, max_update=1))
     assert_one_line_error(run_nmt("train", str(tiny_data_dir), "--arch", "transformer_small", "--set", "dropout=0.2",
-                                  "--save-dir", str(tmp_path)), "not the transformer_small this run asks for")
+                                  "--save-dir", str(tmp_path)), "different models (transformer_tiny (transformer) vs transformer_small")

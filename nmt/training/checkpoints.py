@@ -9,21 +9,23 @@ Names (the same ones ``nmt average`` selects by)::
 
 Each file is a full, independent ``torch.save`` written atomically (nmt.checkpoint.save_checkpoint);
 none is a copy of another, so no crash leaves a half-written one. A training checkpoint adds to
-the model state: optimizer, scheduler, scaler, rng (torch/cuda/python), train_state (epoch,
+the model state: optimizer, scaler, rng (torch/cuda/python), train_state (epoch,
 position in the epoch, update, validation bookkeeping) and train_config (the resolved recipe).
 """
 
 from __future__ import annotations
 
+import contextlib
 import random
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
 from nmt.averaging import EPOCH_CHECKPOINT, UPDATE_CHECKPOINT
-from nmt.checkpoint import Vocabularies, describe, load_checkpoint, save_checkpoint
+from nmt.checkpoint import load_checkpoint, save_checkpoint
 from nmt.errors import NmtError
+from nmt.files import cannot_write, lock_directory, lock_holder, remove_stale, temp_file_pattern, unlock_directory
 from nmt.log import logger
 
 LAST = "checkpoint_last.pt"
@@ -36,6 +38,30 @@ def epoch_checkpoint_name(epoch: int) -> str:
 
 def update_checkpoint_name(epoch: int, update: int) -> str:
     return f"checkpoint_{epoch}_{update}.pt"
+
+
+@contextlib.contextmanager
+def claim_save_dir(save_dir: Path) -> Iterator[None]:
+    """Make the save dir and hold its lock while training; remove temp files of interrupted saves.
+
+    A second ``nmt train`` on the same save dir would mix its checkpoints with this run's (and a
+    later average would mix two runs), so it fails at once, naming this process.
+    """
+    if save_dir.exists() and not save_dir.is_dir():
+        raise NmtError(f"--save-dir {save_dir} is a file, not a directory")
+    try:
+        save_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise cannot_write(save_dir, exc) from exc
+    if not lock_directory(save_dir):
+        raise NmtError(f"{save_dir} is in use by another `nmt train` ({lock_holder(save_dir)}); "
+                       "wait for it to finish or give another --save-dir")
+    try:
+        remove_stale([*save_dir.glob(temp_file_pattern("checkpoint*.pt")), *save_dir.glob(temp_file_pattern("*.yaml"))],
+                     "temp file(s)")
+        yield
+    finally:
+        unlock_directory(save_dir)
 
 
 def write_checkpoints(save_dir: Path, checkpoint: dict[str, Any], names: list[str]) -> None:
@@ -106,23 +132,3 @@ def find_resume_checkpoint(save_dir: Path, restore_file: str | None) -> tuple[Pa
             return path, checkpoint
     raise NmtError(f"{last} does not load and no other checkpoint in {save_dir} does; "
                    "move the save dir away to start over")
-
-
-def check_compatible(checkpoint: dict[str, Any], path: Path, model_name: str, arch: str,
-                     model_config: dict[str, Any], vocabs: Vocabularies) -> None:
-    """Refuse to continue a checkpoint of another model or another vocabulary."""
-    if checkpoint["model_name"] != model_name or checkpoint["model_config"] != model_config:
-        stored = checkpoint["model_config"]
-        differences = [f"{key} {stored.get(key)!r} vs {model_config.get(key)!r}"
-                       for key in sorted(set(stored) | set(model_config)) if stored.get(key) != model_config.get(key)]
-        detail = f" ({', '.join(differences[:3])})" if differences else ""
-        raise NmtError(f"{path} holds a {describe(checkpoint)} model{detail}, not the {arch} this run asks for; "
-                       "use another --save-dir, or the checkpoint's --arch and --set")
-    stored_vocab = checkpoint["vocab"]
-    for side, lang_key, vocab in (("source", "source_lang", vocabs.source), ("target", "target_lang", vocabs.target)):
-        if stored_vocab[lang_key] != getattr(vocabs, lang_key):
-            raise NmtError(f"{path} translates {stored_vocab['source_lang']}->{stored_vocab['target_lang']}, "
-                           f"not {vocabs.source_lang}->{vocabs.target_lang}; use another --save-dir")
-        if stored_vocab[side] != vocab.model_proto:
-            raise NmtError(f"{path} was trained with another {side} vocabulary than this data directory's; "
-                           "use another --save-dir")
