@@ -10,7 +10,7 @@ from typing import Annotated, Optional
 import typer
 
 import nmt
-from nmt.errors import NmtError
+from nmt.errors import NmtError, Stopped
 from nmt.log import logger, setup_logging, state
 
 app = typer.Typer(
@@ -387,6 +387,9 @@ def main() -> None:
             logger.exception("error")
         typer.echo(f"error: {exc}", err=True)
         sys.exit(1)
-    except KeyboardInterrupt as exc:  # nmt.training.distributed.Stopped carries the signal's exit code
+    except Stopped as exc:
         typer.echo(f"interrupted: {exc}" if str(exc) else "interrupted", err=True)
-        sys.exit(getattr(exc, "exit_code", 130))
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        typer.echo("interrupted", err=True)
+        sys.exit(130)

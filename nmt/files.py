@@ -200,7 +200,7 @@ def read_lines(path: str | os.PathLike) -> list[str]:
 
     Lines are split on "\\n" only (as ``wc -l`` counts them) and decoded one by one, so the
     line number in an error is exact (a text wrapper decodes whole chunks ahead of the line).
-    "-" reads stdin (left open).
+    A leading byte-order mark is dropped, with a warning. "-" reads stdin (left open).
     """
     lines: list[str] = []
     stdin = str(path) == "-"
@@ -214,6 +214,9 @@ def read_lines(path: str | os.PathLike) -> list[str]:
             raise NmtError(f"{name}: line {line_no} is not valid UTF-8 ({exc.reason})") from exc
         except (OSError, EOFError) as exc:
             raise NmtError(f"cannot read {name}: {exc}") from exc
+    if lines and lines[0].startswith("\ufeff"):  # Windows editors write one; it is not text
+        lines[0] = lines[0][1:]
+        logger.warning("%s starts with a UTF-8 byte-order mark: ignored it", name)
     return lines
 
 

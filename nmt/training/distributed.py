@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from nmt.errors import NmtError
+from nmt.errors import NmtError, Stopped
 from nmt.log import logger, setup_logging, state
 
 
@@ -42,18 +42,6 @@ class DistributedContext:
     @property
     def is_distributed(self) -> bool:
         return self.world_size > 1
-
-
-class Stopped(KeyboardInterrupt):
-    """Training stopped for a signal; the CLI exits 128 + ``signum`` (130 for Ctrl-C, 143 for SIGTERM)."""
-
-    def __init__(self, signum: int, message: str = ""):
-        super().__init__(message)
-        self.signum = signum
-
-    @property
-    def exit_code(self) -> int:
-        return 128 + self.signum
 
 
 SIGNAL_NAMES = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}

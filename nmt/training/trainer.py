@@ -28,12 +28,12 @@ from nmt.checkpoint import check_compatible, model_state
 from nmt.data.dataset import DataDir, ParallelDataset
 from nmt.data.vocabulary import PAD_ID, Vocabularies
 from nmt.device import autocast, resolve_device
-from nmt.errors import NmtError
+from nmt.errors import NmtError, Stopped
 from nmt.log import logger, state as log_state, stderr_console
 from nmt.models.registry import build_model, count_parameters, get_arch, resolve_config
 from nmt.training import checkpoints as ckpt
 from nmt.training.config import TrainConfig, config_to_dict, write_config
-from nmt.training.distributed import (DistributedContext, StopRequest, Stopped, all_reduce_sum, init_distributed,
+from nmt.training.distributed import (DistributedContext, StopRequest, all_reduce_sum, init_distributed,
                                       launched_by_torchrun, shutdown_distributed, spawn)
 from nmt.training.iterator import EpochIterator, Update, make_batches
 from nmt.training.loss import label_smoothed_cross_entropy
@@ -96,14 +96,14 @@ def processes_for_this_machine(config: TrainConfig) -> TrainConfig:
     """--nproc on a machine without the GPUs for it: one process with the same update, or a warning.
 
     With ``device: auto`` and no GPU, N CPU processes would share the cores for no gain, so one
-    process accumulates the N processes' batches (``update_freq`` x N: the same updates). An
+    process accumulates the N processes' batches (``update_freq`` x N: updates of the same size). An
     explicit ``--device cpu`` keeps N processes, with a warning when they outnumber the cores.
     """
     if config.nproc == 1 or resolve_device(config.device).type != "cpu":
         return config
     if config.device == "auto":
         logger.warning("--nproc %d with --device auto and no GPU: training in 1 process with --update-freq %d "
-                       "(the same updates); give --device cpu to run %d CPU processes", config.nproc,
+                       "(updates of the same size); give --device cpu to run %d CPU processes", config.nproc,
                        config.update_freq * config.nproc, config.nproc)
         return dataclasses.replace(config, nproc=1, update_freq=config.update_freq * config.nproc)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
