@@ -13,6 +13,7 @@ Training checkpoints add optimizer, scaler, rng and train_state entries. ``save_
 from __future__ import annotations
 
 import dataclasses
+import errno
 import os
 import zlib
 from pathlib import Path
@@ -91,7 +92,9 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     try:
         checkpoint = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except OSError as exc:
-        raise NmtError(f"cannot read {path}: {exc.strerror or exc}") from exc
+        if exc.errno in (errno.EACCES, errno.EPERM, errno.EIO):
+            raise NmtError(f"cannot read {path}: {exc.strerror}") from exc
+        raise NmtError(f"{path} is corrupt or not an nmt checkpoint") from exc  # torch's EINVAL on a short file
     except Exception as exc:  # torch raises many types here; its text advises weights_only=False, which we never want
         raise NmtError(f"{path} is corrupt or not an nmt checkpoint") from exc
     if not isinstance(checkpoint, dict) or any(key not in checkpoint for key in REQUIRED_KEYS):
