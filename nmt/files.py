@@ -46,20 +46,21 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", encoding: str | None 
         yield sys.stdout.buffer if binary else sys.stdout
         (sys.stdout.buffer if binary else sys.stdout).flush()
         return
+    shown = Path(path)  # errors name the path the user gave
     path = Path(os.path.realpath(path))  # a symlink's target is what gets written
     try:
         kind = path.stat().st_mode
     except OSError:
         kind = None  # a new file (or one we cannot see: the write below says why)
     if kind is not None and stat.S_ISDIR(kind):
-        raise NmtError(f"cannot write {path}: it is a directory")
+        raise NmtError(f"cannot write {shown}: it is a directory")
     if kind is not None and not stat.S_ISREG(kind):
-        with _reported(path), open(path, mode, **({} if binary else {"encoding": encoding})) as handle:
+        with _reported(shown), open(path, mode, **({} if binary else {"encoding": encoding})) as handle:
             yield handle
         return
     tmp = None
     try:
-        with _reported(path):
+        with _reported(shown):
             path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
             os.fchmod(fd, 0o666 & ~current_umask())  # mkstemp makes 0600; give what a plain open() would

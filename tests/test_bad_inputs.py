@@ -256,7 +256,7 @@ CASES = [
      setup({"bad/latin1.txt": b"caf\xe9\n"})),
     ("generate-empty-input", ["generate", "-i", "bad/empty.txt", "--path", "model.pt", "-q"], "empty",
      setup({"bad/empty.txt": ""})),
-    ("generate-batch-size-zero", [*GENERATE, "--batch-size", "0", "-o", "good.hyp"], "at least 1", NO_SETUP),
+    ("generate-batch-size-zero", [*GENERATE, "--batch-size", "0", "-o", "good.hyp"], "must be at least 1", NO_SETUP),
     ("generate-beam-zero", [*GENERATE, "--beam", "0", "-o", "good.hyp"], "--beam must be at least 1", NO_SETUP),
     ("generate-output-is-a-directory", [*GENERATE, "-o", "data"], "is a directory", NO_SETUP),
     ("generate-read-only-output", [*GENERATE, "-o", "ro/test.hyp"], "Read-only file system", setup(then=read_only)),

@@ -65,7 +65,7 @@ def batch_by_size(source_sizes: np.ndarray, target_sizes: np.ndarray | None, max
         raise NmtError("give --max-tokens or --max-sentences")
     for unit, budget in (("tokens", max_tokens), ("sentences", max_sentences)):
         if budget is not None and budget < 1:  # no batch could take a sentence: the loop below would never end
-            raise NmtError(f"a batch must be allowed at least 1 {unit}, got {budget}")
+            raise NmtError(f"a batch limit of {budget} {unit} cannot hold any sentence; it must be at least 1")
     sizes = np.maximum(source_sizes, target_sizes) if target_sizes is not None else np.asarray(source_sizes)
     if max_tokens is not None and len(sizes) and sizes.max() > max_tokens:
         longest = int(np.argmax(sizes))
