@@ -84,7 +84,7 @@ def average(
 ) -> None:
     """Average the parameters of checkpoints (the paper: last 5 for base, last 20 for big)."""
     common(verbose, quiet, log_format)
-    from nmt.averaging import average as average_checkpoints
+    from nmt.checkpoint.averaging import average as average_checkpoints
 
     average_checkpoints(inputs, output, num_epoch_checkpoints, num_update_checkpoints)
 

@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 from rich.table import Table
 
+from nmt.checkpoint.names import BEST
 from nmt.errors import NmtError
 from nmt.files import read_yaml_mapping
 from nmt.log import logger
@@ -107,13 +108,13 @@ def run_recipe(path: str | Path, stages: tuple[str, ...] = STAGES) -> PipelineRe
 
         timed("train", run_train)
 
-    model_path = save_dir / "checkpoint_best.pt"
+    model_path = save_dir / BEST
     average_options = section(document, "average")
     if average_options is not None:
         output = Path(average_options.pop("output", save_dir / "averaged.pt"))
         if "average" in stages:
             def run_average() -> str:
-                from nmt.averaging import average
+                from nmt.checkpoint.averaging import average
 
                 used = average([save_dir], output, **average_options)
                 return f"{output} (from {len(used)} checkpoints)"

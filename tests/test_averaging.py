@@ -5,7 +5,7 @@ import sys
 import pytest
 import torch
 
-from nmt.averaging import average, average_checkpoints, last_checkpoints
+from nmt.checkpoint.averaging import average, average_checkpoints, last_checkpoints
 from nmt.checkpoint import Vocabularies, load_checkpoint, model_from_checkpoint, model_state, save_checkpoint
 from nmt.data.vocabulary import PAD_ID, Vocabulary
 from nmt.errors import NmtError

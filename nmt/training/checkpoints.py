@@ -1,13 +1,7 @@
-"""Training checkpoints in a save dir: which files are written, pruned, and resumed from.
+"""Training's checkpoint policy for its save dir: holding it, writing, pruning, resuming.
 
-Names (the same ones ``nmt average`` selects by)::
-
-    checkpoint_last.pt            after every save: what a re-run resumes from
-    checkpoint_best.pt            the lowest validation loss so far
-    checkpoint{epoch}.pt          at the end of each epoch
-    checkpoint_{epoch}_{update}.pt  every --save-interval-updates updates
-
-Each file is a full, independent ``torch.save`` written atomically (nmt.checkpoint.save_checkpoint);
+The file names are nmt/checkpoint/names.py's. Each file is a full, independent ``torch.save``
+written atomically (nmt.checkpoint.save_checkpoint);
 none is a copy of another, so no crash leaves a half-written one. A training checkpoint adds to
 the model state: optimizer, scaler, rng (torch/cuda/python), train_state (epoch,
 position in the epoch, update, validation bookkeeping) and train_config (the resolved recipe).
@@ -22,23 +16,11 @@ from typing import Any, Iterator
 
 import torch
 
-from nmt.averaging import EPOCH_CHECKPOINT, UPDATE_CHECKPOINT
 from nmt.checkpoint import load_checkpoint, save_checkpoint
+from nmt.checkpoint.names import LAST, numbered_checkpoints
 from nmt.errors import NmtError
 from nmt.files import cannot_write, lock_directory, lock_holder, remove_stale, temp_file_pattern, unlock_directory
 from nmt.log import logger
-
-LAST = "checkpoint_last.pt"
-BEST = "checkpoint_best.pt"
-
-
-def epoch_checkpoint_name(epoch: int) -> str:
-    return f"checkpoint{epoch}.pt"
-
-
-def update_checkpoint_name(epoch: int, update: int) -> str:
-    return f"checkpoint_{epoch}_{update}.pt"
-
 
 @contextlib.contextmanager
 def claim_save_dir(save_dir: Path) -> Iterator[None]:
@@ -73,12 +55,11 @@ def write_checkpoints(save_dir: Path, checkpoint: dict[str, Any], names: list[st
 
 def prune_checkpoints(save_dir: Path, keep_last_epochs: int, keep_interval_updates: int) -> None:
     """Delete all but the newest N epoch / update checkpoints (N < 0 keeps all)."""
-    for pattern, keep in ((EPOCH_CHECKPOINT, keep_last_epochs), (UPDATE_CHECKPOINT, keep_interval_updates)):
+    for kind, keep in (("epoch", keep_last_epochs), ("update", keep_interval_updates)):
         if keep < 0:
             continue
-        found = sorted((tuple(int(g) for g in match.groups())[::-1], path)
-                       for path in save_dir.iterdir() if (match := pattern.fullmatch(path.name)))
-        for _, path in found[: max(len(found) - keep, 0)]:
+        found = numbered_checkpoints(save_dir, kind)
+        for path in found[: max(len(found) - keep, 0)]:
             path.unlink(missing_ok=True)
             logger.debug("removed %s", path.name)
 

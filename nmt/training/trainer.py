@@ -25,6 +25,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from nmt.checkpoint import check_compatible, model_state
+from nmt.checkpoint.names import BEST, LAST, epoch_checkpoint_name, update_checkpoint_name
 from nmt.data.dataset import DataDir, ParallelDataset
 from nmt.data.vocabulary import PAD_ID, Vocabularies
 from nmt.device import autocast, resolve_device
@@ -154,7 +155,7 @@ def check_inputs(config: TrainConfig, world_size: int = 1) -> TrainingData:
             raise NmtError(f"{config.data} has no split {config.valid_subset!r} to validate on; "
                            f"it has: {', '.join(data.splits)}")
         logger.warning("%s has no 'valid' split: training without validation (and without %s)",
-                       config.data, ckpt.BEST)
+                       config.data, BEST)
     elif config.valid_subset is not None:
         valid_set = data.split(config.valid_subset)
         longest = int(np.maximum(valid_set.source.sizes, valid_set.target.sizes).max(initial=1))
@@ -225,8 +226,12 @@ class Trainer:
                            self.state.position, self.state.epoch, self.context.world_size, repeated)
 
     def checkpoint(self) -> dict[str, Any]:
-        return {**model_state(self.model, self.config.arch, self.model_config, self.vocabs),
-                **training_state(self.optimizer, self.scaler, self.state, config_to_dict(self.config, self.model_config))}
+        """A training checkpoint: the model's, plus what resuming needs (the schedule is a function
+        of the update count, so it has no state of its own)."""
+        return model_state(self.model, self.config.arch, self.model_config, self.vocabs,
+                           optimizer=self.optimizer.state_dict(), scaler=self.scaler.state_dict(),
+                           rng=ckpt.rng_state(), train_state=dataclasses.asdict(self.state),
+                           train_config=config_to_dict(self.config, self.model_config))
 
     def save(self, names: list[str]) -> None:
         self.state.elapsed = self.elapsed()
@@ -410,7 +415,7 @@ class Trainer:
                     interval = Meter()
                 if interrupted:  # no validation: stop soon, but save all that this update saves
                     self.save(checkpoint_names(config, state.epoch, state.update, stepped, stopping=True))
-                    return (f"interrupted at update {state.update}: saved {ckpt.LAST}; "
+                    return (f"interrupted at update {state.update}: saved {LAST}; "
                             "re-run the same command to resume")
                 if update.position == epoch.num_batches:
                     break  # the epoch's end validates and saves below
@@ -431,24 +436,17 @@ class Trainer:
         return stop_reason(config, state, time_up)
 
 
-def training_state(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, state: TrainState,
-                   train_config: dict[str, Any]) -> dict[str, Any]:
-    """What a training checkpoint adds to the model state (the schedule is a function of the update)."""
-    return {"optimizer": optimizer.state_dict(), "scaler": scaler.state_dict(), "rng": ckpt.rng_state(),
-            "train_state": dataclasses.asdict(state), "train_config": train_config}
-
-
 def checkpoint_names(config: TrainConfig, epoch: int, update: int, stepped: bool, improved: bool = False,
                      epoch_end: bool = False, stopping: bool = False) -> list[str]:
     """The files an update writes: at an epoch's end, every --save-interval-updates, on a new best
     validation, and checkpoint_last.pt whenever anything is saved or training stops."""
-    names = [ckpt.epoch_checkpoint_name(epoch)] if epoch_end else []
+    names = [epoch_checkpoint_name(epoch)] if epoch_end else []
     if stepped and config.save_interval_updates and update % config.save_interval_updates == 0:
-        names.append(ckpt.update_checkpoint_name(epoch, update))
+        names.append(update_checkpoint_name(epoch, update))
     if improved:
-        names.append(ckpt.BEST)
+        names.append(BEST)
     if names or stopping:
-        names.append(ckpt.LAST)
+        names.append(LAST)
     return names
 
 

@@ -7,23 +7,16 @@ a model-only checkpoint (no optimizer state) that loads like any other.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
-import nmt
-from nmt.checkpoint import check_compatible, load_checkpoint, save_checkpoint
+from nmt.checkpoint.format import check_compatible, load_checkpoint, make_checkpoint, save_checkpoint
+from nmt.checkpoint.names import numbered_checkpoints
 from nmt.errors import NmtError
 from nmt.log import logger
-
-# The names training writes: checkpoint{epoch}.pt at the end of an epoch and
-# checkpoint_{epoch}_{update}.pt every --save-interval-updates. checkpoint_last.pt and
-# checkpoint_best.pt match neither pattern, so the selectors never pick them.
-EPOCH_CHECKPOINT = re.compile(r"checkpoint(\d+)\.pt")
-UPDATE_CHECKPOINT = re.compile(r"checkpoint_(\d+)_(\d+)\.pt")
 
 
 def last_checkpoints(directory: str | Path, num_epoch_checkpoints: int | None = None,
@@ -34,23 +27,15 @@ def last_checkpoints(directory: str | Path, num_epoch_checkpoints: int | None = 
         raise NmtError("give exactly one of --num-epoch-checkpoints and --num-update-checkpoints")
     if not directory.is_dir():
         raise NmtError(f"not a directory: {directory}")
-    by_epoch = num_epoch_checkpoints is not None
-    pattern, count, kind = ((EPOCH_CHECKPOINT, num_epoch_checkpoints, "epoch") if by_epoch
-                            else (UPDATE_CHECKPOINT, num_update_checkpoints, "update"))
+    kind, count = ("epoch", num_epoch_checkpoints) if num_epoch_checkpoints is not None else \
+        ("update", num_update_checkpoints)
     if count < 1:
         raise NmtError(f"--num-{kind}-checkpoints must be at least 1, got {count}")
-    found = []
-    for path in directory.iterdir():
-        match = pattern.fullmatch(path.name)
-        if match:
-            # Update checkpoints sort by update number (then epoch), epoch checkpoints by epoch.
-            numbers = tuple(int(group) for group in match.groups())
-            found.append((numbers[::-1], path))
-    found.sort()
+    found = numbered_checkpoints(directory, kind)
     if len(found) < count:
-        names = ", ".join(path.name for _, path in found) or "none"
+        names = ", ".join(path.name for path in found) or "none"
         raise NmtError(f"asked for the last {count} {kind} checkpoints but {directory} has {len(found)} ({names})")
-    return [path for _, path in found[-count:]]
+    return found[-count:]
 
 
 def _aliases(state: dict[str, Tensor]) -> dict[str, str]:
@@ -121,8 +106,8 @@ def average_checkpoints(paths: list[str | Path]) -> dict[str, Any]:
             averaged[key] = integers[key]
         else:
             averaged[key] = sums.pop(key).div_(len(paths)).to(dtype)
-    return {"nmt_version": nmt.__version__, **first, "model": averaged,
-            "averaged_from": [str(path) for path in paths]}
+    return make_checkpoint(first["model_name"], first["arch"], first["model_config"], first["vocab"], averaged,
+                           averaged_from=[str(path) for path in paths])
 
 
 def average(inputs: list[str | Path], output: str | Path, num_epoch_checkpoints: int | None = None,

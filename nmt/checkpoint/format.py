@@ -1,4 +1,5 @@
-"""Checkpoint files: atomic save, checked load, and rebuilding a model from one alone.
+"""The checkpoint file: assembled in one place, saved atomically with checksums, loaded with checks,
+compared, and turned back into a model from the file alone.
 
 A checkpoint is a dict saved with ``torch.save``. Every checkpoint holds at least::
 
@@ -31,16 +32,17 @@ from nmt.models.registry import build_model, config_from_dict
 REQUIRED_KEYS = ("model_name", "arch", "model_config", "vocab", "model")
 
 
-def model_state(model: nn.Module, arch: str, config: Any, vocabs: Vocabularies) -> dict[str, Any]:
-    """The part of a checkpoint that `generate` and `average` need."""
-    return {
-        "nmt_version": nmt.__version__,
-        "model_name": model.model_name,
-        "arch": arch,
-        "model_config": dataclasses.asdict(config),
-        "vocab": vocabs.to_state(),
-        "model": model.state_dict(),
-    }
+def make_checkpoint(model_name: str, arch: str, model_config: dict[str, Any], vocab: dict[str, Any],
+                    model: dict[str, torch.Tensor], **extra: Any) -> dict[str, Any]:
+    """The one place a checkpoint dict is assembled; ``extra`` adds training state or provenance."""
+    return {"nmt_version": nmt.__version__, "model_name": model_name, "arch": arch, "model_config": model_config,
+            "vocab": vocab, "model": model, **extra}
+
+
+def model_state(model: nn.Module, arch: str, config: Any, vocabs: Vocabularies, **extra: Any) -> dict[str, Any]:
+    """A checkpoint of a model: what `generate` and `average` need (plus ``extra``)."""
+    return make_checkpoint(model.model_name, arch, dataclasses.asdict(config), vocabs.to_state(), model.state_dict(),
+                           **extra)
 
 
 def tensors_of(value: Any, name: str = "") -> Iterator[tuple[str, torch.Tensor]]:
