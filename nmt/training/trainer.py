@@ -219,8 +219,8 @@ class Trainer:
         changed = [f"{key} {before[key]!r} -> {now[key]!r}" for key in now if key in before and before[key] != now[key]]
         logger.info("resuming from %s: epoch %d, update %d%s", path, self.state.epoch, self.state.update,
                     f" (changed: {', '.join(changed)})" if changed else "")
-        repeated = self.state.position % self.context.world_size
-        if repeated:  # positions are global batches; a shard starts at a multiple of the world size
+        repeated = batches_trained_again(self.state.position, self.context.world_size)
+        if repeated:
             logger.warning("resuming at batch %d of epoch %d with %d processes (the run stopped with another "
                            "number): %d batch(es) before it are trained again, so the resume is not exact",
                            self.state.position, self.state.epoch, self.context.world_size, repeated)
@@ -346,7 +346,7 @@ class Trainer:
                     "update = %d batch(es) x %d process(es); losses in nats per target token (fairseq logs base 2)",
                     config.arch, f"{count_parameters(self.model):,}", self.device, config.precision,
                     context.world_size, len(self.data.batches), config.update_freq, context.world_size)
-        left_out = len(self.data.batches) % context.world_size
+        left_out = batches_left_out(len(self.data.batches), context.world_size)
         if left_out:
             logger.warning("%d training batches do not share evenly among %d processes: each epoch leaves out %d "
                            "of them (a different %d each epoch, as the order changes)", len(self.data.batches),
@@ -448,6 +448,17 @@ def checkpoint_names(config: TrainConfig, epoch: int, update: int, stepped: bool
     if names or stopping:
         names.append(LAST)
     return names
+
+
+def batches_left_out(num_batches: int, world_size: int) -> int:
+    """Batches an epoch skips so that every process takes the same number (nmt/training/iterator.py)."""
+    return num_batches % world_size
+
+
+def batches_trained_again(position: int, world_size: int) -> int:
+    """Batches a resume at ``position`` trains again: each process's shard starts at a multiple of
+    the world size, so a position saved with another number of processes rounds down."""
+    return position % world_size
 
 
 def stop_reason(config: TrainConfig, state: TrainState, time_up: bool) -> str | None:
