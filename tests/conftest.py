@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import torch
 from nmt.data.dataset import DataDir, write_token_array
 from nmt.data.vocabulary import EOS_ID, Vocabulary
 from nmt.demo_data import demo_pairs, sample_numbers
+from nmt.log import logger
 
 # One intra-op thread for the tests and the commands they start: tiny models gain nothing from
 # more, and on a machine whose cores are busy with other work, OpenMP threads waiting for each
@@ -50,3 +52,17 @@ def tiny_data_dir(tmp_path_factory) -> Path:
     """300 training and 40 validation EN->DE pairs of the numbers task; vocabulary of 120 pieces."""
     pairs = numbers_pairs(340, seed=0)
     return make_data_dir(tmp_path_factory.mktemp("tiny-data"), {"train": pairs[:300], "valid": pairs[300:]})
+
+
+@pytest.fixture()
+def messages():
+    """The nmt logger's messages during the test."""
+    records: list[str] = []
+    handler = logging.Handler(logging.DEBUG)
+    handler.emit = lambda record: records.append(record.getMessage())
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    yield records
+    logger.removeHandler(handler)
+    logger.setLevel(level)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 
-import pytest
 import torch
 
 from nmt.data.batching import Batch
@@ -14,7 +13,7 @@ from nmt.training.distributed import DistributedContext
 from nmt.training.iterator import EpochIterator, Update
 from nmt.training.progress import Meter, StepResult
 from nmt.training.trainer import Trainer, batches_left_out, batches_trained_again, train
-from test_training_trainer import messages, tiny_config  # noqa: F401  (messages is a fixture)
+from test_training_trainer import tiny_config
 
 NO_DROPOUT = {"dropout": "0", "attention_dropout": "0", "activation_dropout": "0"}
 
@@ -106,6 +105,6 @@ def test_uneven_shares_and_inexact_resumes_are_counted():
     assert batches_trained_again(6, 4) == 2 and batches_trained_again(8, 4) == 0 and batches_trained_again(7, 1) == 0
 
 
-def test_the_log_says_losses_are_in_nats(tiny_data_dir, tmp_path, messages):  # noqa: F811
+def test_the_log_says_losses_are_in_nats(tiny_data_dir, tmp_path, messages):
     train(tiny_config(tiny_data_dir, tmp_path, max_update=1))
     assert any("losses in nats per target token (fairseq logs base 2)" in m for m in messages)

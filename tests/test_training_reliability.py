@@ -4,18 +4,18 @@ without GPUs, logs that stay machine-readable."""
 from __future__ import annotations
 
 import json
-import logging
 
 import torch
 
 from nmt.checkpoint import load_checkpoint
 from nmt.cli import main
 from nmt.log import logger, setup_logging
-from nmt.training.trainer import processes_for_this_machine, train
-from test_training_trainer import messages, tiny_config  # noqa: F401  (messages is a fixture)
+from nmt.training.distributed import processes_for_this_machine
+from nmt.training.trainer import train
+from test_training_trainer import tiny_config
 
 
-def test_stale_temp_files_of_a_killed_save_are_removed_and_reported(tiny_data_dir, tmp_path, messages):  # noqa: F811
+def test_stale_temp_files_of_a_killed_save_are_removed_and_reported(tiny_data_dir, tmp_path, messages):
     stale = [tmp_path / ".checkpoint_last.pt.k1ll3d.tmp", tmp_path / ".checkpoint_1_3.pt.abc123.tmp"]
     for path in stale:
         path.write_bytes(b"\0" * 1000)
@@ -26,7 +26,7 @@ def test_stale_temp_files_of_a_killed_save_are_removed_and_reported(tiny_data_di
     assert any("removed 2 stale temp file(s)" in m for m in messages)
 
 
-def test_resume_skips_a_checkpoint_whose_tensors_were_silently_damaged(tiny_data_dir, tmp_path, messages):  # noqa: F811
+def test_resume_skips_a_checkpoint_whose_tensors_were_silently_damaged(tiny_data_dir, tmp_path, messages):
     train(tiny_config(tiny_data_dir, tmp_path, max_update=4, save_interval_updates=2))
     last = tmp_path / "checkpoint_last.pt"
     checkpoint = torch.load(last, weights_only=True)
@@ -40,7 +40,7 @@ def test_resume_skips_a_checkpoint_whose_tensors_were_silently_damaged(tiny_data
     assert summary.updates == 5
 
 
-def test_max_time_already_spent_is_nothing_to_do(tiny_data_dir, tmp_path, messages):  # noqa: F811
+def test_max_time_already_spent_is_nothing_to_do(tiny_data_dir, tmp_path, messages):
     train(tiny_config(tiny_data_dir, tmp_path, max_update=2))
     summary = train(tiny_config(tiny_data_dir, tmp_path, max_update=10, max_time="0.001"))
     assert summary.updates == 2 and summary.stop_reason == "reached --max-time 0.001"
@@ -48,7 +48,7 @@ def test_max_time_already_spent_is_nothing_to_do(tiny_data_dir, tmp_path, messag
     assert load_checkpoint(tmp_path / "checkpoint_last.pt")["train_state"]["update"] == 2
 
 
-def test_nproc_without_gpus_is_one_process_with_the_same_update_size(tiny_data_dir, tmp_path, messages,  # noqa: F811
+def test_nproc_without_gpus_is_one_process_with_the_same_update_size(tiny_data_dir, tmp_path, messages,
                                                                       monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     config = processes_for_this_machine(tiny_config(tiny_data_dir, tmp_path, nproc=4, update_freq=2))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import math
 import re
 
@@ -13,7 +12,6 @@ from conftest import MULTI30K, make_data_dir
 from nmt.checkpoint import load_checkpoint, model_from_checkpoint
 from nmt.errors import NmtError
 from nmt.files import read_lines
-from nmt.log import logger
 from nmt.training.config import load_train_config
 from nmt.training.trainer import train
 
@@ -24,20 +22,6 @@ def tiny_config(data_dir, save_dir, **options):
               "lr": 3e-3, "warmup_updates": 10, "log_interval": 5}
     values.update(options)
     return load_train_config(values)
-
-
-@pytest.fixture()
-def messages():
-    """The nmt logger's messages during the test."""
-    records: list[str] = []
-    handler = logging.Handler(logging.DEBUG)
-    handler.emit = lambda record: records.append(record.getMessage())
-    level = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    yield records
-    logger.removeHandler(handler)
-    logger.setLevel(level)
 
 
 def assert_same_weights(path_a, path_b):

@@ -17,7 +17,8 @@ from typing import Any, Iterator
 import torch
 
 from nmt.checkpoint import load_checkpoint, save_checkpoint
-from nmt.checkpoint.names import LAST, numbered_checkpoints
+from nmt.checkpoint.names import (BEST, LAST, epoch_checkpoint_name, numbered_checkpoints,
+                                  update_checkpoint_name)
 from nmt.errors import NmtError
 from nmt.files import cannot_write, lock_directory, lock_holder, remove_stale, temp_file_pattern, unlock_directory
 from nmt.log import logger
@@ -44,6 +45,20 @@ def claim_save_dir(save_dir: Path) -> Iterator[None]:
         yield
     finally:
         unlock_directory(save_dir)
+
+
+def checkpoint_names(save_interval_updates: int, epoch: int, update: int, stepped: bool, improved: bool = False,
+                     epoch_end: bool = False, stopping: bool = False) -> list[str]:
+    """The files an update writes: at an epoch's end, every --save-interval-updates, on a new best
+    validation, and checkpoint_last.pt whenever anything is saved or training stops."""
+    names = [epoch_checkpoint_name(epoch)] if epoch_end else []
+    if stepped and save_interval_updates and update % save_interval_updates == 0:
+        names.append(update_checkpoint_name(epoch, update))
+    if improved:
+        names.append(BEST)
+    if names or stopping:
+        names.append(LAST)
+    return names
 
 
 def write_checkpoints(save_dir: Path, checkpoint: dict[str, Any], names: list[str]) -> None:

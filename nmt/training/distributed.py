@@ -10,6 +10,7 @@ the signal on and waits for its workers.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import pickle
@@ -25,8 +26,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from nmt.device import resolve_device
 from nmt.errors import NmtError, Stopped
 from nmt.log import logger, setup_logging, state
+from nmt.training.config import TrainConfig
 
 
 @dataclass(frozen=True)
@@ -79,6 +82,27 @@ class StopRequest:
     def __exit__(self, *exc: Any) -> None:
         for signum, handler in self.previous.items():
             signal.signal(signum, handler)
+
+
+def processes_for_this_machine(config: TrainConfig) -> TrainConfig:
+    """--nproc on a machine without the GPUs for it: one process with the same update, or a warning.
+
+    With ``device: auto`` and no GPU, N CPU processes would share the cores for no gain, so one
+    process accumulates the N processes' batches (``update_freq`` x N: updates of the same size). An
+    explicit ``--device cpu`` keeps N processes, with a warning when they outnumber the cores.
+    """
+    if config.nproc == 1 or resolve_device(config.device).type != "cpu":
+        return config
+    if config.device == "auto":
+        logger.warning("--nproc %d with --device auto and no GPU: training in 1 process with --update-freq %d "
+                       "(updates of the same size); give --device cpu to run %d CPU processes", config.nproc,
+                       config.update_freq * config.nproc, config.nproc)
+        return dataclasses.replace(config, nproc=1, update_freq=config.update_freq * config.nproc)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if config.nproc > cores:
+        logger.warning("--nproc %d CPU processes on %d core(s): they will compete for the cores and train slower "
+                       "than %d process(es) with a larger --update-freq", config.nproc, cores, cores)
+    return config
 
 
 def launched_by_torchrun() -> bool:

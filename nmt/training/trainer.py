@@ -25,18 +25,18 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from nmt.checkpoint import check_compatible, model_state
-from nmt.checkpoint.names import BEST, LAST, epoch_checkpoint_name, update_checkpoint_name
-from nmt.data.dataset import DataDir, ParallelDataset
-from nmt.data.vocabulary import PAD_ID, Vocabularies
+from nmt.checkpoint.names import LAST
+from nmt.data.vocabulary import PAD_ID
 from nmt.device import autocast, resolve_device
 from nmt.errors import NmtError, Stopped
 from nmt.log import logger, state as log_state, stderr_console
-from nmt.models.registry import build_model, count_parameters, get_arch, resolve_config
+from nmt.models.registry import build_model, count_parameters, get_arch
 from nmt.training import checkpoints as ckpt
 from nmt.training.config import TrainConfig, config_to_dict, write_config
 from nmt.training.distributed import (DistributedContext, StopRequest, all_reduce_sum, init_distributed,
-                                      launched_by_torchrun, shutdown_distributed, spawn)
-from nmt.training.iterator import EpochIterator, Update, make_batches
+                                      launched_by_torchrun, processes_for_this_machine, shutdown_distributed, spawn)
+from nmt.training.inputs import check_inputs
+from nmt.training.iterator import EpochIterator, Update
 from nmt.training.loss import label_smoothed_cross_entropy
 from nmt.training.lr_scheduler import InverseSqrtSchedule
 from nmt.training.progress import Display, Meter, StepResult, summary_table
@@ -93,27 +93,6 @@ def train(config: TrainConfig) -> TrainSummary:
         return train_worker(config)
 
 
-def processes_for_this_machine(config: TrainConfig) -> TrainConfig:
-    """--nproc on a machine without the GPUs for it: one process with the same update, or a warning.
-
-    With ``device: auto`` and no GPU, N CPU processes would share the cores for no gain, so one
-    process accumulates the N processes' batches (``update_freq`` x N: updates of the same size). An
-    explicit ``--device cpu`` keeps N processes, with a warning when they outnumber the cores.
-    """
-    if config.nproc == 1 or resolve_device(config.device).type != "cpu":
-        return config
-    if config.device == "auto":
-        logger.warning("--nproc %d with --device auto and no GPU: training in 1 process with --update-freq %d "
-                       "(updates of the same size); give --device cpu to run %d CPU processes", config.nproc,
-                       config.update_freq * config.nproc, config.nproc)
-        return dataclasses.replace(config, nproc=1, update_freq=config.update_freq * config.nproc)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    if config.nproc > cores:
-        logger.warning("--nproc %d CPU processes on %d core(s): they will compete for the cores and train slower "
-                       "than %d process(es) with a larger --update-freq", config.nproc, cores, cores)
-    return config
-
-
 def train_worker(config: TrainConfig) -> TrainSummary:
     device = resolve_device(config.device)
     context = init_distributed(device.type)
@@ -121,47 +100,6 @@ def train_worker(config: TrainConfig) -> TrainSummary:
         return Trainer(config, context).fit()
     finally:
         shutdown_distributed()
-
-
-@dataclass
-class TrainingData:
-    """Everything training reads from the data directory, checked."""
-
-    vocabs: Vocabularies
-    model_config: Any
-    train_set: ParallelDataset
-    batches: list[np.ndarray]
-    valid_set: ParallelDataset | None
-    valid_batches: list[np.ndarray] | None
-
-
-def check_inputs(config: TrainConfig, world_size: int = 1) -> TrainingData:
-    """Open and check every input of a run (data, arch, batches, devices); an NmtError says what is wrong."""
-    autocast(resolve_device(config.device), config.precision)  # fp16 on CPU is refused here
-    data = DataDir.open(config.data)
-    arch = get_arch(config.arch)
-    model_config = resolve_config(arch.config, config.model)
-    if config.lr is None and not hasattr(model_config, "d_model"):
-        raise NmtError(f"arch {config.arch} has no d_model for the paper's learning rate; give --lr")
-    train_set = data.split(config.train_subset)
-    batches = make_batches(train_set, config.max_tokens, config.max_sentences, config.required_batch_size_multiple,
-                           config.skip_invalid_size_inputs)
-    if len(batches) < world_size:
-        raise NmtError(f"the training set makes {len(batches)} batches, fewer than the "
-                       f"{world_size} processes; lower --max-tokens or use fewer processes")
-    valid_set = valid_batches = None
-    if config.valid_subset is not None and config.valid_subset not in data.splits:
-        if config.valid_subset != "valid":
-            raise NmtError(f"{config.data} has no split {config.valid_subset!r} to validate on; "
-                           f"it has: {', '.join(data.splits)}")
-        logger.warning("%s has no 'valid' split: training without validation (and without %s)",
-                       config.data, BEST)
-    elif config.valid_subset is not None:
-        valid_set = data.split(config.valid_subset)
-        longest = int(np.maximum(valid_set.source.sizes, valid_set.target.sizes).max(initial=1))
-        max_tokens = None if config.max_tokens is None else max(config.max_tokens, longest)
-        valid_batches = make_batches(valid_set, max_tokens, config.max_sentences)
-    return TrainingData(data.vocabularies(), model_config, train_set, batches, valid_set, valid_batches)
 
 
 def batch_seed(seed: int, epoch: int, position: int) -> int:
@@ -414,7 +352,8 @@ class Trainer:
                     self.display.train_line(state.epoch, state.update, interval.figures(), lr)
                     interval = Meter()
                 if interrupted:  # no validation: stop soon, but save all that this update saves
-                    self.save(checkpoint_names(config, state.epoch, state.update, stepped, stopping=True))
+                    self.save(ckpt.checkpoint_names(config.save_interval_updates, state.epoch, state.update, stepped,
+                                                    stopping=True))
                     return (f"interrupted at update {state.update}: saved {LAST}; "
                             "re-run the same command to resume")
                 if update.position == epoch.num_batches:
@@ -425,29 +364,16 @@ class Trainer:
                             and state.update % config.validate_interval_updates == 0):
                     improved = self.validate()
                 stop = stop or stop_reason(config, state, time_up)  # patience, after a validation
-                self.save(checkpoint_names(config, state.epoch, state.update, stepped, improved=improved,
-                                           stopping=stop is not None))
+                self.save(ckpt.checkpoint_names(config.save_interval_updates, state.epoch, state.update, stepped,
+                                                improved=improved, stopping=stop is not None))
                 if stop:
                     return stop
         improved = self.validate()
         finished = state.epoch
         state.epoch, state.position = state.epoch + 1, 0
-        self.save(checkpoint_names(config, finished, state.update, stepped, improved=improved, epoch_end=True))
+        self.save(ckpt.checkpoint_names(config.save_interval_updates, finished, state.update, stepped,
+                                        improved=improved, epoch_end=True))
         return stop_reason(config, state, time_up)
-
-
-def checkpoint_names(config: TrainConfig, epoch: int, update: int, stepped: bool, improved: bool = False,
-                     epoch_end: bool = False, stopping: bool = False) -> list[str]:
-    """The files an update writes: at an epoch's end, every --save-interval-updates, on a new best
-    validation, and checkpoint_last.pt whenever anything is saved or training stops."""
-    names = [epoch_checkpoint_name(epoch)] if epoch_end else []
-    if stepped and config.save_interval_updates and update % config.save_interval_updates == 0:
-        names.append(update_checkpoint_name(epoch, update))
-    if improved:
-        names.append(BEST)
-    if names or stopping:
-        names.append(LAST)
-    return names
 
 
 def batches_left_out(num_batches: int, world_size: int) -> int:
