@@ -87,7 +87,7 @@ def run_demo(workdir: str | Path = "nmt-demo", max_update: int = 300, train_size
     with atomic_write(recipe_path) as handle:
         yaml.safe_dump(recipe, handle, sort_keys=False, allow_unicode=True)
     step = seconds_per_update(recipe)
-    logger.info("the demo trains %d updates of a small Transformer on the CPU: about %.0f minutes here "
+    logger.info("the demo trains %d updates of a small Transformer on the CPU: about %d min here "
                 "(%.1f s per update measured just now), plus a minute or two for the data and the translations",
-                max_update, max_update * step / 60, step)
+                max_update, max(1, round(max_update * step / 60)), step)
     return run_recipe(recipe_path)
