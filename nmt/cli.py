@@ -353,7 +353,8 @@ def run(
     from nmt.pipeline import run_recipe
 
     report = run_recipe(recipe, tuple(stage.strip() for stage in stages.split(",") if stage.strip()))
-    Console(stderr=True).print(report.table())
+    if LogFormatChoice(log_format) is LogFormatChoice.text:  # stderr stays pure JSON lines otherwise
+        Console(stderr=True).print(report.table())
     for result in report.scores:
         typer.echo(result.formatted)
 
@@ -372,8 +373,8 @@ def demo(
     from nmt.demo import run_demo
 
     report = run_demo(workdir, max_update)
-    console = Console(stderr=True)
-    console.print(report.table())
+    if LogFormatChoice(log_format) is LogFormatChoice.text:  # stderr stays pure JSON lines otherwise
+        Console(stderr=True).print(report.table())
     for result in report.scores:
         typer.echo(result.formatted)
     typer.echo(f"data: {report.data}  model: {report.model}  translations: {report.translations}")
