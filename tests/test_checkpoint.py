@@ -90,3 +90,23 @@ def test_resolved_overrides_are_stored(tmp_path, vocab):
     save_checkpoint(path, model_state(model, "transformer_tiny", config, Vocabularies("en", "de", vocab, vocab)))
     rebuilt, _ = model_from_checkpoint(load_checkpoint(path))
     assert rebuilt.config.dropout == 0.25
+
+
+def test_flipped_bytes_are_caught_by_the_checksum_and_old_checkpoints_still_load(checkpoint_path, tmp_path):
+    path, _ = checkpoint_path
+    for entry in ("model", "vocab"):
+        checkpoint = torch.load(path, weights_only=True)  # the raw dict, checksums included
+        if entry == "model":
+            next(iter(checkpoint["model"].values())).view(-1)[:10] += 1.0
+        else:
+            proto = bytearray(checkpoint["vocab"]["source"])
+            proto[100] ^= 0xFF
+            checkpoint["vocab"]["source"] = bytes(proto)
+        damaged = tmp_path / f"damaged-{entry}.pt"
+        torch.save(checkpoint, damaged)  # a valid file whose bytes no longer match its checksums
+        with pytest.raises(NmtError, match=f"is corrupt: its '{entry}' entry does not match its checksum"):
+            load_checkpoint(damaged)
+    old = torch.load(path, weights_only=True)
+    del old["checksums"]  # as written before checksums existed
+    torch.save(old, tmp_path / "old.pt")
+    assert set(load_checkpoint(tmp_path / "old.pt")) == set(old)

@@ -74,7 +74,7 @@ def average_checkpoints(paths: list[str | Path]) -> dict[str, Any]:
     dtypes: dict[str, torch.dtype] = {}
     for path in paths:
         logger.info("reading %s", path)
-        checkpoint = load_checkpoint(path, mmap=True, verify=("model",))  # the optimizer state is never read
+        checkpoint = load_checkpoint(path, mmap=True, verify=("model", "vocab"))  # the optimizer state is never read
         state = checkpoint["model"]
         layout = {key: (tuple(tensor.shape), tensor.is_floating_point()) for key, tensor in state.items()}
         if first is None:

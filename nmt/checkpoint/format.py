@@ -8,7 +8,8 @@ A checkpoint is a dict saved with ``torch.save``. Every checkpoint holds at leas
     model: state_dict
 
 Training checkpoints add optimizer, scaler, rng and train_state entries. ``save_checkpoint`` adds
-``checksums`` (a CRC-32 of each entry's tensors), which ``load_checkpoint`` verifies and removes.
+``checksums`` (a CRC-32 of each entry's tensors and byte strings), which ``load_checkpoint``
+verifies and removes.
 """
 
 from __future__ import annotations
@@ -45,33 +46,35 @@ def model_state(model: nn.Module, arch: str, config: Any, vocabs: Vocabularies, 
                            **extra)
 
 
-def tensors_of(value: Any, name: str = "") -> Iterator[tuple[str, torch.Tensor]]:
-    """Every tensor inside nested dicts/lists/tuples, with a path-like name, in a fixed order."""
+def stored_data(value: Any, name: str = "") -> Iterator[tuple[str, memoryview]]:
+    """The tensors and byte strings (vocabularies) inside nested dicts/lists/tuples, as bytes with a
+    path-like name that also records a tensor's dtype and shape, in a fixed order."""
     if isinstance(value, torch.Tensor):
-        yield name, value
+        data = value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
+        yield f"{name}:{value.dtype}:{tuple(value.shape)}", memoryview(data)
+    elif isinstance(value, bytes):
+        yield name, memoryview(value)
     elif isinstance(value, dict):
         for key, item in value.items():
-            yield from tensors_of(item, f"{name}/{key}")
+            yield from stored_data(item, f"{name}/{key}")
     elif isinstance(value, (list, tuple)):
         for index, item in enumerate(value):
-            yield from tensors_of(item, f"{name}/{index}")
+            yield from stored_data(item, f"{name}/{index}")
 
 
 def checksum(value: Any) -> int:
-    """CRC-32 over the names, dtypes, shapes and bytes of the tensors in ``value``.
+    """CRC-32 of the tensors and byte strings in ``value``, with their names.
 
     torch.load notices a broken zip structure but not flipped bytes inside a tensor; this does.
     """
     crc = 0
-    for name, tensor in tensors_of(value):
-        crc = zlib.crc32(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}".encode(), crc)
-        data = tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
-        crc = zlib.crc32(memoryview(data.numpy()), crc)
+    for name, data in stored_data(value):
+        crc = zlib.crc32(data, zlib.crc32(name.encode(), crc))
     return crc
 
 
 def save_checkpoint(path: str | os.PathLike, checkpoint: dict[str, Any]) -> None:
-    """Write atomically, with a checksum of each entry's tensors (``checksums``) for load to verify."""
+    """Write atomically, with a checksum of each entry's tensors and bytes (``checksums``) for load to verify."""
     sums = {key: checksum(value) for key, value in checkpoint.items() if key != "checksums"}
     with atomic_write(path, "wb") as handle:
         torch.save({**checkpoint, "checksums": sums}, handle)
