@@ -45,7 +45,7 @@ def build_multi30k(directory: Path) -> str:
 
 def measure_speed(config: TrainConfig, warmup: int, updates: int) -> dict[str, float]:
     trainer = Trainer(config, DistributedContext())
-    epoch = iter(EpochIterator(trainer.train_set, trainer.batches, config.seed, 1, update_freq=config.update_freq,
+    epoch = iter(EpochIterator(trainer.data.train_set, trainer.data.batches, config.seed, 1, update_freq=config.update_freq,
                                prefetch=config.prefetch, pin_memory=trainer.device.type == "cuda"))
     tokens = 0.0
     for step in range(warmup + updates):
@@ -54,9 +54,9 @@ def measure_speed(config: TrainConfig, warmup: int, updates: int) -> dict[str, f
                 torch.cuda.synchronize()
                 torch.cuda.reset_peak_memory_stats()
             started, tokens = time.perf_counter(), 0.0
-        sums, _ = trainer.train_step(next(epoch))
+        result = trainer.train_step(next(epoch))  # its sums are read back, which waits for the GPU
         trainer.state.update += 1
-        tokens += sums[2].item()  # .item() waits for the GPU
+        tokens += result.tokens
     seconds = time.perf_counter() - started
     memory = torch.cuda.max_memory_allocated() / 2 ** 30 if trainer.device.type == "cuda" else None
     return {"tokens_per_second": tokens / seconds, "seconds_per_update": seconds / updates, "memory": memory}

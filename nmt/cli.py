@@ -9,6 +9,7 @@ fills in the recipe's and the defaults and checks the values.
 from __future__ import annotations
 
 import inspect
+import os
 import logging
 import sys
 import types
@@ -20,9 +21,9 @@ import typer
 from rich.console import Console
 
 import nmt
-from nmt.averaging import AverageOptions, average as average_checkpoints
+from nmt.checkpoint.averaging import AverageOptions, average as average_checkpoints
 from nmt.data.preprocess import PreprocessOptions, preprocess as run_preprocess, summary_table
-from nmt.errors import NmtError
+from nmt.errors import NmtError, Stopped
 from nmt.export.ctranslate2 import ExportOptions
 from nmt.generation.generator import GenerateOptions, generate as run_generation
 from nmt.log import logger, setup_logging, state
@@ -240,8 +241,9 @@ def run(recipe: Annotated[Path, typer.Argument(
 
 
 def print_report(report: PipelineReport) -> None:
-    """The stages' table on stderr; the scores on stdout."""
-    Console(stderr=True).print(report.table())
+    """The stages' table on stderr (in text logs only: JSON logs stay pure JSON lines); the scores on stdout."""
+    if state["format"] == "text":
+        Console(stderr=True).print(report.table())
     for result in report.scores:
         typer.echo(result.formatted)
 
@@ -249,13 +251,11 @@ def print_report(report: PipelineReport) -> None:
 @command()
 def demo(workdir: Annotated[Path, typer.Option(help="Where the demo writes its data, model and translations.")] =
          Path("nmt-demo"),
-         max_update: Annotated[int, typer.Option(min=1, help="Training updates.")] = 300,
-         max_time: Annotated[str, typer.Option(help="Training time limit, a safety net on a slow or busy machine.")] =
-         "10m") -> None:
+         max_update: Annotated[int, typer.Option(min=1, help="Training updates.")] = 300) -> None:
     """Train and evaluate on an embedded toy task (numbers in words, EN->DE) on the CPU: no download."""
     from nmt.demo import run_demo
 
-    report = run_demo(workdir, max_update, max_time)
+    report = run_demo(workdir, max_update)
     print_report(report)
     typer.echo(f"data: {report.data}  model: {report.model}  translations: {report.translations}")
 
@@ -268,6 +268,12 @@ def main() -> None:
             logger.exception("error")
         typer.echo(f"error: {exc}", err=True)
         sys.exit(1)
+    except Stopped as exc:
+        typer.echo(f"interrupted: {exc}" if str(exc) else "interrupted", err=True)
+        sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         typer.echo("interrupted", err=True)
         sys.exit(130)
+    except BrokenPipeError:  # the reader went away (`nmt generate ... | head`): stop quietly, as other tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes
+        sys.exit(141)  # 128 + SIGPIPE

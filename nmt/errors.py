@@ -3,3 +3,18 @@
 
 class NmtError(Exception):
     """An error the user can fix: a bad path, option, file or checkpoint."""
+
+
+class Stopped(BaseException):
+    """A run stopped by a signal (Ctrl-C, SIGTERM); the CLI exits 128 + ``signum`` (130, 143).
+
+    A BaseException like KeyboardInterrupt, so that no ``except Exception`` swallows it.
+    """
+
+    def __init__(self, signum: int, message: str = ""):
+        super().__init__(message)
+        self.signum = int(signum)
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum

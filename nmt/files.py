@@ -1,17 +1,35 @@
-"""File helpers shared by every command: atomic writes and checked text reading."""
+"""File helpers shared by every command: atomic writes, exclusive locks, checked text reading."""
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import gzip
-import io
 import os
+import shutil
+import stat
 import sys
 import tempfile
 from pathlib import Path
-from typing import IO, Iterator
+from typing import IO, Iterable, Iterator
 
 from nmt.errors import NmtError
+from nmt.log import logger
+
+
+def os_error_of(exc: BaseException) -> OSError | None:
+    """The OSError behind an exception, if any: torch.save hides ENOSPC in a chained RuntimeError."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, OSError):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def cannot_write(path: str | os.PathLike, error: OSError) -> NmtError:
+    return NmtError(f"cannot write {path}: {error.strerror or error}")
 
 
 @contextlib.contextmanager
@@ -19,23 +37,134 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", encoding: str | None 
     """Write to a temp file in the target's directory, fsync, then rename over the target.
 
     A crash at any point leaves either the old file or the complete new one, never half of one.
+    Only regular files (or new paths) are replaced: a device, a FIFO or "-" (stdout) is written in
+    place, and a symlink is followed, so ``-o /dev/null`` stays a device even for root. A failure to
+    write (disk full, read-only, a file where a directory should be) is a one-line NmtError.
     """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.fchmod(fd, 0o666 & ~current_umask())  # mkstemp makes 0600; give what a plain open() would
     binary = "b" in mode
+    if str(path) == "-":
+        yield sys.stdout.buffer if binary else sys.stdout
+        (sys.stdout.buffer if binary else sys.stdout).flush()
+        return
+    shown = Path(path)  # errors name the path the user gave
+    path = Path(os.path.realpath(path))  # a symlink's target is what gets written
     try:
-        with os.fdopen(fd, mode, **({} if binary else {"encoding": encoding})) as handle:
+        kind = path.stat().st_mode
+    except OSError:
+        kind = None  # a new file (or one we cannot see: the write below says why)
+    if kind is not None and stat.S_ISDIR(kind):
+        raise NmtError(f"cannot write {shown}: it is a directory")
+    if kind is not None and not stat.S_ISREG(kind):
+        with _reported(shown), open(path, mode, **({} if binary else {"encoding": encoding})) as handle:
             yield handle
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
+        return
+    tmp = None
+    try:
+        with _reported(shown):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+            os.fchmod(fd, 0o666 & ~current_umask())  # mkstemp makes 0600; give what a plain open() would
+            with os.fdopen(fd, mode, **({} if binary else {"encoding": encoding})) as handle:
+                yield handle
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, path)
     except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+        if tmp is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
         raise
     fsync_dir(path.parent)
+
+
+@contextlib.contextmanager
+def _reported(path: Path) -> Iterator[None]:
+    """Turn a write failure (also one chained inside another error) into ``cannot write PATH: reason``."""
+    try:
+        yield
+    except NmtError:
+        raise
+    except Exception as exc:
+        error = os_error_of(exc)
+        if error is None:
+            raise
+        raise cannot_write(path, error) from exc
+
+
+def temp_file_pattern(name: str) -> str:
+    """The glob matching atomic_write's temp files for ``name`` (a glob itself)."""
+    return f".{name}.*.tmp"
+
+
+def remove_stale(paths: Iterable[Path], what: str) -> None:
+    """Delete what an interrupted run left behind, saying how much it was."""
+    removed, size = 0, 0
+    for path in paths:
+        with contextlib.suppress(OSError):
+            if path.is_dir() and not path.is_symlink():
+                size += sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+                shutil.rmtree(path)
+            else:
+                size += path.stat().st_size
+                path.unlink()
+            removed += 1
+    if removed:
+        logger.info("removed %d stale %s left by an interrupted run (%.1f MB)", removed, what, size / 1e6)
+
+
+_held_locks: dict[Path, int] = {}
+
+
+def lock_directory(directory: Path) -> bool:
+    """Take an exclusive ``flock`` on a directory until ``unlock_directory`` (or this process ends).
+
+    Returns True when taken (or already held by this process), False when another process holds
+    it. The OS releases it when the process dies, so a kill -9 never leaves a stale lock, and
+    no lock file is left behind.
+    """
+    directory = directory.resolve()
+    if directory in _held_locks:
+        return True
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as exc:
+        raise NmtError(f"cannot use {directory}: {exc.strerror or exc}") from exc
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return False
+    _held_locks[directory] = fd
+    return True
+
+
+def unlock_directory(directory: Path) -> None:
+    fd = _held_locks.pop(directory.resolve(), None)
+    if fd is not None:
+        os.close(fd)  # closing the descriptor releases the flock
+
+
+def lock_holder(directory: Path) -> str:
+    """The pid holding the flock on ``directory``, from /proc/locks (Linux), for the error message."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        info = directory.stat()
+        inode = f"{os.major(info.st_dev):02x}:{os.minor(info.st_dev):02x}:{info.st_ino}"
+        for line in Path("/proc/locks").read_text().splitlines():
+            fields = line.split()
+            if fields[1] == "FLOCK" and fields[5] == inode:
+                return f"pid {fields[4]}"
+    return "another process"
+
+
+def clean_workdirs_beside(destdir: Path) -> None:
+    """Remove the ``.NAME.tmp-*`` directories a killed preprocess left beside ``destdir``.
+
+    Only when this process can lock the destdir's parent (kept until it exits): a preprocess
+    running there holds that lock, and its directory is not stale.
+    """
+    if not destdir.parent.is_dir() or not lock_directory(destdir.parent):
+        return
+    remove_stale(destdir.parent.glob(f".{destdir.name}.tmp-*"), "preprocess directories")
 
 
 def current_umask() -> int:
@@ -67,17 +196,12 @@ def open_binary(path: str | os.PathLike) -> IO[bytes]:
         raise NmtError(f"cannot read {path}: {exc.strerror or exc}") from exc
 
 
-def open_text(path: str | os.PathLike) -> IO[str]:
-    """Open a plain or gzip-compressed UTF-8 text file for reading, with user-facing errors."""
-    return io.TextIOWrapper(open_binary(path), encoding="utf-8", errors="strict", newline=None)
-
-
 def read_lines(path: str | os.PathLike) -> list[str]:
     """All lines of a text file without their line ends; bad UTF-8 is reported with its line.
 
     Lines are split on "\\n" only (as ``wc -l`` counts them) and decoded one by one, so the
     line number in an error is exact (a text wrapper decodes whole chunks ahead of the line).
-    "-" reads stdin (left open).
+    A leading byte-order mark is dropped, with a warning. "-" reads stdin (left open).
     """
     lines: list[str] = []
     stdin = str(path) == "-"
@@ -91,6 +215,9 @@ def read_lines(path: str | os.PathLike) -> list[str]:
             raise NmtError(f"{name}: line {line_no} is not valid UTF-8 ({exc.reason})") from exc
         except (OSError, EOFError) as exc:
             raise NmtError(f"cannot read {name}: {exc}") from exc
+    if lines and lines[0].startswith("\ufeff"):  # Windows editors write one; it is not text
+        lines[0] = lines[0][1:]
+        logger.warning("%s starts with a UTF-8 byte-order mark: ignored it", name)
     return lines
 
 

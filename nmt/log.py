@@ -1,4 +1,8 @@
-"""Logging set-up shared by every subcommand: rich text on stderr, or JSON lines."""
+"""Logging set-up shared by every subcommand: rich text on stderr, or JSON lines.
+
+Rich text is for a terminal; written to a file or a pipe, records are plain lines that are never
+wrapped or padded to a console width.
+"""
 
 from __future__ import annotations
 
@@ -9,12 +13,13 @@ import time
 
 from rich.console import Console
 from rich.logging import RichHandler
+from rich.text import Text
 
 logger = logging.getLogger("nmt")
 stderr_console = Console(stderr=True)
 
-# Set by setup_logging; read by the CLI to decide whether errors show a traceback and progress bars show.
-state = {"verbose": 0, "progress": True}
+# Set by setup_logging; read by the CLI: tracebacks on errors, progress bars, the log format.
+state = {"verbose": 0, "progress": True, "format": "text"}
 
 
 class JsonLinesFormatter(logging.Formatter):
@@ -28,14 +33,29 @@ class JsonLinesFormatter(logging.Formatter):
         return json.dumps(entry, ensure_ascii=False)
 
 
+class PlainFormatter(logging.Formatter):
+    """``HH:MM:SS LEVEL message`` with any rich markup removed, one line per record."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)-7s %(message)s", datefmt="%H:%M:%S")
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        if getattr(record, "markup", False):
+            record.message = Text.from_markup(record.message).plain
+        return super().formatMessage(record)
+
+
 def setup_logging(verbose: int = 0, quiet: bool = False, log_format: str = "text") -> None:
     """-v shows debug messages (and tracebacks); --quiet shows warnings and errors only."""
-    state["verbose"] = verbose
+    state["verbose"], state["format"] = verbose, log_format
     state["progress"] = not quiet and log_format == "text"
     level = logging.WARNING if quiet else logging.DEBUG if verbose else logging.INFO
     if log_format == "json":
         handler: logging.Handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(JsonLinesFormatter())
+    elif not stderr_console.is_terminal:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(PlainFormatter())
     else:
         handler = RichHandler(console=stderr_console, show_path=False, rich_tracebacks=True,
                               log_time_format="[%X]")

@@ -18,7 +18,8 @@ from typing import Any, Callable
 import yaml
 from rich.table import Table
 
-from nmt.averaging import AverageOptions
+from nmt.checkpoint.averaging import AverageOptions
+from nmt.checkpoint.names import BEST
 from nmt.data.corpus import SplitFiles, find_splits
 from nmt.data.preprocess import PreprocessOptions
 from nmt.errors import NmtError
@@ -91,7 +92,7 @@ def plan_recipe(path: str | Path, stages: tuple[str, ...] = STAGES) -> Plan:
         train.validate()
         plan.train, plan.model = train, model
     save_dir = Path(train.save_dir)
-    model_path = save_dir / "checkpoint_best.pt"
+    model_path = save_dir / BEST
     if (values := section(document, "average")) is not None:
         plan.average = build(AverageOptions, {"inputs": [str(save_dir)], "output": str(save_dir / "averaged.pt"),
                                               **values}, "average", where)
@@ -165,7 +166,7 @@ def run_plan(plan: Plan) -> PipelineReport:
                 else f"{summary.updates} updates ({summary.stop_reason})")
 
     def run_average() -> str:
-        from nmt.averaging import average
+        from nmt.checkpoint.averaging import average
 
         options = plan.average
         used = average(options.inputs, options.output, options.num_epoch_checkpoints, options.num_update_checkpoints)

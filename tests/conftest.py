@@ -4,6 +4,7 @@ CLI (in this process or as `python -m nmt`), and the tiny training configuration
 from __future__ import annotations
 
 import io
+import logging
 import os
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from nmt.data.dataset import DataDir, write_token_array
 from nmt.data.vocabulary import EOS_ID, Vocabulary
 from nmt.demo_data import demo_pairs, sample_numbers
 from nmt.training.config import TrainConfig, load_train_config
+from nmt.log import logger
 
 # One intra-op thread for the tests and the commands they start: tiny models gain nothing from
 # more, and on a machine whose cores are busy with other work, OpenMP threads waiting for each
@@ -103,3 +105,15 @@ def assert_same_weights(path_a, path_b) -> None:
         assert torch.equal(tensor, b["model"][name]), name
     for (key, state), other in zip(a["optimizer"]["state"].items(), b["optimizer"]["state"].values()):
         assert all(torch.equal(state[k], other[k]) for k in state), key
+@pytest.fixture()
+def messages():
+    """The nmt logger's messages during the test."""
+    records: list[str] = []
+    handler = logging.Handler(logging.DEBUG)
+    handler.emit = lambda record: records.append(record.getMessage())
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    yield records
+    logger.removeHandler(handler)
+    logger.setLevel(level)

@@ -4,7 +4,7 @@ import subprocess
 import pytest
 import torch
 
-from nmt.averaging import average, average_checkpoints, last_checkpoints
+from nmt.checkpoint.averaging import average, average_checkpoints, last_checkpoints
 from nmt.checkpoint import Vocabularies, load_checkpoint, model_from_checkpoint, model_state, save_checkpoint
 from nmt.data.vocabulary import PAD_ID, Vocabulary
 from nmt.errors import NmtError
@@ -151,7 +151,7 @@ def test_truncated_input_is_reported(tmp_path, vocab):
     save_model(tmp_path / "b.pt", vocab, seed=1)
     data = (tmp_path / "b.pt").read_bytes()
     (tmp_path / "b.pt").write_bytes(data[: len(data) // 2])
-    with pytest.raises(NmtError, match=r"b\.pt is corrupt or truncated"):
+    with pytest.raises(NmtError, match=r"b\.pt is corrupt or not an nmt checkpoint"):
         average([tmp_path / "a.pt", tmp_path / "b.pt"], tmp_path / "out.pt")
     assert not (tmp_path / "out.pt").exists()
 

@@ -43,14 +43,14 @@ def test_truncated_checkpoint_is_reported(checkpoint_path, tmp_path):
     data = path.read_bytes()
     truncated = tmp_path / "truncated.pt"
     truncated.write_bytes(data[: len(data) // 2])
-    with pytest.raises(NmtError, match="corrupt or truncated"):
+    with pytest.raises(NmtError, match="corrupt or not an nmt checkpoint"):
         load_checkpoint(truncated)
 
 
 def test_garbage_and_foreign_files_are_reported(tmp_path):
     garbage = tmp_path / "garbage.pt"
     garbage.write_bytes(b"\x00not a checkpoint" * 10)
-    with pytest.raises(NmtError, match="corrupt or truncated"):
+    with pytest.raises(NmtError, match="corrupt or not an nmt checkpoint"):
         load_checkpoint(garbage)
     foreign = tmp_path / "foreign.pt"
     torch.save({"weights": torch.zeros(2)}, foreign)
@@ -90,3 +90,23 @@ def test_resolved_overrides_are_stored(tmp_path, vocab):
     save_checkpoint(path, model_state(model, "transformer_tiny", config, Vocabularies("en", "de", vocab, vocab)))
     rebuilt, _ = model_from_checkpoint(load_checkpoint(path))
     assert rebuilt.config.dropout == 0.25
+
+
+def test_flipped_bytes_are_caught_by_the_checksum_and_old_checkpoints_still_load(checkpoint_path, tmp_path):
+    path, _ = checkpoint_path
+    for entry in ("model", "vocab"):
+        checkpoint = torch.load(path, weights_only=True)  # the raw dict, checksums included
+        if entry == "model":
+            next(iter(checkpoint["model"].values())).view(-1)[:10] += 1.0
+        else:
+            proto = bytearray(checkpoint["vocab"]["source"])
+            proto[100] ^= 0xFF
+            checkpoint["vocab"]["source"] = bytes(proto)
+        damaged = tmp_path / f"damaged-{entry}.pt"
+        torch.save(checkpoint, damaged)  # a valid file whose bytes no longer match its checksums
+        with pytest.raises(NmtError, match=f"is corrupt: its '{entry}' entry does not match its checksum"):
+            load_checkpoint(damaged)
+    old = torch.load(path, weights_only=True)
+    del old["checksums"]  # as written before checksums existed
+    torch.save(old, tmp_path / "old.pt")
+    assert set(load_checkpoint(tmp_path / "old.pt")) == set(old)

@@ -12,7 +12,7 @@ import torch
 
 from nmt.checkpoint import load_checkpoint, model_from_checkpoint
 from nmt.data.dataset import DataDir
-from nmt.data.vocabulary import BOS_ID, PAD_ID, Vocabulary
+from nmt.data.vocabulary import BOS_ID, Vocabulary
 from nmt.generation.ensemble import Ensemble
 from nmt.generation.generator import prepare_model, translate_ids
 from nmt.generation.search import SearchOptions

@@ -207,7 +207,7 @@ def test_cli_writes_only_translations_to_stdout(checkpoint, data_dir, monkeypatc
     (["-i", "-"], "is empty: nothing to translate"),
     (["--path", "CKPT"], "give either DATA_DIR"),
     (["-i", "-", "--score-reference"], "--score-reference needs a binarized split"),
-    (["-i", "-", "--path", "CORRUPT"], "corrupt or truncated"),
+    (["-i", "-", "--path", "CORRUPT"], "corrupt or not an nmt checkpoint"),
 ])
 def test_cli_errors_are_one_line(checkpoint, data_dir, tmp_path, monkeypatch, capsys, args, message):
     corrupt = tmp_path / "corrupt.pt"

@@ -82,4 +82,30 @@ def test_bad_input_is_a_one_line_error(tiny_data_dir, tmp_path):
 def test_resume_with_another_arch_is_a_one_line_error(tiny_data_dir, tmp_path):
     train(tiny_config(tiny_data_dir, tmp_path, max_update=1))
     assert_one_line_error(run_nmt("train", str(tiny_data_dir), "--arch", "transformer_small", "--set", "dropout=0.2",
-                                  "--save-dir", str(tmp_path)), "not the transformer_small this run asks for")
+                                  "--save-dir", str(tmp_path)), "different models (transformer_tiny (transformer) vs transformer_small")
+
+
+def test_sigterm_saves_what_the_update_saves_and_exits_143(tiny_data_dir, tmp_path):
+    # Every update is a save-interval update: the interrupted one must leave its own checkpoint too.
+    process = start_nmt("train", str(tiny_data_dir), *TINY, "--save-dir", str(tmp_path),
+                        "--save-interval-updates", "1", "--max-update", "1000")
+    wait_for(tmp_path / "checkpoint_1_2.pt", process)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 143, stderr
+    assert "SIGTERM: stopping after this update" in stderr and "Ctrl-C" not in stderr and "Traceback" not in stderr
+    state = load_checkpoint(tmp_path / "checkpoint_last.pt")["train_state"]
+    assert (tmp_path / f"checkpoint_{state['epoch']}_{state['update']}.pt").exists()
+
+
+def test_a_second_signal_stops_at_once_and_says_nothing_was_saved(tiny_data_dir, tmp_path):
+    process = start_nmt("train", str(tiny_data_dir), *TINY, "--save-dir", str(tmp_path),
+                        "--save-interval-updates", "1", "--max-update", "1000")
+    wait_for(tmp_path / "checkpoint_1_1.pt", process)
+    process.send_signal(signal.SIGINT)
+    time.sleep(0.01)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130 and "Traceback" not in stderr, stderr
+    assert stderr.strip().splitlines()[-1] == ("interrupted: stopped at once: nothing was saved since the last "
+                                               "checkpoint"), stderr

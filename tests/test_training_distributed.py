@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -35,7 +40,7 @@ def test_two_processes_equal_one_with_update_freq_two(tiny_data_dir, tmp_path, j
     setup_logging(log_format="json")  # here, not in a fixture: the handler keeps the sys.stderr of its phase
     single = train(tiny_config(tiny_data_dir, tmp_path / "single", update_freq=2, **options))
     single_lines = json_log_lines()
-    parallel = train(tiny_config(tiny_data_dir, tmp_path / "parallel", nproc=2, **options))
+    parallel = train(tiny_config(tiny_data_dir, tmp_path / "parallel", nproc=2, device="cpu", **options))
     parallel_lines = json_log_lines()
     assert parallel.updates == single.updates == 3
     assert parallel.train_loss == pytest.approx(single.train_loss, rel=1e-5)  # losses summed over both ranks
@@ -60,6 +65,24 @@ def test_two_processes_equal_one_with_update_freq_two(tiny_data_dir, tmp_path, j
 
 def test_bad_input_fails_before_spawning(tiny_data_dir, tmp_path):
     with pytest.raises(NmtError, match="unknown arch"):
-        train(tiny_config(tiny_data_dir, tmp_path, nproc=2, arch="transformer_nano"))
+        train(tiny_config(tiny_data_dir, tmp_path, nproc=2, device="cpu", arch="transformer_nano"))
     with pytest.raises(NmtError, match="fewer than the 400 processes"):
-        train(tiny_config(tiny_data_dir, tmp_path, nproc=400))
+        train(tiny_config(tiny_data_dir, tmp_path, nproc=400, device="cpu"))
+
+
+def test_sigterm_to_the_parent_waits_for_the_workers_to_save(tiny_data_dir, tmp_path):
+    """The parent forwards SIGTERM, returns only once its workers have saved, and exits 143."""
+    command = [sys.executable, "-m", "nmt", "train", str(tiny_data_dir), "--arch", "transformer_tiny",
+               "--max-tokens", "500", "--device", "cpu", "--nproc", "2", "--save-dir", str(tmp_path),
+               "--save-interval-updates", "1", "--max-update", "1000", "--valid-subset", "none"]
+    parent = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    deadline = time.monotonic() + 180
+    while not (tmp_path / "checkpoint_1_1.pt").exists():
+        assert parent.poll() is None and time.monotonic() < deadline, parent.stderr.read() if parent.poll() else ""
+        time.sleep(0.05)
+    parent.send_signal(signal.SIGTERM)
+    _, stderr = parent.communicate(timeout=120)
+    assert parent.returncode == 143 and "Traceback" not in stderr, stderr
+    assert "waiting for the 2 workers" in stderr
+    state = load_checkpoint(tmp_path / "checkpoint_last.pt")["train_state"]  # saved before the parent returned
+    assert state["update"] >= 1 and (tmp_path / f"checkpoint_{state['epoch']}_{state['update']}.pt").exists()

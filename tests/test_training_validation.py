@@ -11,7 +11,7 @@ from nmt.errors import NmtError
 from nmt.training.trainer import TrainState, train
 from nmt.training.validation import record_validation
 
-from test_training_trainer import messages, tiny_config  # noqa: F401  (fixture)
+from conftest import tiny_config
 
 # Loss and BLEU disagree: the loss keeps falling while BLEU peaks at the second validation.
 FIGURES = [{"loss": 5.0, "bleu": 10.0}, {"loss": 4.0, "bleu": 30.0}, {"loss": 3.0, "bleu": 20.0},

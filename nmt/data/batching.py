@@ -26,13 +26,13 @@ class Batch:
     def __len__(self) -> int:
         return self.source.size(0)
 
-    @property
-    def num_target_tokens(self) -> int:
-        return int(self.target.ne(PAD_ID).sum()) if self.target is not None else 0
-
     def to(self, device: torch.device | str) -> "Batch":
         move = lambda t: None if t is None else t.to(device, non_blocking=True)  # noqa: E731
         return Batch(self.indices, move(self.source), move(self.prev_output), move(self.target))
+
+
+class SentenceTooLong(NmtError):
+    """A sentence longer than the token budget of a batch (training may skip such sentences instead)."""
 
 
 def pad_sequences(sequences: list[np.ndarray], pad_id: int = PAD_ID) -> Tensor:
@@ -63,10 +63,13 @@ def batch_by_size(source_sizes: np.ndarray, target_sizes: np.ndarray | None, max
     """
     if max_tokens is None and max_sentences is None:
         raise NmtError("give --max-tokens or --max-sentences")
+    for unit, budget in (("tokens", max_tokens), ("sentences", max_sentences)):
+        if budget is not None and budget < 1:  # no batch could take a sentence: the loop below would never end
+            raise NmtError(f"a batch limit of {budget} {unit} cannot hold any sentence; it must be at least 1")
     sizes = np.maximum(source_sizes, target_sizes) if target_sizes is not None else np.asarray(source_sizes)
     if max_tokens is not None and len(sizes) and sizes.max() > max_tokens:
         longest = int(np.argmax(sizes))
-        raise NmtError(f"sentence {longest} has {int(sizes[longest])} tokens, more than --max-tokens {max_tokens}; "
+        raise SentenceTooLong(f"sentence {longest} has {int(sizes[longest])} tokens, more than --max-tokens {max_tokens}; "
                        "raise --max-tokens or filter long sentences in preprocess (--max-len)")
     order = np.lexsort((source_sizes, sizes)) if target_sizes is not None else np.argsort(sizes, kind="stable")
     batches: list[np.ndarray] = []

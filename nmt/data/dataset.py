@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from nmt.data.vocabulary import Vocabulary
+from nmt.data.vocabulary import Vocabularies, Vocabulary
 from nmt.errors import NmtError
 from nmt.files import atomic_write
 
@@ -119,6 +119,10 @@ class DataDir:
 
     def vocabulary(self, lang: str) -> Vocabulary:
         return Vocabulary.load(self.path / self.meta["vocab_files"][lang])
+
+    def vocabularies(self) -> Vocabularies:
+        return Vocabularies(self.source_lang, self.target_lang, self.vocabulary(self.source_lang),
+                            self.vocabulary(self.target_lang))
 
     def split(self, name: str) -> ParallelDataset:
         if name not in self.meta["splits"]:

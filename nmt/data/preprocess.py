@@ -5,7 +5,7 @@ The sentencepiece model is then trained (or loaded), each split is encoded in ba
 ``workers`` sentencepiece threads, bad training pairs are dropped, and everything is written into
 a temporary directory next to ``destdir`` that is renamed into place at the end, meta.json last:
 a crash or Ctrl-C never leaves a ``destdir`` that DataDir.open accepts. (A run killed outright may
-leave a hidden ``.NAME.tmp-*`` directory beside it, which nothing reads and which can be deleted.)
+leave a hidden ``.NAME.tmp-*`` directory beside it, which the next run removes.)
 
 Running again with the same options and unchanged input files (same size and mtime) does nothing
 and says the directory is up to date; ``force`` rebuilds it.
@@ -33,7 +33,7 @@ from nmt.data.corpus import SplitFiles, find_splits, read_parallel
 from nmt.data.dataset import META_FILE, DataDir, save_token_array, smallest_dtype
 from nmt.data.vocabulary import EOS_ID, UNK_ID, Vocabulary
 from nmt.errors import NmtError
-from nmt.files import fsync_dir
+from nmt.files import clean_workdirs_beside, fsync_dir
 from nmt.log import logger, stderr_console
 from nmt.options import check_values
 
@@ -103,6 +103,7 @@ def preprocess(options: PreprocessOptions, show_progress: bool = True) -> DataDi
     splits = find_splits(options.source_lang, options.target_lang, options.trainpref, options.validpref,
                          options.testpref)
     destdir = Path(options.destdir)
+    clean_workdirs_beside(destdir)
     recorded = {"options": recorded_options(options), "inputs": fingerprints(splits, options.spm_model)}
     if is_up_to_date(destdir, recorded, options.force):
         logger.info(f"{destdir} is up to date (same options and input files); nothing to do (--force rebuilds it)")

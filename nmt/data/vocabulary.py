@@ -6,7 +6,8 @@ import hashlib
 import io
 import os
 import re
-from typing import Iterable
+from dataclasses import dataclass
+from typing import Any, Iterable
 
 import sentencepiece as spm
 
@@ -105,3 +106,25 @@ class Vocabulary:
     def normalize(self, text: str) -> str:
         """The text as the model sees it (NFKC, whitespace): what decode(encode(text)) gives."""
         return self.processor.decode(self.processor.encode(text, out_type=int))
+
+
+@dataclass
+class Vocabularies:
+    """The source and target vocabularies of a language pair (one object twice when joint)."""
+
+    source_lang: str
+    target_lang: str
+    source: Vocabulary
+    target: Vocabulary
+
+    @property
+    def joint(self) -> bool:
+        return self.source == self.target
+
+    def to_state(self) -> dict[str, Any]:
+        return {"source_lang": self.source_lang, "target_lang": self.target_lang,
+                "source": self.source.model_proto, "target": self.target.model_proto}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> "Vocabularies":
+        return cls(state["source_lang"], state["target_lang"], Vocabulary(state["source"]), Vocabulary(state["target"]))

@@ -1,41 +1,64 @@
-"""Training checkpoints in a save dir: which files are written, pruned, and resumed from.
+"""Training's checkpoint policy for its save dir: holding it, writing, pruning, resuming.
 
-Names (the same ones ``nmt average`` selects by)::
-
-    checkpoint_last.pt            after every save: what a re-run resumes from
-    checkpoint_best.pt            the lowest validation loss so far
-    checkpoint{epoch}.pt          at the end of each epoch
-    checkpoint_{epoch}_{update}.pt  every --save-interval-updates updates
-
-Each file is a full, independent ``torch.save`` written atomically (nmt.checkpoint.save_checkpoint);
+The file names are nmt/checkpoint/names.py's. Each file is a full, independent ``torch.save``
+written atomically (nmt.checkpoint.save_checkpoint);
 none is a copy of another, so no crash leaves a half-written one. A training checkpoint adds to
-the model state: optimizer, scheduler, scaler, rng (torch/cuda/python), train_state (epoch,
+the model state: optimizer, scaler, rng (torch/cuda/python), train_state (epoch,
 position in the epoch, update, validation bookkeeping) and train_config (the resolved recipe).
 """
 
 from __future__ import annotations
 
+import contextlib
 import random
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
-from nmt.averaging import EPOCH_CHECKPOINT, UPDATE_CHECKPOINT
-from nmt.checkpoint import Vocabularies, describe, load_checkpoint, save_checkpoint
+from nmt.checkpoint import load_checkpoint, save_checkpoint
+from nmt.checkpoint.names import (BEST, LAST, epoch_checkpoint_name, numbered_checkpoints,
+                                  update_checkpoint_name)
 from nmt.errors import NmtError
+from nmt.files import cannot_write, lock_directory, lock_holder, remove_stale, temp_file_pattern, unlock_directory
 from nmt.log import logger
 
-LAST = "checkpoint_last.pt"
-BEST = "checkpoint_best.pt"
+@contextlib.contextmanager
+def claim_save_dir(save_dir: Path) -> Iterator[None]:
+    """Make the save dir and hold its lock while training; remove temp files of interrupted saves.
+
+    A second ``nmt train`` on the same save dir would mix its checkpoints with this run's (and a
+    later average would mix two runs), so it fails at once, naming this process.
+    """
+    if save_dir.exists() and not save_dir.is_dir():
+        raise NmtError(f"--save-dir {save_dir} is a file, not a directory")
+    try:
+        save_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise cannot_write(save_dir, exc) from exc
+    if not lock_directory(save_dir):
+        raise NmtError(f"{save_dir} is in use by another `nmt train` ({lock_holder(save_dir)}); "
+                       "wait for it to finish or give another --save-dir")
+    try:
+        remove_stale([*save_dir.glob(temp_file_pattern("checkpoint*.pt")), *save_dir.glob(temp_file_pattern("*.yaml"))],
+                     "temp file(s)")
+        yield
+    finally:
+        unlock_directory(save_dir)
 
 
-def epoch_checkpoint_name(epoch: int) -> str:
-    return f"checkpoint{epoch}.pt"
-
-
-def update_checkpoint_name(epoch: int, update: int) -> str:
-    return f"checkpoint_{epoch}_{update}.pt"
+def checkpoint_names(save_interval_updates: int, epoch: int, update: int, stepped: bool, improved: bool = False,
+                     epoch_end: bool = False, stopping: bool = False) -> list[str]:
+    """The files an update writes: at an epoch's end, every --save-interval-updates, on a new best
+    validation, and checkpoint_last.pt whenever anything is saved or training stops."""
+    names = [epoch_checkpoint_name(epoch)] if epoch_end else []
+    if stepped and save_interval_updates and update % save_interval_updates == 0:
+        names.append(update_checkpoint_name(epoch, update))
+    if improved:
+        names.append(BEST)
+    if names or stopping:
+        names.append(LAST)
+    return names
 
 
 def write_checkpoints(save_dir: Path, checkpoint: dict[str, Any], names: list[str]) -> None:
@@ -47,12 +70,11 @@ def write_checkpoints(save_dir: Path, checkpoint: dict[str, Any], names: list[st
 
 def prune_checkpoints(save_dir: Path, keep_last_epochs: int, keep_interval_updates: int) -> None:
     """Delete all but the newest N epoch / update checkpoints (N < 0 keeps all)."""
-    for pattern, keep in ((EPOCH_CHECKPOINT, keep_last_epochs), (UPDATE_CHECKPOINT, keep_interval_updates)):
+    for kind, keep in (("epoch", keep_last_epochs), ("update", keep_interval_updates)):
         if keep < 0:
             continue
-        found = sorted((tuple(int(g) for g in match.groups())[::-1], path)
-                       for path in save_dir.iterdir() if (match := pattern.fullmatch(path.name)))
-        for _, path in found[: max(len(found) - keep, 0)]:
+        found = numbered_checkpoints(save_dir, kind)
+        for path in found[: max(len(found) - keep, 0)]:
             path.unlink(missing_ok=True)
             logger.debug("removed %s", path.name)
 
@@ -106,23 +128,3 @@ def find_resume_checkpoint(save_dir: Path, restore_file: str | None) -> tuple[Pa
             return path, checkpoint
     raise NmtError(f"{last} does not load and no other checkpoint in {save_dir} does; "
                    "move the save dir away to start over")
-
-
-def check_compatible(checkpoint: dict[str, Any], path: Path, model_name: str, arch: str,
-                     model_config: dict[str, Any], vocabs: Vocabularies) -> None:
-    """Refuse to continue a checkpoint of another model or another vocabulary."""
-    if checkpoint["model_name"] != model_name or checkpoint["model_config"] != model_config:
-        stored = checkpoint["model_config"]
-        differences = [f"{key} {stored.get(key)!r} vs {model_config.get(key)!r}"
-                       for key in sorted(set(stored) | set(model_config)) if stored.get(key) != model_config.get(key)]
-        detail = f" ({', '.join(differences[:3])})" if differences else ""
-        raise NmtError(f"{path} holds a {describe(checkpoint)} model{detail}, not the {arch} this run asks for; "
-                       "use another --save-dir, or the checkpoint's --arch and --set")
-    stored_vocab = checkpoint["vocab"]
-    for side, lang_key, vocab in (("source", "source_lang", vocabs.source), ("target", "target_lang", vocabs.target)):
-        if stored_vocab[lang_key] != getattr(vocabs, lang_key):
-            raise NmtError(f"{path} translates {stored_vocab['source_lang']}->{stored_vocab['target_lang']}, "
-                           f"not {vocabs.source_lang}->{vocabs.target_lang}; use another --save-dir")
-        if stored_vocab[side] != vocab.model_proto:
-            raise NmtError(f"{path} was trained with another {side} vocabulary than this data directory's; "
-                           "use another --save-dir")

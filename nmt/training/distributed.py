@@ -4,11 +4,13 @@ torchrun (one node or many) sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and M
 every process; ``--nproc N`` sets the same variables itself for N local processes and a free
 port, so the trainer has one code path. NCCL carries the gradients between GPUs, gloo between
 CPU processes. Stopping is the processes' business too: Ctrl-C and SIGTERM become a request that
-all processes honour at the same update (StopRequest), after saving.
+all processes honour at the same update (StopRequest), after saving; a ``--nproc`` parent passes
+the signal on and waits for its workers.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import pickle
@@ -24,8 +26,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from nmt.errors import NmtError
-from nmt.log import JsonLinesFormatter, logger, setup_logging, state
+from nmt.device import resolve_device
+from nmt.errors import NmtError, Stopped
+from nmt.log import logger, setup_logging, state
+from nmt.training.config import TrainConfig
 
 
 @dataclass(frozen=True)
@@ -43,22 +47,31 @@ class DistributedContext:
         return self.world_size > 1
 
 
+SIGNAL_NAMES = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
+ABORTED = "stopped at once: nothing was saved since the last checkpoint"
+
+
 class StopRequest:
     """Ctrl-C / SIGTERM ask training to stop after the current update (and save); in a single
-    process a second Ctrl-C stops at once."""
+    process a second signal stops at once, without saving."""
 
     def __init__(self, second_aborts: bool):
-        self.requested = False
+        self.signum: int | None = None  # the first signal received
         self.second_aborts = second_aborts
         self.previous: dict[int, Any] = {}
 
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None
+
     def handle(self, signum: int, frame: Any) -> None:
-        if self.requested and self.second_aborts and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        if not self.requested:
-            logger.warning("stopping after this update and saving checkpoint_last.pt%s",
-                           " (Ctrl-C again to stop at once)" if self.second_aborts else "")
-        self.requested = True
+        if self.requested:
+            if self.second_aborts:
+                raise Stopped(self.signum, ABORTED)
+            return  # the processes stop together at the end of the update
+        self.signum = signum
+        again = f" ({SIGNAL_NAMES[signum]} again to stop at once, without saving)" if self.second_aborts else ""
+        logger.warning("%s: stopping after this update and saving checkpoint_last.pt%s", SIGNAL_NAMES[signum], again)
 
     def __enter__(self) -> "StopRequest":
         if threading.current_thread() is threading.main_thread():
@@ -69,6 +82,27 @@ class StopRequest:
     def __exit__(self, *exc: Any) -> None:
         for signum, handler in self.previous.items():
             signal.signal(signum, handler)
+
+
+def processes_for_this_machine(config: TrainConfig) -> TrainConfig:
+    """--nproc on a machine without the GPUs for it: one process with the same update, or a warning.
+
+    With ``device: auto`` and no GPU, N CPU processes would share the cores for no gain, so one
+    process accumulates the N processes' batches (``update_freq`` x N: updates of the same size). An
+    explicit ``--device cpu`` keeps N processes, with a warning when they outnumber the cores.
+    """
+    if config.nproc == 1 or resolve_device(config.device).type != "cpu":
+        return config
+    if config.device == "auto":
+        logger.warning("--nproc %d with --device auto and no GPU: training in 1 process with --update-freq %d "
+                       "(updates of the same size); give --device cpu to run %d CPU processes", config.nproc,
+                       config.update_freq * config.nproc, config.nproc)
+        return dataclasses.replace(config, nproc=1, update_freq=config.update_freq * config.nproc)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if config.nproc > cores:
+        logger.warning("--nproc %d CPU processes on %d core(s): they will compete for the cores and train slower "
+                       "than %d process(es) with a larger --update-freq", config.nproc, cores, cores)
+    return config
 
 
 def launched_by_torchrun() -> bool:
@@ -124,8 +158,10 @@ def _worker(rank: int, target: Callable[[Any], Any], argument: Any, world_size: 
         outcome = ("ok", target(argument))
     except NmtError as exc:
         outcome = ("error", str(exc))
-    except KeyboardInterrupt:  # stopped by a signal, after saving
-        outcome = ("interrupted", None)
+    except Stopped as exc:  # stopped by a signal, after saving
+        outcome = ("interrupted", exc.signum)
+    except KeyboardInterrupt:
+        outcome = ("interrupted", signal.SIGINT)
     with open(Path(results) / f"rank{rank}.pkl", "wb") as handle:
         pickle.dump(outcome, handle)
     if outcome[0] == "error":
@@ -135,33 +171,34 @@ def _worker(rank: int, target: Callable[[Any], Any], argument: Any, world_size: 
 def spawn(target: Callable[[Any], Any], argument: Any, nproc: int) -> Any:
     """Run ``target(argument)`` in ``nproc`` local processes of one process group; rank 0's result.
 
-    An NmtError in a worker becomes an NmtError here. Ctrl-C is passed on to the workers, which
-    save checkpoint_last.pt and stop; a second Ctrl-C ends them at once.
+    An NmtError in a worker becomes an NmtError here. Ctrl-C or SIGTERM is passed on to the
+    workers, which finish their update, save checkpoint_last.pt and stop; this process waits for
+    them. A second signal ends them at once.
     """
-    handler = logger.handlers[0] if logger.handlers else None
-    log_format = "json" if handler is not None and isinstance(handler.formatter, JsonLinesFormatter) else "text"
-    log_settings = (state["verbose"], logger.level, log_format)
+    log_settings = (state["verbose"], logger.level, state["format"])
     with tempfile.TemporaryDirectory(prefix="nmt-spawn-") as results:
         context = mp.start_processes(_worker, args=(target, argument, nproc, free_port(), log_settings, results),
                                      nprocs=nproc, join=False, start_method="spawn")
-        interrupted = False
-        while True:
-            try:
-                if context.join():
-                    break
-            except KeyboardInterrupt:
-                if interrupted:
-                    for process in context.processes:
-                        process.terminate()
-                    raise
-                interrupted = True
-                logger.warning("stopping: the workers finish their update and save checkpoint_last.pt "
-                               "(Ctrl-C again to end them now)")
-                for process in context.processes:
-                    if process.is_alive():
-                        os.kill(process.pid, signal.SIGINT)
-            except mp.ProcessExitedException:
-                break  # a worker gave up; its reason is in its result file
+        stop = StopRequest(second_aborts=True)
+        forwarded = False
+        try:
+            with stop:
+                while True:
+                    if stop.requested and not forwarded:
+                        forwarded = True
+                        logger.warning("waiting for the %d workers to finish their update and save", nproc)
+                        for process in context.processes:
+                            if process.is_alive():
+                                os.kill(process.pid, stop.signum)
+                    try:
+                        if context.join(timeout=0.2):
+                            break
+                    except mp.ProcessExitedException:
+                        break  # a worker gave up; its reason is in its result file
+        except Stopped:
+            for process in context.processes:
+                process.kill()
+            raise
         outcomes = {}
         for rank in range(nproc):
             path = Path(results) / f"rank{rank}.pkl"
@@ -172,8 +209,9 @@ def spawn(target: Callable[[Any], Any], argument: Any, nproc: int) -> Any:
     if errors:
         rank, message = errors[0]
         raise NmtError(message if rank == 0 else f"worker {rank}: {message}")
-    if interrupted or any(kind == "interrupted" for kind, _ in outcomes.values()):
-        raise KeyboardInterrupt
+    interrupted = [message for kind, message in outcomes.values() if kind == "interrupted"]
+    if stop.requested or interrupted:
+        raise Stopped(stop.signum or interrupted[0] or signal.SIGINT)
     if 0 not in outcomes:
         raise NmtError("a training worker was killed before it finished (out of memory?); "
                        "re-run the command to resume from checkpoint_last.pt")

@@ -16,7 +16,7 @@ from typing import Callable, Iterable, Iterator, TypeVar
 
 import numpy as np
 
-from nmt.data.batching import Batch, batch_by_size, collate
+from nmt.data.batching import Batch, SentenceTooLong, batch_by_size, collate
 from nmt.data.dataset import ParallelDataset
 from nmt.errors import NmtError
 from nmt.log import logger
@@ -37,9 +37,7 @@ def make_batches(dataset: ParallelDataset, max_tokens: int | None, max_sentences
         return [keep[batch] for batch in batches]
     try:
         return batch_by_size(source_sizes, target_sizes, max_tokens, max_sentences, required_multiple)
-    except NmtError as exc:
-        if "--max-tokens" not in str(exc):
-            raise
+    except SentenceTooLong as exc:
         raise NmtError(f"{exc}, or pass --skip-invalid-size-inputs") from exc
 
 

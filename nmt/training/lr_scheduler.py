@@ -7,14 +7,13 @@ fairseq's ``--lr`` form names the peak instead: ``lr = peak * step / warmup`` du
 then ``peak * sqrt(warmup / step)``. The two are the same curve when
 ``peak = d_model^-0.5 * warmup^-0.5`` (7.0e-4 for transformer_base with 4000 warm-up steps).
 
-``step`` counts updates from 1: the first update uses ``lr_at(1)``.
+``step`` counts updates from 1: the first update uses ``lr_at(1)``. The schedule has no state of
+its own: it is a function of the update count, which checkpoints hold.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
-
 from torch.optim import Optimizer
 
 
@@ -25,10 +24,6 @@ class InverseSqrtSchedule:
         self.warmup_updates = warmup_updates
         self.d_model = d_model
         self.peak_lr = peak_lr
-
-    @property
-    def form(self) -> str:
-        return "paper" if self.peak_lr is None else "peak"
 
     def lr_at(self, step: int) -> float:
         step = max(step, 1)
@@ -44,9 +39,3 @@ class InverseSqrtSchedule:
         for group in optimizer.param_groups:
             group["lr"] = lr
         return lr
-
-    def state_dict(self) -> dict[str, Any]:
-        """The schedule is a function of the update count, which the checkpoint's train_state holds;
-        its settings are stored so that a resumed run can say when they changed."""
-        return {"name": "inverse_sqrt", "warmup_updates": self.warmup_updates, "d_model": self.d_model,
-                "peak_lr": self.peak_lr}

@@ -38,9 +38,12 @@ class MetricsFile:
     def __init__(self, path: str | os.PathLike, resume_update: int):
         self.path = Path(path)
         if self.path.exists():
+            text = self.path.read_text(encoding="utf-8", errors="replace")
             kept = [r for r in read_metrics(self.path) if r["update"] <= resume_update]
-            with atomic_write(self.path) as handle:
-                handle.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in kept)
+            rewritten = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in kept)
+            if rewritten != text:  # only when updates will be replayed (or a line was torn)
+                with atomic_write(self.path) as handle:
+                    handle.write(rewritten)
 
     def append(self, record: dict[str, Any]) -> None:
         line = (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")

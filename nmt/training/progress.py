@@ -1,7 +1,8 @@
 """What training shows: a rich progress bar per epoch, log lines, TensorBoard scalars, a summary table.
 
-Losses are in nats per target token (natural log); ``ppl`` is ``exp(nll)``, the perplexity of
-the model's unsmoothed predictions. Only rank 0 shows anything.
+Losses are in nats per target token (natural log; fairseq logs base 2: divide by ln 2 = 0.693 to
+compare); ``ppl`` is ``exp(nll)``, the perplexity of the model's unsmoothed predictions. Only
+rank 0 shows anything.
 """
 
 from __future__ import annotations
@@ -25,32 +26,51 @@ def perplexity(nll_per_token: float) -> float:
 
 
 @dataclass
+class StepResult:
+    """What one update did: sums over its batches (this process's, or all processes' once agreed)."""
+
+    loss: float  # label-smoothed loss, summed over target tokens (nats)
+    nll: float
+    tokens: float  # target tokens
+    sentences: float
+    grad_norm: float | None = None  # before clipping; None when no step was taken
+    skipped: str | None = None  # why no optimizer step was taken: "fp16 overflow", "out of memory"
+
+
+@dataclass
 class Meter:
-    """Sums over a stretch of updates, turned into per-token and per-second figures."""
+    """Sums over a stretch of updates, turned into per-token and per-second figures.
+
+    Skipped updates (fp16 overflow) are counted apart and left out of the loss: their loss is
+    that of weights that did not move.
+    """
 
     loss: float = 0.0
     nll: float = 0.0
     tokens: float = 0.0
     sentences: float = 0.0
     updates: int = 0
+    skipped: int = 0
     grad_norm: float = 0.0
     started: float = field(default_factory=time.monotonic)
 
-    def add(self, loss: float, nll: float, tokens: float, sentences: float, grad_norm: float | None) -> None:
-        self.loss += loss
-        self.nll += nll
-        self.tokens += tokens
-        self.sentences += sentences
-        if grad_norm is not None:
-            self.updates += 1
-            self.grad_norm += grad_norm
+    def add(self, step: StepResult) -> None:
+        if step.skipped is not None:
+            self.skipped += 1
+            return
+        self.loss += step.loss
+        self.nll += step.nll
+        self.tokens += step.tokens
+        self.sentences += step.sentences
+        self.updates += 1
+        self.grad_norm += step.grad_norm
 
     def figures(self) -> dict[str, float]:
         seconds = max(time.monotonic() - self.started, 1e-9)
         tokens = max(self.tokens, 1.0)
         return {"loss": self.loss / tokens, "nll": self.nll / tokens, "ppl": perplexity(self.nll / tokens),
                 "gnorm": self.grad_norm / max(self.updates, 1), "tokens_per_second": self.tokens / seconds,
-                "updates_per_second": self.updates / seconds}
+                "updates_per_second": self.updates / seconds, "skipped": self.skipped}
 
 
 def format_figures(figures: dict[str, float], lr: float | None = None) -> str:
@@ -62,6 +82,8 @@ def format_figures(figures: dict[str, float], lr: float | None = None) -> str:
     if "tokens_per_second" in figures:
         parts += [f"{figures['tokens_per_second']:,.0f} tok/s", f"{figures['updates_per_second']:.2f} upd/s",
                   f"gnorm {figures['gnorm']:.2f}"]
+    if figures.get("skipped"):
+        parts.append(f"skipped {figures['skipped']}")
     return " | ".join(parts)
 
 

@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import logging
 import math
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,22 +24,23 @@ import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from nmt.checkpoint import Vocabularies, model_state
-from nmt.data.dataset import DataDir
+from nmt.checkpoint import check_compatible, model_state
+from nmt.checkpoint.names import LAST
 from nmt.data.vocabulary import PAD_ID
 from nmt.device import autocast, resolve_device
-from nmt.errors import NmtError
-from nmt.log import logger, stderr_console
-from nmt.models.registry import build_model, count_parameters, get_arch, resolve_config
+from nmt.errors import NmtError, Stopped
+from nmt.log import logger, state as log_state, stderr_console
+from nmt.models.registry import build_model, count_parameters, get_arch
 from nmt.training import checkpoints as ckpt
 from nmt.training.config import TrainConfig, config_to_dict, write_config
 from nmt.training.distributed import (DistributedContext, StopRequest, all_reduce_sum, init_distributed,
-                                      launched_by_torchrun, shutdown_distributed, spawn)
-from nmt.training.iterator import EpochIterator, Update, make_batches
+                                      launched_by_torchrun, processes_for_this_machine, shutdown_distributed, spawn)
+from nmt.training.inputs import check_inputs
+from nmt.training.iterator import EpochIterator, Update
 from nmt.training.loss import label_smoothed_cross_entropy
 from nmt.training.lr_scheduler import InverseSqrtSchedule
 from nmt.training.metrics_file import FILE_NAME as METRICS_FILE, MetricsFile
-from nmt.training.progress import Display, Meter, summary_table
+from nmt.training.progress import Display, Meter, StepResult, summary_table
 from nmt.training.validation import record_validation, validation_bleu, validation_loss
 
 MAX_OOM_SKIPS = 10  # out-of-memory batches skipped before giving up
@@ -70,19 +72,27 @@ class TrainSummary:
     stop_reason: str
     seconds: float  # this run's wall clock
     tokens_per_second: float  # target tokens, this run
+    skipped_updates: int = 0  # fp16 overflows (and out-of-memory skips): no step taken, not in train_loss
 
 
 def train(config: TrainConfig) -> TrainSummary:
-    """Train as the config says, in this process, in ``nproc`` spawned ones, or as a torchrun rank."""
+    """Train as the config says, in this process, in ``nproc`` spawned ones, or as a torchrun rank.
+
+    The process that saves (rank 0) holds the save dir's lock for the whole run.
+    """
     config.validate()
-    if config.nproc > 1:
-        if launched_by_torchrun():
-            raise NmtError("--nproc spawns its own workers; under torchrun leave it out (use --nproc-per-node)")
-        if resolve_device(config.device).type == "cuda" and torch.cuda.device_count() < config.nproc:
-            raise NmtError(f"--nproc {config.nproc} needs {config.nproc} GPUs; {torch.cuda.device_count()} visible")
-        Trainer(config, DistributedContext(0, config.nproc), check_only=True)  # bad input fails here, once
-        return spawn(train_worker, config, config.nproc)
-    return train_worker(config)
+    config = processes_for_this_machine(config)
+    saves = int(os.environ.get("RANK", 0)) == 0
+    with ckpt.claim_save_dir(Path(config.save_dir)) if saves else contextlib.nullcontext():
+        if config.nproc > 1:
+            if launched_by_torchrun():
+                raise NmtError("--nproc spawns its own workers; under torchrun leave it out (use --nproc-per-node)")
+            if resolve_device(config.device).type == "cuda" and torch.cuda.device_count() < config.nproc:
+                raise NmtError(f"--nproc {config.nproc} needs {config.nproc} GPUs; "
+                               f"{torch.cuda.device_count()} visible")
+            check_inputs(config, config.nproc)  # bad input fails here, once, before any worker starts
+            return spawn(train_worker, config, config.nproc)
+        return train_worker(config)
 
 
 def train_worker(config: TrainConfig) -> TrainSummary:
@@ -99,43 +109,16 @@ def batch_seed(seed: int, epoch: int, position: int) -> int:
 
 
 class Trainer:
-    def __init__(self, config: TrainConfig, context: DistributedContext, check_only: bool = False):
+    def __init__(self, config: TrainConfig, context: DistributedContext):
         self.config, self.context = config, context
         self.device = resolve_device(config.device)
         if self.device.type == "cuda" and context.is_distributed:
             self.device = torch.device("cuda", context.local_rank)
-        autocast(self.device, config.precision)  # fp16 on CPU is refused here
-        self.data = DataDir.open(config.data)
-        source_lang, target_lang = self.data.source_lang, self.data.target_lang
-        self.vocabs = Vocabularies(source_lang, target_lang, self.data.vocabulary(source_lang),
-                                   self.data.vocabulary(target_lang))
-        arch = get_arch(config.arch)
-        self.model_config = resolve_config(arch.config, config.model)
-        self.train_set = self.data.split(config.train_subset)
-        self.batches = make_batches(self.train_set, config.max_tokens, config.max_sentences,
-                                    config.required_batch_size_multiple, config.skip_invalid_size_inputs)
-        if len(self.batches) < context.world_size:
-            raise NmtError(f"the training set makes {len(self.batches)} batches, fewer than the "
-                           f"{context.world_size} processes; lower --max-tokens or use fewer processes")
-        self.valid_set = self.valid_batches = None
-        if config.valid_subset is not None and config.valid_subset not in self.data.splits:
-            if config.valid_subset != "valid":
-                raise NmtError(f"{config.data} has no split {config.valid_subset!r} to validate on; "
-                               f"it has: {', '.join(self.data.splits)}")
-            logger.warning("%s has no 'valid' split: training without validation (and without %s)",
-                           config.data, ckpt.BEST)
-        elif config.valid_subset is not None:
-            self.valid_set = self.data.split(config.valid_subset)
-            longest = int(np.maximum(self.valid_set.source.sizes, self.valid_set.target.sizes).max(initial=1))
-            max_tokens = None if config.max_tokens is None else max(config.max_tokens, longest)
-            self.valid_batches = make_batches(self.valid_set, max_tokens, config.max_sentences)
-        if config.lr is None and not hasattr(self.model_config, "d_model"):
-            raise NmtError(f"arch {config.arch} has no d_model for the paper's learning rate; give --lr")
-        if check_only:
-            return
+        self.data = check_inputs(config, context.world_size)
+        self.vocabs, self.model_config = self.data.vocabs, self.data.model_config
 
         torch.manual_seed(config.seed)
-        self.model = build_model(arch.model_name, self.model_config, len(self.vocabs.source),
+        self.model = build_model(get_arch(config.arch).model_name, self.model_config, len(self.vocabs.source),
                                  len(self.vocabs.target), PAD_ID).to(self.device)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=0.0, betas=config.adam_betas,
                                            eps=config.adam_eps, weight_decay=config.weight_decay)
@@ -154,8 +137,6 @@ class Trainer:
                                if context.is_main else None)
         self.out_of_memory = 0
         self.last_valid: dict[str, float] | None = None
-        self.improved = False  # set by validate(): the last validation gave a new best loss
-        self.time_up = False  # --max-time reached, as all processes agreed at the last update
 
     # -- resume and save -------------------------------------------------------------------------------
 
@@ -164,8 +145,8 @@ class Trainer:
         if found is None:
             return
         path, checkpoint = found
-        ckpt.check_compatible(checkpoint, path, self.model.model_name, self.config.arch,
-                              dataclasses.asdict(self.model_config), self.vocabs)
+        check_compatible(checkpoint, model_state(self.model, self.config.arch, self.model_config, self.vocabs),
+                         f"{path} does not match this run", "use another --save-dir, or the checkpoint's --arch and --set")
         self.model.load_state_dict(checkpoint["model"])
         if "train_state" not in checkpoint:
             logger.info("initialised the model from %s (a model-only checkpoint: training starts at update 0)", path)
@@ -180,13 +161,19 @@ class Trainer:
         changed = [f"{key} {before[key]!r} -> {now[key]!r}" for key in now if key in before and before[key] != now[key]]
         logger.info("resuming from %s: epoch %d, update %d%s", path, self.state.epoch, self.state.update,
                     f" (changed: {', '.join(changed)})" if changed else "")
+        repeated = batches_trained_again(self.state.position, self.context.world_size)
+        if repeated:
+            logger.warning("resuming at batch %d of epoch %d with %d processes (the run stopped with another "
+                           "number): %d batch(es) before it are trained again, so the resume is not exact",
+                           self.state.position, self.state.epoch, self.context.world_size, repeated)
 
     def checkpoint(self) -> dict[str, Any]:
-        state = model_state(self.model, self.config.arch, self.model_config, self.vocabs)
-        state.update(optimizer=self.optimizer.state_dict(), scheduler=self.scheduler.state_dict(),
-                     scaler=self.scaler.state_dict(), rng=ckpt.rng_state(), train_state=dataclasses.asdict(self.state),
-                     train_config=config_to_dict(self.config, self.model_config))
-        return state
+        """A training checkpoint: the model's, plus what resuming needs (the schedule is a function
+        of the update count, so it has no state of its own)."""
+        return model_state(self.model, self.config.arch, self.model_config, self.vocabs,
+                           optimizer=self.optimizer.state_dict(), scaler=self.scaler.state_dict(),
+                           rng=ckpt.rng_state(), train_state=dataclasses.asdict(self.state),
+                           train_config=config_to_dict(self.config, self.model_config))
 
     def save(self, names: list[str]) -> None:
         self.state.elapsed = self.elapsed()
@@ -199,12 +186,8 @@ class Trainer:
 
     # -- one update --------------------------------------------------------------------------------------
 
-    def train_step(self, update: Update) -> tuple[torch.Tensor, float | None]:
-        """Forward/backward over the update's batches and one optimizer step.
-
-        Returns this process's (loss, nll, target tokens, sentences) sums and the gradient norm,
-        or None for it when the step was skipped (fp16 overflow, out of memory).
-        """
+    def train_step(self, update: Update) -> StepResult:
+        """Forward/backward over the update's batches and one optimizer step: this process's sums."""
         self.network.train()
         self.scheduler.set_lr(self.optimizer, self.state.update + 1)
         self.optimizer.zero_grad(set_to_none=True)
@@ -223,7 +206,9 @@ class Trainer:
                 sums += torch.stack([loss.detach(), nll.detach(), batch.target.ne(PAD_ID).sum().to(loss.dtype),
                                      torch.tensor(float(len(batch)), device=self.device)])
         except torch.cuda.OutOfMemoryError:
-            return sums.zero_(), self.skip_out_of_memory(update)
+            self.skip_out_of_memory(update)
+            return StepResult(0.0, 0.0, 0.0, 0.0, skipped="out of memory")
+        result = StepResult(*sums.tolist())
         self.scaler.unscale_(self.optimizer)
         max_norm = self.config.clip_norm if self.config.clip_norm > 0 else math.inf
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
@@ -234,13 +219,13 @@ class Trainer:
             if self.scaler.get_scale() < scale_before:
                 logger.warning("fp16 overflow at update %d: skipped it; loss scale now %g",
                                self.state.update + 1, self.scaler.get_scale())
-                return sums, None
+                return dataclasses.replace(result, skipped="fp16 overflow")
         elif not math.isfinite(grad_norm):
             raise NmtError(f"the gradient norm became {grad_norm} at update {self.state.update + 1}; "
                            "lower --lr, raise --warmup-updates or set --clip-norm")
         else:
             self.optimizer.step()
-        return sums, grad_norm
+        return dataclasses.replace(result, grad_norm=grad_norm)
 
     def skip_out_of_memory(self, update: Update) -> None:
         shapes = ", ".join(f"{len(b)}x{b.target.size(1)}" for b in update.batches)
@@ -255,50 +240,57 @@ class Trainer:
                        shapes, self.out_of_memory)
         if self.out_of_memory >= MAX_OOM_SKIPS:
             raise NmtError(f"out of memory on {self.out_of_memory} updates; lower --max-tokens")
-        return None
+
+    def agree(self, step: StepResult, interrupted: bool, time_up: bool) -> tuple[StepResult, bool, bool]:
+        """Sum the step over all processes, and share the stop flags, so that every process stops together."""
+        values = [step.loss, step.nll, step.tokens, step.sentences, float(interrupted), float(time_up)]
+        loss, nll, tokens, sentences, interrupted, time_up = all_reduce_sum(
+            torch.tensor(values, dtype=torch.float64, device=self.device), self.context).tolist()
+        return dataclasses.replace(step, loss=loss, nll=nll, tokens=tokens, sentences=sentences), bool(interrupted), \
+            bool(time_up)
 
     # -- validation ------------------------------------------------------------------------------------
 
-    def validate(self) -> None:
-        """Validation loss (and BLEU with --eval-bleu); updates the best loss and the patience count."""
-        if self.valid_set is None:
-            return
+    def validate(self) -> bool:
+        """Validation loss (and BLEU with --eval-bleu); updates the best loss and the patience count.
+
+        Returns whether this validation is the best so far (it then goes into checkpoint_best.pt).
+        """
+        if self.data.valid_set is None:
+            return False
         self.model.eval()
-        figures = validation_loss(self.model, self.valid_set, self.valid_batches, self.config.label_smoothing,
-                                  self.config.precision, self.device, self.context, self.config.prefetch)
+        figures = validation_loss(self.model, self.data.valid_set, self.data.valid_batches,
+                                  self.config.label_smoothing, self.config.precision, self.device, self.context,
+                                  self.config.prefetch)
         if self.config.eval_bleu:
-            figures["bleu"] = validation_bleu(self.model, self.valid_set, self.vocabs, self.config.eval_bleu_beam,
-                                              self.config.max_tokens, self.config.precision, self.device,
-                                              self.context)
+            figures["bleu"] = validation_bleu(self.model, self.data.valid_set, self.vocabs,
+                                              self.config.eval_bleu_beam, self.config.max_tokens,
+                                              self.config.precision, self.device, self.context)
         self.last_valid = figures
-        self.improved = record_validation(self.state, figures, self.config.best_checkpoint_metric) or self.improved
+        improved = record_validation(self.state, figures, self.config.best_checkpoint_metric)
         self.display.valid_line(self.config.valid_subset, self.state.epoch, self.state.update, figures,
                                 self.state.best_valid_loss)
+        return improved
 
     # -- the loop --------------------------------------------------------------------------------------
-
-    def limit_reached(self) -> str | None:
-        config, state = self.config, self.state
-        if config.max_update and state.update >= config.max_update:
-            return f"reached --max-update {config.max_update}"
-        if config.max_epoch and state.epoch > config.max_epoch:
-            return f"reached --max-epoch {config.max_epoch}"
-        if config.patience and state.bad_validations >= config.patience:
-            return f"no better validation {config.best_checkpoint_metric} in {config.patience} validations (--patience)"
-        return None
 
     def fit(self) -> TrainSummary:
         config, state, context = self.config, self.state, self.context
         self.started, self.elapsed_before = time.monotonic(), state.elapsed
         if context.is_main:
-            self.save_dir.mkdir(parents=True, exist_ok=True)
             write_config(self.save_dir / "config.yaml", config, self.model_config)
         logger.info("%s: %s parameters on %s (%s), %d process(es); %d training batches per epoch, "
-                    "update = %d batch(es) x %d process(es)", config.arch, f"{count_parameters(self.model):,}",
-                    self.device, config.precision, context.world_size, len(self.batches), config.update_freq,
-                    context.world_size)
+                    "update = %d batch(es) x %d process(es); losses in nats per target token (fairseq logs base 2)",
+                    config.arch, f"{count_parameters(self.model):,}", self.device, config.precision,
+                    context.world_size, len(self.data.batches), config.update_freq, context.world_size)
+        left_out = batches_left_out(len(self.data.batches), context.world_size)
+        if left_out:
+            logger.warning("%d training batches do not share evenly among %d processes: each epoch leaves out %d "
+                           "of them (a different %d each epoch, as the order changes)", len(self.data.batches),
+                           context.world_size, left_out, left_out)
         run_meter = Meter()
-        stop = self.limit_reached()
+        stop = stop_reason(config, state, time_up=config.max_time_seconds is not None
+                           and state.elapsed >= config.max_time_seconds)
         if stop:
             logger.info("nothing to do: %s", stop)
         with StopRequest(second_aborts=not context.is_distributed) as interrupt:
@@ -313,72 +305,95 @@ class Trainer:
             valid_ppl=self.last_valid["ppl"] if self.last_valid else None,
             valid_bleu=self.last_valid.get("bleu") if self.last_valid else None, best_valid_loss=state.best_valid_loss,
             stop_reason=stop, seconds=time.monotonic() - self.started,
-            tokens_per_second=figures["tokens_per_second"] if run_meter.tokens else 0.0)
-        if stop.startswith("interrupted"):
+            tokens_per_second=figures["tokens_per_second"] if run_meter.tokens else 0.0,
+            skipped_updates=run_meter.skipped)
+        if interrupt.requested:
             logger.warning("%s", stop)
-            raise KeyboardInterrupt
+            raise Stopped(interrupt.signum)
         if context.is_main and logger.isEnabledFor(logging.INFO):
-            stderr_console.print(summary_table({
-                "arch": config.arch, "epochs": summary.epoch, "updates": summary.updates,
-                "train loss (this run)": summary.train_loss, "valid loss": summary.valid_loss,
-                "valid ppl": summary.valid_ppl, **({"valid BLEU": summary.valid_bleu} if config.eval_bleu else {}),
-                "best valid loss": summary.best_valid_loss,
-                "target tokens/s": int(summary.tokens_per_second), "wall clock": f"{summary.seconds:.1f} s",
-                "stopped": summary.stop_reason, "checkpoints": str(self.save_dir)}))
+            rows = {"arch": config.arch, "epochs": summary.epoch, "updates": summary.updates,
+                    "train loss (this run)": summary.train_loss, "skipped updates (fp16 overflow)": summary.skipped_updates,
+                    "valid loss": summary.valid_loss, "valid ppl": summary.valid_ppl,
+                    **({"valid BLEU": summary.valid_bleu} if config.eval_bleu else {}),
+                    "best valid loss": summary.best_valid_loss, "target tokens/s": int(summary.tokens_per_second),
+                    "wall clock": f"{summary.seconds:.1f} s", "stopped": summary.stop_reason,
+                    "checkpoints": str(self.save_dir)}
+            if log_state["format"] == "json":  # stderr stays pure JSON lines
+                logger.info("training summary", extra={"fields": {"kind": "summary", **rows}})
+            else:
+                stderr_console.print(summary_table(rows))
         return summary
 
     def train_epoch(self, run_meter: Meter, interrupt: StopRequest) -> str | None:
         """Train from the current position to the end of the epoch or a stop; the stop reason."""
         config, state, context = self.config, self.state, self.context
-        epoch = EpochIterator(self.train_set, self.batches, config.seed, state.epoch, context.world_size,
+        epoch = EpochIterator(self.data.train_set, self.data.batches, config.seed, state.epoch, context.world_size,
                               context.rank, config.update_freq, state.position, config.prefetch,
                               self.device.type == "cuda")
         interval = Meter()
         max_time = config.max_time_seconds
         total = epoch.num_updates()
+        stepped = False
         with self.display.epoch(state.epoch, total, total - epoch.num_updates(state.position)):
             for update in epoch:
-                sums, grad_norm = self.train_step(update)
+                step = self.train_step(update)
                 # Every process must agree to stop at the same update: the flags travel with the sums.
                 time_up = context.is_main and max_time is not None and self.elapsed() >= max_time
-                flags = torch.tensor([interrupt.requested, time_up], dtype=sums.dtype, device=self.device)
-                totals = all_reduce_sum(torch.cat([sums, flags]), context).tolist()
+                step, interrupted, time_up = self.agree(step, interrupt.requested, time_up)
                 state.position = update.position
-                stepped = grad_norm is not None
+                stepped = step.skipped is None
                 state.update += stepped
                 for meter in (interval, run_meter):
-                    meter.add(*totals[:4], grad_norm)
+                    meter.add(step)
                 lr = self.optimizer.param_groups[0]["lr"]
                 self.display.advance(interval.figures(), lr)
                 if stepped and state.update % config.log_interval == 0:
                     self.display.train_line(state.epoch, state.update, interval.figures(), lr)
                     interval = Meter()
-                self.time_up = bool(totals[5])
-                if totals[4]:
-                    self.save([ckpt.LAST])
-                    return f"interrupted at update {state.update}: saved {ckpt.LAST}; re-run the same command to resume"
+                if interrupted:  # no validation: stop soon, but save all that this update saves
+                    self.save(ckpt.checkpoint_names(config.save_interval_updates, state.epoch, state.update, stepped,
+                                                    stopping=True))
+                    return (f"interrupted at update {state.update}: saved {LAST}; "
+                            "re-run the same command to resume")
                 if update.position == epoch.num_batches:
                     break  # the epoch's end validates and saves below
-                stop = f"reached --max-time {config.max_time}" if self.time_up else self.limit_reached()
-                self.improved = False
+                stop = stop_reason(config, state, time_up)
+                improved = False
                 if stop or (stepped and config.validate_interval_updates
                             and state.update % config.validate_interval_updates == 0):
-                    self.validate()
-                names = [ckpt.BEST] if self.improved else []
-                if stepped and config.save_interval_updates and state.update % config.save_interval_updates == 0:
-                    names += [ckpt.update_checkpoint_name(state.epoch, state.update), ckpt.LAST]
-                stop = stop or self.limit_reached()  # patience, after a validation
-                if stop and ckpt.LAST not in names:
-                    names.append(ckpt.LAST)
-                self.save(names)
+                    improved = self.validate()
+                stop = stop or stop_reason(config, state, time_up)  # patience, after a validation
+                self.save(ckpt.checkpoint_names(config.save_interval_updates, state.epoch, state.update, stepped,
+                                                improved=improved, stopping=stop is not None))
                 if stop:
                     return stop
-        self.improved = False
-        self.validate()
+        improved = self.validate()
         finished = state.epoch
         state.epoch, state.position = state.epoch + 1, 0
-        names = [ckpt.epoch_checkpoint_name(finished), ckpt.LAST] + ([ckpt.BEST] if self.improved else [])
-        if config.save_interval_updates and state.update and state.update % config.save_interval_updates == 0:
-            names.append(ckpt.update_checkpoint_name(finished, state.update))  # no gap for averaging by update
-        self.save(names)
-        return self.limit_reached() or (f"reached --max-time {config.max_time}" if self.time_up else None)
+        self.save(ckpt.checkpoint_names(config.save_interval_updates, finished, state.update, stepped,
+                                        improved=improved, epoch_end=True))
+        return stop_reason(config, state, time_up)
+
+
+def batches_left_out(num_batches: int, world_size: int) -> int:
+    """Batches an epoch skips so that every process takes the same number (nmt/training/iterator.py)."""
+    return num_batches % world_size
+
+
+def batches_trained_again(position: int, world_size: int) -> int:
+    """Batches a resume at ``position`` trains again: each process's shard starts at a multiple of
+    the world size, so a position saved with another number of processes rounds down."""
+    return position % world_size
+
+
+def stop_reason(config: TrainConfig, state: TrainState, time_up: bool) -> str | None:
+    """Why training stops now, or None to go on."""
+    if config.max_update and state.update >= config.max_update:
+        return f"reached --max-update {config.max_update}"
+    if config.max_epoch and state.epoch > config.max_epoch:
+        return f"reached --max-epoch {config.max_epoch}"
+    if config.patience and state.bad_validations >= config.patience:
+        return f"no better validation {config.best_checkpoint_metric} in {config.patience} validations (--patience)"
+    if time_up:
+        return f"reached --max-time {config.max_time}"
+    return None

@@ -7,7 +7,6 @@ a model-only checkpoint (no optimizer state) that loads like any other.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,17 +14,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-import nmt
-from nmt.checkpoint import load_checkpoint, save_checkpoint
+from nmt.checkpoint.format import check_compatible, load_checkpoint, make_checkpoint, save_checkpoint
+from nmt.checkpoint.names import numbered_checkpoints
 from nmt.errors import NmtError
 from nmt.log import logger
 from nmt.options import check_values
-
-# The names training writes: checkpoint{epoch}.pt at the end of an epoch and
-# checkpoint_{epoch}_{update}.pt every --save-interval-updates. checkpoint_last.pt and
-# checkpoint_best.pt match neither pattern, so the selectors never pick them.
-EPOCH_CHECKPOINT = re.compile(r"checkpoint(\d+)\.pt")
-UPDATE_CHECKPOINT = re.compile(r"checkpoint_(\d+)_(\d+)\.pt")
 
 
 def last_checkpoints(directory: str | Path, num_epoch_checkpoints: int | None = None,
@@ -36,46 +29,15 @@ def last_checkpoints(directory: str | Path, num_epoch_checkpoints: int | None = 
         raise NmtError("give exactly one of --num-epoch-checkpoints and --num-update-checkpoints")
     if not directory.is_dir():
         raise NmtError(f"not a directory: {directory}")
-    by_epoch = num_epoch_checkpoints is not None
-    pattern, count, kind = ((EPOCH_CHECKPOINT, num_epoch_checkpoints, "epoch") if by_epoch
-                            else (UPDATE_CHECKPOINT, num_update_checkpoints, "update"))
+    kind, count = ("epoch", num_epoch_checkpoints) if num_epoch_checkpoints is not None else \
+        ("update", num_update_checkpoints)
     if count < 1:
         raise NmtError(f"--num-{kind}-checkpoints must be at least 1, got {count}")
-    found = []
-    for path in directory.iterdir():
-        match = pattern.fullmatch(path.name)
-        if match:
-            # Update checkpoints sort by update number (then epoch), epoch checkpoints by epoch.
-            numbers = tuple(int(group) for group in match.groups())
-            found.append((numbers[::-1], path))
-    found.sort()
+    found = numbered_checkpoints(directory, kind)
     if len(found) < count:
-        names = ", ".join(path.name for _, path in found) or "none"
+        names = ", ".join(path.name for path in found) or "none"
         raise NmtError(f"asked for the last {count} {kind} checkpoints but {directory} has {len(found)} ({names})")
-    return [path for _, path in found[-count:]]
-
-
-def _first_difference(a: dict[str, Any], b: dict[str, Any]) -> str:
-    """Name the first model_config field that differs, for the error message."""
-    for key in sorted(set(a) | set(b)):
-        if a.get(key) != b.get(key):
-            return f"{key}: {a.get(key)!r} vs {b.get(key)!r}"
-    return ""
-
-
-def check_compatible(reference: dict[str, Any], reference_path: Path, other: dict[str, Any], other_path: Path) -> None:
-    """Refuse to average checkpoints of different models or vocabularies."""
-    prefix = f"cannot average {reference_path} and {other_path}"
-    if reference["model_name"] != other["model_name"]:
-        raise NmtError(f"{prefix}: different models ({reference['model_name']} vs {other['model_name']})")
-    if reference["model_config"] != other["model_config"]:
-        archs = f"arch {reference['arch']} vs {other['arch']}; " if reference["arch"] != other["arch"] else ""
-        raise NmtError(f"{prefix}: different model configs ({archs}"
-                       f"{_first_difference(reference['model_config'], other['model_config'])})")
-    for key in ("source_lang", "target_lang", "source", "target"):
-        if reference["vocab"].get(key) != other["vocab"].get(key):
-            what = "language pairs" if key.endswith("_lang") else f"{key} vocabularies"
-            raise NmtError(f"{prefix}: different {what}")
+    return found[-count:]
 
 
 def _aliases(state: dict[str, Tensor]) -> dict[str, str]:
@@ -114,14 +76,14 @@ def average_checkpoints(paths: list[str | Path]) -> dict[str, Any]:
     dtypes: dict[str, torch.dtype] = {}
     for path in paths:
         logger.info("reading %s", path)
-        checkpoint = load_checkpoint(path, mmap=True)  # the optimizer state is never read
+        checkpoint = load_checkpoint(path, mmap=True, verify=("model", "vocab"))  # the optimizer state is never read
         state = checkpoint["model"]
         layout = {key: (tuple(tensor.shape), tensor.is_floating_point()) for key, tensor in state.items()}
         if first is None:
             first = {key: checkpoint[key] for key in ("model_name", "arch", "model_config", "vocab")}
             first_layout, aliases = layout, _aliases(state)
         else:
-            check_compatible(first, paths[0], checkpoint, path)
+            check_compatible(checkpoint, first, f"cannot average {paths[0]} and {path}")
             if layout != first_layout:
                 changed = sorted(set(layout.items()) ^ set(first_layout.items()))
                 raise NmtError(f"cannot average {paths[0]} and {path}: their weights differ "
@@ -146,8 +108,8 @@ def average_checkpoints(paths: list[str | Path]) -> dict[str, Any]:
             averaged[key] = integers[key]
         else:
             averaged[key] = sums.pop(key).div_(len(paths)).to(dtype)
-    return {"nmt_version": nmt.__version__, **first, "model": averaged,
-            "averaged_from": [str(path) for path in paths]}
+    return make_checkpoint(first["model_name"], first["arch"], first["model_config"], first["vocab"], averaged,
+                           averaged_from=[str(path) for path in paths])
 
 
 @dataclass(frozen=True)
@@ -191,9 +153,6 @@ def average(inputs: list[str | Path], output: str | Path, num_epoch_checkpoints:
         paths = inputs
     checkpoint = average_checkpoints(paths)
     output = Path(output)
-    try:
-        save_checkpoint(output, checkpoint)
-    except OSError as exc:
-        raise NmtError(f"cannot write {output}: {exc.strerror or exc}") from exc
+    save_checkpoint(output, checkpoint)
     logger.info("averaged %d checkpoints (%s) into %s", len(paths), ", ".join(path.name for path in paths), output)
     return paths

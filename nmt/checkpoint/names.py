@@ -1,0 +1,35 @@
+"""The names of the checkpoint files of a save dir, and their order.
+
+    checkpoint_last.pt              what a re-run resumes from
+    checkpoint_best.pt              the lowest validation loss so far
+    checkpoint{epoch}.pt            at the end of each epoch
+    checkpoint_{epoch}_{update}.pt  every --save-interval-updates updates
+
+Averaging selects the last epoch or update checkpoints by these names, and training prunes
+them; checkpoint_last.pt and checkpoint_best.pt match neither numbered pattern.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Literal
+
+LAST = "checkpoint_last.pt"
+BEST = "checkpoint_best.pt"
+NUMBERED = {"epoch": re.compile(r"checkpoint(\d+)\.pt"), "update": re.compile(r"checkpoint_(\d+)_(\d+)\.pt")}
+
+
+def epoch_checkpoint_name(epoch: int) -> str:
+    return f"checkpoint{epoch}.pt"
+
+
+def update_checkpoint_name(epoch: int, update: int) -> str:
+    return f"checkpoint_{epoch}_{update}.pt"
+
+
+def numbered_checkpoints(directory: Path, kind: Literal["epoch", "update"]) -> list[Path]:
+    """The epoch or update checkpoints of a save dir, oldest first: by epoch, or by update (then epoch)."""
+    found = [(tuple(int(group) for group in match.groups())[::-1], path) for path in directory.iterdir()
+             if (match := NUMBERED[kind].fullmatch(path.name))]
+    return [path for _, path in sorted(found)]

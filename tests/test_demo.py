@@ -1,0 +1,25 @@
+"""nmt demo: re-running it in the same directory finds its corpus unchanged."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from nmt.demo import demo_recipe, write_corpus_if_changed
+
+
+def test_a_second_run_leaves_an_unchanged_corpus_untouched(tmp_path):
+    first = write_corpus_if_changed(tmp_path / "raw", train_size=200)
+    files = {key: path for key, path in first.items() if "." in key}
+    stamps = {key: path.stat().st_mtime_ns for key, path in files.items()}
+    files["test.de"].write_text("edited\n")
+    second = write_corpus_if_changed(tmp_path / "raw", train_size=200)
+    assert second == first and sorted(p.name for p in (tmp_path / "raw").iterdir()) == sorted(p.name for p in files.values())
+    for key, path in files.items():  # preprocess sees the same size and mtime, so its output is up to date
+        assert (path.stat().st_mtime_ns == stamps[key]) == (key != "test.de"), key
+    assert files["test.de"].read_text() != "edited\n"  # a changed file is written again
+
+
+def test_the_demo_has_no_time_limit():
+    recipe = demo_recipe(Path("w"), {"train": "t", "valid": "v", "test": "s"}, max_update=300)
+    assert recipe["train"]["max_time"] is None
+    assert recipe["average"]["num_update_checkpoints"] * recipe["train"]["save_interval_updates"] <= 300

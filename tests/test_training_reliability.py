@@ -1,0 +1,87 @@
+"""Training's guards against traps: stale temp files, silent corruption, spent time, --nproc
+without GPUs, logs that stay machine-readable."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from nmt.checkpoint import load_checkpoint
+from nmt.cli import main
+from nmt.log import logger, setup_logging
+from nmt.training.distributed import processes_for_this_machine
+from nmt.training.trainer import train
+from test_training_trainer import tiny_config
+
+
+def test_stale_temp_files_of_a_killed_save_are_removed_and_reported(tiny_data_dir, tmp_path, messages):
+    stale = [tmp_path / ".checkpoint_last.pt.k1ll3d.tmp", tmp_path / ".checkpoint_1_3.pt.abc123.tmp"]
+    for path in stale:
+        path.write_bytes(b"\0" * 1000)
+    kept = tmp_path / ".notes.tmp"  # not a name nmt writes: left alone
+    kept.write_text("mine")
+    train(tiny_config(tiny_data_dir, tmp_path, max_update=1))
+    assert not any(path.exists() for path in stale) and kept.exists()
+    assert any("removed 2 stale temp file(s)" in m for m in messages)
+
+
+def test_resume_skips_a_checkpoint_whose_tensors_were_silently_damaged(tiny_data_dir, tmp_path, messages):
+    train(tiny_config(tiny_data_dir, tmp_path, max_update=4, save_interval_updates=2))
+    last = tmp_path / "checkpoint_last.pt"
+    checkpoint = torch.load(last, weights_only=True)
+    first_state = next(iter(checkpoint["optimizer"]["state"].values()))
+    first_state["exp_avg"].view(-1)[:100] = 1234.5  # Adam's state, as a bad disk would flip it; the zip is fine
+    torch.save(checkpoint, last)
+    summary = train(tiny_config(tiny_data_dir, tmp_path, max_update=5, save_interval_updates=2))
+    log = "\n".join(messages)
+    assert "its 'optimizer' entry does not match its checksum" in log
+    assert "instead of the broken checkpoint_last.pt" in log and "epoch 1, update 4" in log  # the newest that verifies
+    assert summary.updates == 5
+
+
+def test_max_time_already_spent_is_nothing_to_do(tiny_data_dir, tmp_path, messages):
+    train(tiny_config(tiny_data_dir, tmp_path, max_update=2))
+    summary = train(tiny_config(tiny_data_dir, tmp_path, max_update=10, max_time="0.001"))
+    assert summary.updates == 2 and summary.stop_reason == "reached --max-time 0.001"
+    assert "nothing to do: reached --max-time 0.001" in messages
+    assert load_checkpoint(tmp_path / "checkpoint_last.pt")["train_state"]["update"] == 2
+
+
+def test_nproc_without_gpus_is_one_process_with_the_same_update_size(tiny_data_dir, tmp_path, messages,
+                                                                      monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    config = processes_for_this_machine(tiny_config(tiny_data_dir, tmp_path, nproc=4, update_freq=2))
+    assert config.nproc == 1 and config.update_freq == 8
+    assert any("--nproc 4 with --device auto and no GPU" in m for m in messages)
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})
+    config = processes_for_this_machine(tiny_config(tiny_data_dir, tmp_path, nproc=4, device="cpu"))
+    assert config.nproc == 4 and any("--nproc 4 CPU processes on 2 core(s)" in m for m in messages)
+
+
+def test_json_logs_are_pure_json_lines(tiny_data_dir, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr("sys.argv", ["nmt", "train", str(tiny_data_dir), "--arch", "transformer_tiny",
+                                     "--max-tokens", "1000", "--max-update", "2", "--save-dir", str(tmp_path),
+                                     "--log-format", "json"])
+    level = logger.level
+    try:
+        main()
+    except SystemExit as exc:
+        assert not exc.code
+    finally:
+        setup_logging()
+        logger.setLevel(level)
+    records = [json.loads(line) for line in capsys.readouterr().err.splitlines()]  # fails on any other line
+    summary = [r for r in records if r.get("kind") == "summary"]
+    assert len(summary) == 1 and summary[0]["updates"] == 2
+
+
+def test_log_lines_to_a_file_or_pipe_are_not_wrapped(capsys):
+    level = logger.level
+    setup_logging()  # stderr is not a terminal under pytest
+    try:
+        logger.info("x" * 300)
+    finally:
+        logger.setLevel(level)
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and lines[0].endswith("x" * 300) and len(lines[0]) < 330
