@@ -6,6 +6,7 @@ reads ``[BOS] + target[:-1]`` and predicts ``target``; padding (PAD_ID) is on th
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 
 import numpy as np
@@ -53,36 +54,37 @@ def collate(indices: list[int] | np.ndarray, sources: list[np.ndarray],
 
 
 def batch_by_size(source_sizes: np.ndarray, target_sizes: np.ndarray | None, max_tokens: int | None,
-                  max_sentences: int | None = None, required_multiple: int = 1) -> list[np.ndarray]:
+                  max_sentences: int | None = None, required_multiple: int = 1,
+                  rng: np.random.Generator | None = None) -> list[np.ndarray]:
     """Group sentence indices into batches of similar length.
 
     Sentences are sorted by (target, source) length; a batch grows while
     ``len(batch) * longest_in_batch`` (padding included) stays within ``max_tokens`` on both
     sides and ``len(batch)`` within ``max_sentences``. Batch sizes are rounded down to a
-    multiple of ``required_multiple`` where that leaves a non-empty batch.
+    multiple of ``required_multiple`` where that leaves a non-empty batch. Sentences of equal
+    lengths are in index order, or in a random order drawn from ``rng`` (as fairseq permutes
+    before its stable sort), so batches mix a corpus's parts; the batch sizes depend on the
+    sorted lengths alone and are the same either way.
     """
     if max_tokens is None and max_sentences is None:
         raise NmtError("give --max-tokens or --max-sentences")
-    sizes = np.maximum(source_sizes, target_sizes) if target_sizes is not None else np.asarray(source_sizes)
+    source_sizes = np.asarray(source_sizes)
+    sizes = np.maximum(source_sizes, target_sizes) if target_sizes is not None else source_sizes
     if max_tokens is not None and len(sizes) and sizes.max() > max_tokens:
         longest = int(np.argmax(sizes))
         raise NmtError(f"sentence {longest} has {int(sizes[longest])} tokens, more than --max-tokens {max_tokens}; "
                        "raise --max-tokens or filter long sentences in preprocess (--max-len)")
-    order = np.lexsort((source_sizes, sizes)) if target_sizes is not None else np.argsort(sizes, kind="stable")
+    shuffled = np.arange(len(sizes)) if rng is None else rng.permutation(len(sizes))
+    length_key = sizes.astype(np.int64) * (int(source_sizes.max(initial=0)) + 1) + source_sizes  # (max, source)
+    order = shuffled[np.argsort(length_key[shuffled], kind="stable")]
+    sorted_sizes = sizes[order]
     batches: list[np.ndarray] = []
     start = 0
     while start < len(order):
-        end = start
-        longest = 0
-        while end < len(order):
-            candidate = max(longest, int(sizes[order[end]]))
-            count = end - start + 1
-            if (max_tokens is not None and candidate * count > max_tokens) or \
-                    (max_sentences is not None and count > max_sentences):
-                break
-            longest = candidate
-            end += 1
-        count = end - start
+        count = len(order) - start if max_sentences is None else min(max_sentences, len(order) - start)
+        if max_tokens is not None:  # sizes ascend, so the padded size grows with the count: bisect it
+            count = bisect.bisect_right(range(1, count + 1), max_tokens,
+                                        key=lambda n: int(sorted_sizes[start + n - 1]) * n)
         if required_multiple > 1 and count > required_multiple:
             count -= count % required_multiple
         batches.append(order[start:start + count])

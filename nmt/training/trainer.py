@@ -34,7 +34,7 @@ from nmt.training import checkpoints as ckpt
 from nmt.training.config import TrainConfig, config_to_dict, write_config
 from nmt.training.distributed import (DistributedContext, StopRequest, all_reduce_sum, init_distributed,
                                       launched_by_torchrun, shutdown_distributed, spawn)
-from nmt.training.iterator import EpochIterator, Update, make_batches
+from nmt.training.iterator import EpochIterator, TrainingBatches, Update, make_batches
 from nmt.training.loss import label_smoothed_cross_entropy
 from nmt.training.lr_scheduler import InverseSqrtSchedule
 from nmt.training.progress import Display, Meter, summary_table
@@ -110,8 +110,8 @@ class Trainer:
         arch = get_arch(config.arch)
         self.model_config = resolve_config(arch.config, config.model)
         self.train_set = self.data.split(config.train_subset)
-        self.batches = make_batches(self.train_set, config.max_tokens, config.max_sentences,
-                                    config.required_batch_size_multiple, config.skip_invalid_size_inputs)
+        self.batches = TrainingBatches(self.train_set, config.max_tokens, config.max_sentences,
+                                       config.required_batch_size_multiple, config.skip_invalid_size_inputs)
         if len(self.batches) < context.world_size:
             raise NmtError(f"the training set makes {len(self.batches)} batches, fewer than the "
                            f"{context.world_size} processes; lower --max-tokens or use fewer processes")
