@@ -139,20 +139,29 @@ def preprocess(
         Console().print(lib.summary_table(datadir))
 
 
+BLEU_TOKENIZE_HELP = ("BLEU tokenizer: sacreBLEU's names (13a, intl, zh, ja-mecab, ko-mecab, char, none, spm, flores101, "
+                      "flores200, ...); auto: sacreBLEU's choice for the target language (zh, ja-mecab, ko-mecab, "
+                      "else 13a).")
+
+
 @app.command()
 def score(
     system: Annotated[str, typer.Option("--sys", help="Detokenized system output, one line per segment ('-' = stdin).")],
     ref: Annotated[list[str], typer.Option(help="Reference file (repeat for several references); plain or .gz.")],
     metrics: Annotated[str, typer.Option(help="Comma-separated metrics from bleu, chrf, ter.")] = "bleu",
     lowercase: Annotated[bool, typer.Option(help="Case-insensitive scores (sacrebleu's default is cased).")] = False,
+    tokenize: Annotated[str, typer.Option(help=BLEU_TOKENIZE_HELP)] = "auto",
+    language: Annotated[Optional[str], typer.Option("--language", "-l", help=(
+        "Target language code, which picks the default --tokenize; default: the last suffix of the first --ref "
+        "file before .gz when it is 2-3 letters (newstest2014.ja, test.zh.gz)."))] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print the scores as JSON.")] = False,
     verbose: Verbose = 0, quiet: Quiet = False, log_format: LogFormat = LogFormatChoice.text,
 ) -> None:
-    """Score a system output with sacrebleu (BLEU with 13a tokenization, cased) and print the signatures."""
+    """Score a system output with sacrebleu (cased; BLEU tokenized for the target language) and print the signatures."""
     common(verbose, quiet, log_format)
-    from nmt.scoring import format_results, parse_metrics, score_files
+    from nmt.scoring import ScoreOptions, format_results, parse_metrics, score_files
 
-    results = score_files(system, ref, parse_metrics(metrics), lowercase)
+    results = score_files(system, ref, parse_metrics(metrics), ScoreOptions(tokenize, lowercase, language))
     typer.echo(format_results(results, as_json=json_output))
 
 
@@ -240,6 +249,9 @@ def train(
         "Also compute BLEU on the validation set (beam search, sacrebleu).", REPORTING,
         "--eval-bleu/--no-eval-bleu")] = None,
     eval_bleu_beam: Annotated[Optional[int], train_option("Beam size for --eval-bleu (default: 2).", REPORTING)] = None,
+    eval_bleu_tokenize: Annotated[Optional[str], train_option(f"{BLEU_TOKENIZE_HELP} (default: auto)", REPORTING)] = None,
+    eval_bleu_lowercase: Annotated[Optional[bool], train_option(
+        "Lowercased BLEU for --eval-bleu.", REPORTING, "--eval-bleu-lowercase/--no-eval-bleu-lowercase")] = None,
     log_interval: Annotated[Optional[int], train_option(
         "A log line every N updates (default: 100).", REPORTING)] = None,
     tensorboard_dir: Annotated[Optional[str], train_option(
@@ -320,6 +332,8 @@ def generate(
         )] = QuantizeChoice.none,
     score_reference: Annotated[bool, typer.Option(
         help="Print BLEU (on stderr) against the split's raw reference file, or its target side if that is gone.")] = False,
+    tokenize: Annotated[str, typer.Option(help=f"With --score-reference: {BLEU_TOKENIZE_HELP}")] = "auto",
+    lowercase: Annotated[bool, typer.Option(help="With --score-reference: lowercased BLEU.")] = False,
     verbose: Verbose = 0, quiet: Quiet = False, log_format: LogFormat = LogFormatChoice.text,
 ) -> None:
     """Translate a binarized split or raw text with beam search (defaults: the paper's beam 4, alpha 0.6).

@@ -144,11 +144,13 @@ def run_recipe(path: str | Path, stages: tuple[str, ...] = STAGES) -> PipelineRe
             raise NmtError("the recipe's `score:` section needs a `generate:` section")
 
         def run_score() -> str:
-            from nmt.scoring import parse_metrics, score_files
+            from nmt.scoring import ScoreOptions, parse_metrics, score_files
 
             reference = score_options.get("reference") or reference_file(preprocess_options, generate_options["split"])
             metrics = parse_metrics(score_options.get("metrics", "bleu"))
-            report.scores = score_files(report.translations, [reference], metrics, bool(score_options.get("lowercase")))
+            language = score_options.get("language") or (preprocess_options or {}).get("target_lang")
+            options = ScoreOptions(score_options.get("tokenize", "auto"), bool(score_options.get("lowercase")), language)
+            report.scores = score_files(report.translations, [reference], metrics, options)
             return "; ".join(f"{r.name} {r.score:.2f}" for r in report.scores)
 
         timed("score", run_score)

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import numpy as np
 import torch
@@ -33,9 +33,7 @@ from nmt.files import read_lines
 from nmt.generation.output import Translation, write_translations
 from nmt.generation.search import Hypothesis, SearchOptions, beam_search
 from nmt.log import logger, stderr_console
-
-if TYPE_CHECKING:
-    from nmt.scoring import MetricResult
+from nmt.scoring import AUTO, LOWERCASE_HELP, TOKENIZE_HELP, BleuTokenizer, MetricResult, ScoreOptions, score
 
 
 @dataclass(frozen=True)
@@ -59,6 +57,8 @@ class GenerateOptions(SearchOptions):
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     quantize: Literal["none", "int8"] = "none"
     score_reference: bool = False
+    tokenize: BleuTokenizer = field(default=AUTO, metadata={"help": f"With --score-reference: {TOKENIZE_HELP}"})
+    lowercase: bool = field(default=False, metadata={"help": f"With --score-reference: {LOWERCASE_HELP}"})
     progress: bool = True
 
     def validate(self) -> None:
@@ -189,11 +189,10 @@ def raw_references(options: GenerateOptions, count: int) -> list[str] | None:
     return lines if len(lines) == count else None
 
 
-def score_against_references(options: GenerateOptions, hypotheses: list[str], decoded: list[str]
+def score_against_references(options: GenerateOptions, hypotheses: list[str], decoded: list[str], language: str
                              ) -> list[MetricResult]:
     """BLEU against the raw reference file when it can be found; else against the binarized target
     side as sentencepiece decodes it (normalized text, UNK shown as " ⁇ "), with a warning."""
-    from nmt.scoring import score
 
     references = raw_references(options, len(hypotheses))
     if references is None:
@@ -201,7 +200,7 @@ def score_against_references(options: GenerateOptions, hypotheses: list[str], de
                        "side (sentencepiece-normalized); for a reportable BLEU run `nmt score --ref FILE`",
                        options.split)
         references = decoded
-    return score(hypotheses, [references])
+    return score(hypotheses, [references], options=ScoreOptions(options.tokenize, options.lowercase, language))
 
 
 def generate(options: GenerateOptions) -> GenerateResult:
@@ -224,5 +223,6 @@ def generate(options: GenerateOptions) -> GenerateResult:
                 len(translations) / max(seconds, 1e-9), output_tokens / max(seconds, 1e-9))
     scores = []
     if options.score_reference:
-        scores = score_against_references(options, [t.best(vocabs) for t in translations], references)
+        scores = score_against_references(options, [t.best(vocabs) for t in translations], references,
+                                          vocabs.target_lang)
     return GenerateResult(translations, scores, seconds, output_tokens)

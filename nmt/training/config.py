@@ -32,6 +32,7 @@ import yaml
 from nmt.errors import NmtError
 from nmt.files import atomic_write, read_yaml_mapping
 from nmt.models.registry import coerce
+from nmt.scoring import AUTO, LOWERCASE_HELP, TOKENIZE_HELP, BleuTokenizer
 
 PRECISION = Literal["fp32", "bf16", "fp16"]
 
@@ -85,6 +86,8 @@ class TrainConfig:
     validate_interval_updates: int = 0  # also validate every N updates (always at epoch ends)
     eval_bleu: bool = False  # also BLEU of the validation set, translated with a short beam
     eval_bleu_beam: int = 2
+    eval_bleu_tokenize: BleuTokenizer = field(default=AUTO, metadata={"help": TOKENIZE_HELP})
+    eval_bleu_lowercase: bool = field(default=False, metadata={"help": LOWERCASE_HELP})
     log_interval: int = 100
     tensorboard_dir: str | None = None
 

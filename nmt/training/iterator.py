@@ -2,9 +2,10 @@
 
 Each epoch's batches (lists of sentence indices) are built from length buckets, equal lengths
 shuffled, and visited in a shuffled order: both a pure function of (seed, epoch). With N
-processes, the epoch's list is cut to a multiple of N and process r takes every N-th batch from r, so the k-th batch of all
-processes together is the global slice ``[k*N, (k+1)*N)``. A position in the epoch is the
-number of global batches consumed: a resumed run starts exactly where the checkpoint left off.
+processes, the epoch's list is cut to a multiple of N and process r takes every N-th batch from
+r, so the k-th batch of all processes together is the global slice ``[k*N, (k+1)*N)``. A
+position in the epoch is the number of global batches consumed: a resumed run starts exactly
+where the checkpoint left off.
 """
 
 from __future__ import annotations

@@ -265,7 +265,8 @@ class Trainer:
         if self.config.eval_bleu:
             figures["bleu"] = validation_bleu(self.model, self.valid_set, self.vocabs, self.config.eval_bleu_beam,
                                               self.config.max_tokens, self.config.precision, self.device,
-                                              self.context)
+                                              self.context, self.config.eval_bleu_tokenize,
+                                              self.config.eval_bleu_lowercase)
         self.last_valid = figures
         if self.state.best_valid_loss is None or figures["loss"] < self.state.best_valid_loss:
             self.state.best_valid_loss = figures["loss"]

@@ -39,14 +39,14 @@ def validation_loss(model: nn.Module, dataset: ParallelDataset, batches: list[np
 
 def validation_bleu(model: nn.Module, dataset: ParallelDataset, vocabs: Vocabularies, beam: int,
                     max_tokens: int | None, precision: str, device: torch.device,
-                    context: DistributedContext) -> float:
+                    context: DistributedContext, tokenize: str = "auto", lowercase: bool = False) -> float:
     """Corpus BLEU (sacrebleu) of beam-search translations against the decoded references.
 
     The references are the binarized targets decoded by sentencepiece, i.e. normalized text,
     close to but not always the raw reference file: a figure to watch, not to report.
     """
     from nmt.generation.generator import GenerateOptions, translate_ids
-    from nmt.scoring import score
+    from nmt.scoring import ScoreOptions, score
 
     mine = range(context.rank, len(dataset), context.world_size)
     options = GenerateOptions(beam=beam, max_tokens=max_tokens, precision=precision, progress=False)
@@ -57,5 +57,6 @@ def validation_bleu(model: nn.Module, dataset: ParallelDataset, vocabs: Vocabula
         gathered: list[list[tuple[str, str]]] = [[] for _ in range(context.world_size)]
         dist.all_gather_object(gathered, pairs)
         pairs = [pair for shard in gathered for pair in shard]
-    (bleu,) = score([hypothesis for hypothesis, _ in pairs], [[reference for _, reference in pairs]])
+    options = ScoreOptions(tokenize, lowercase, language=vocabs.target_lang)
+    (bleu,) = score([hypothesis for hypothesis, _ in pairs], [[reference for _, reference in pairs]], options=options)
     return bleu.score
