@@ -119,8 +119,12 @@ def preprocess(
         help="Drop training pairs with a side over this many tokens, EOS included (0 = no limit).")] = 250,
     max_len_ratio: Annotated[float, typer.Option(
         help="Drop training pairs whose longer side has over this many times the tokens of the other (0 = off).")] = 9.0,
-    workers: Annotated[int, typer.Option(help="Sentencepiece threads for training and encoding.")] = 1,
+    workers: Annotated[int, typer.Option(
+        help="Sentencepiece threads for training; processes for encoding.")] = 1,
     force: Annotated[bool, typer.Option(help="Replace a destdir that holds a different dataset.")] = False,
+    byte_fallback: Annotated[bool, typer.Option(help=(
+        "Train sentencepiece with byte fallback: a character outside the vocabulary is encoded as its UTF-8 bytes "
+        "(and decodes back to itself) instead of UNK; the 256 byte pieces count in --vocab-size."))] = True,
     verbose: Verbose = 0, quiet: Quiet = False, log_format: LogFormat = LogFormatChoice.text,
 ) -> None:
     """Train sentencepiece on parallel text and binarize it into a data directory for train and generate."""
@@ -133,7 +137,7 @@ def preprocess(
         source_lang=source_lang, target_lang=target_lang, destdir=destdir, trainpref=trainpref, validpref=validpref,
         testpref=testpref, joint=joint, vocab_size=vocab_size, model_type=ModelTypeChoice(model_type).value,
         character_coverage=character_coverage, input_sentence_size=input_sentence_size, spm_model=spm_model,
-        max_len=max_len, max_len_ratio=max_len_ratio, workers=workers, force=force)
+        max_len=max_len, max_len_ratio=max_len_ratio, workers=workers, force=force, byte_fallback=byte_fallback)
     datadir = lib.preprocess(options, show_progress=not quiet and LogFormatChoice(log_format) is LogFormatChoice.text)
     if not quiet:
         Console().print(lib.summary_table(datadir))

@@ -72,26 +72,27 @@ def open_text(path: str | os.PathLike) -> IO[str]:
     return io.TextIOWrapper(open_binary(path), encoding="utf-8", errors="strict", newline=None)
 
 
-def read_lines(path: str | os.PathLike) -> list[str]:
-    """All lines of a text file without their line ends; bad UTF-8 is reported with its line.
+def text_lines(handle: IO[bytes], name: str | os.PathLike) -> Iterator[str]:
+    """The lines of an open binary file without their line ends; bad UTF-8 is reported with its line.
 
     Lines are split on "\\n" only (as ``wc -l`` counts them) and decoded one by one, so the
     line number in an error is exact (a text wrapper decodes whole chunks ahead of the line).
-    "-" reads stdin (left open).
     """
-    lines: list[str] = []
+    line_no = 0
+    try:
+        for line_no, raw in enumerate(handle, start=1):
+            yield raw.decode("utf-8").removesuffix("\n").removesuffix("\r")
+    except UnicodeDecodeError as exc:
+        raise NmtError(f"{name}: line {line_no} is not valid UTF-8 ({exc.reason})") from exc
+    except (OSError, EOFError) as exc:
+        raise NmtError(f"cannot read {name}: {exc}") from exc
+
+
+def read_lines(path: str | os.PathLike) -> list[str]:
+    """All lines of a text file (see ``text_lines``); "-" reads stdin (left open)."""
     stdin = str(path) == "-"
-    name = "stdin" if stdin else path
     with contextlib.nullcontext(sys.stdin.buffer) if stdin else open_binary(path) as handle:
-        line_no = 0
-        try:
-            for line_no, raw in enumerate(handle, start=1):
-                lines.append(raw.decode("utf-8").removesuffix("\n").removesuffix("\r"))
-        except UnicodeDecodeError as exc:
-            raise NmtError(f"{name}: line {line_no} is not valid UTF-8 ({exc.reason})") from exc
-        except (OSError, EOFError) as exc:
-            raise NmtError(f"cannot read {name}: {exc}") from exc
-    return lines
+        return list(text_lines(handle, "stdin" if stdin else path))
 
 
 def read_yaml_mapping(path: str | os.PathLike, what: str) -> dict:
