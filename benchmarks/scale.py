@@ -35,10 +35,10 @@ DEFAULT_DATA = Path(os.environ.get("NMT_MULTI30K", Path(__file__).resolve().pare
 BASE_PAIRS = 29_000
 
 
-def run_measured(command: list[str]) -> dict[str, float]:
+def run_measured(command: list[str], environment: dict[str, str] | None = None) -> dict[str, float]:
     """Wall time, CPU time and peak RSS (MB) of a child process and the processes it waited for."""
     started = time.perf_counter()
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=environment)
     _, status, usage = os.wait4(process.pid, 0)
     wall = time.perf_counter() - started
     output, errors = process.stdout.read().decode(), process.stderr.read().decode()
@@ -135,6 +135,9 @@ def main() -> None:
     parser.add_argument("--startup-repeats", default="1,10,100", help="corpus sizes for the training start-up")
     parser.add_argument("--vocab-size", type=int, default=8000)
     parser.add_argument("--max-tokens", type=int, default=4096)
+    parser.add_argument("--compare", metavar="NMT_TREE",
+                        help="also run the preprocess rows with the nmt package in this source tree (e.g. an older "
+                             "commit's `git archive`), on the same corpora")
     parser.add_argument("--startup", metavar="DATA_DIR", help=argparse.SUPPRESS)  # the child process
     args = parser.parse_args()
     if args.startup:
@@ -144,24 +147,32 @@ def main() -> None:
         sys.exit(f"Multi30k not found in {args.data} (set --data or NMT_MULTI30K)")
     repeats = [int(n) for n in args.repeats.split(",")]
     workers = [int(n) for n in args.workers.split(",")]
-    console = Console()
+    console = Console(width=200)  # whole column headers, also when piped
     nmt = [sys.executable, "-m", "nmt"]
     with tempfile.TemporaryDirectory(dir=os.environ.get("TMPDIR")) as tmp:
         table = Table(title=f"nmt preprocess: Multi30k train x N, joint BPE {args.vocab_size}, "
                             f"{os.cpu_count()} CPU cores")
-        for column in ("copies", "pairs", "workers", "wall (s)", "CPU (s)", "pairs/s", "peak RSS (MB)"):
+        for column in ("copies", "pairs", "nmt", "sentencepiece", "workers", "wall (s)", "CPU (s)", "pairs/s",
+                       "peak RSS (MB)"):
             table.add_column(column, justify="right")
+        trees = [("this", None)] + ([("compared", args.compare)] if args.compare else [])
         for copies in repeats:
             prefix = write_corpus(args.data, Path(tmp) / f"x{copies}", copies)
-            for count in workers:
-                destdir = f"{tmp}/x{copies}/bin-{count}"
+            model = f"{tmp}/x1/bin-{workers[0]}/spm.model"  # trained on the 1x corpus: encoding alone
+            runs = [(tree, path, "trained", count) for tree, path in trees for count in workers]
+            runs += [("this", None, "reused", count) for count in workers]
+            for tree, path, spm_model, count in runs:
+                destdir = f"{tmp}/x{copies}/bin-{count}" if (tree, spm_model) == ("this", "trained") else f"{tmp}/other"
+                reuse = ["--spm-model", model] if spm_model == "reused" else []
+                environment = None if path is None else {**os.environ, "PYTHONPATH": path}
                 figures = run_measured([*nmt, "preprocess", "-s", "en", "-t", "de", "--trainpref", prefix,
-                                        "--destdir", destdir, "--vocab-size", str(args.vocab_size),
-                                        "--workers", str(count), "--quiet"])
+                                        "--destdir", destdir, "--vocab-size", str(args.vocab_size), *reuse,
+                                        "--workers", str(count), "--quiet", "--force"], environment)
                 pairs = BASE_PAIRS * copies
-                table.add_row(str(copies), f"{pairs:,}", str(count), f"{figures['wall']:.1f}", f"{figures['cpu']:.1f}",
-                              f"{pairs / figures['wall']:,.0f}", f"{figures['rss_mb']:,.0f}")
-                console.print(f"x{copies}, {count} worker(s): {figures['wall']:.1f} s", style="dim")
+                table.add_row(str(copies), f"{pairs:,}", tree, spm_model, str(count), f"{figures['wall']:.1f}",
+                              f"{figures['cpu']:.1f}", f"{pairs / figures['wall']:,.0f}", f"{figures['rss_mb']:,.0f}")
+                console.print(f"x{copies}, {tree}, spm {spm_model}, {count} worker(s): {figures['wall']:.1f} s",
+                              style="dim")
             for path in Path(prefix).parent.glob("train.*"):
                 path.unlink()  # the text is no longer needed
         console.print(table)

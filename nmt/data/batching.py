@@ -58,35 +58,60 @@ def batch_by_size(source_sizes: np.ndarray, target_sizes: np.ndarray | None, max
                   rng: np.random.Generator | None = None) -> list[np.ndarray]:
     """Group sentence indices into batches of similar length.
 
-    Sentences are sorted by (target, source) length; a batch grows while
+    Sentences are sorted by length (``length_order``); a batch grows while
     ``len(batch) * longest_in_batch`` (padding included) stays within ``max_tokens`` on both
-    sides and ``len(batch)`` within ``max_sentences``. Batch sizes are rounded down to a
-    multiple of ``required_multiple`` where that leaves a non-empty batch. Sentences of equal
-    lengths are in index order, or in a random order drawn from ``rng`` (as fairseq permutes
-    before its stable sort), so batches mix a corpus's parts; the batch sizes depend on the
-    sorted lengths alone and are the same either way.
+    sides and ``len(batch)`` within ``max_sentences`` (``batch_sizes``).
     """
+    sizes = padded_sizes(source_sizes, target_sizes, max_tokens, max_sentences)
+    order = length_order(source_sizes, target_sizes, rng)
+    ends = np.cumsum(batch_sizes(sizes[order], max_tokens, max_sentences, required_multiple))
+    return np.split(order, ends[:-1]) if len(ends) else []
+
+
+def padded_sizes(source_sizes: np.ndarray, target_sizes: np.ndarray | None, max_tokens: int | None,
+                 max_sentences: int | None) -> np.ndarray:
+    """Each sentence's (pair's) size in a batch, the longer side; an error if the budget cannot hold one."""
     if max_tokens is None and max_sentences is None:
         raise NmtError("give --max-tokens or --max-sentences")
-    source_sizes = np.asarray(source_sizes)
-    sizes = np.maximum(source_sizes, target_sizes) if target_sizes is not None else source_sizes
+    sizes = np.maximum(source_sizes, target_sizes) if target_sizes is not None else np.asarray(source_sizes)
     if max_tokens is not None and len(sizes) and sizes.max() > max_tokens:
         longest = int(np.argmax(sizes))
         raise NmtError(f"sentence {longest} has {int(sizes[longest])} tokens, more than --max-tokens {max_tokens}; "
                        "raise --max-tokens or filter long sentences in preprocess (--max-len)")
+    return sizes
+
+
+def length_order(source_sizes: np.ndarray, target_sizes: np.ndarray | None,
+                 rng: np.random.Generator | None = None) -> np.ndarray:
+    """Sentence indices sorted by (longer side, source) length.
+
+    Equal lengths stay in index order, or in a random order drawn from ``rng`` (permuted before
+    the stable sort, as fairseq does), so that batches mix the parts of a concatenated corpus.
+    """
+    source_sizes = np.asarray(source_sizes)
+    sizes = np.maximum(source_sizes, target_sizes) if target_sizes is not None else source_sizes
     shuffled = np.arange(len(sizes)) if rng is None else rng.permutation(len(sizes))
-    length_key = sizes.astype(np.int64) * (int(source_sizes.max(initial=0)) + 1) + source_sizes  # (max, source)
-    order = shuffled[np.argsort(length_key[shuffled], kind="stable")]
-    sorted_sizes = sizes[order]
-    batches: list[np.ndarray] = []
+    length_key = sizes.astype(np.int64) * (int(source_sizes.max(initial=0)) + 1) + source_sizes
+    return shuffled[np.argsort(length_key[shuffled], kind="stable")]
+
+
+def batch_sizes(sorted_sizes: np.ndarray, max_tokens: int | None, max_sentences: int | None = None,
+                required_multiple: int = 1) -> np.ndarray:
+    """How many sentences each batch takes, from sentences in ascending size order.
+
+    They depend on the sorted sizes alone, not on which of several equal-length sentences comes
+    first. Counts are rounded down to a multiple of ``required_multiple`` where that leaves a
+    non-empty batch.
+    """
+    counts = []
     start = 0
-    while start < len(order):
-        count = len(order) - start if max_sentences is None else min(max_sentences, len(order) - start)
+    while start < len(sorted_sizes):
+        count = len(sorted_sizes) - start if max_sentences is None else min(max_sentences, len(sorted_sizes) - start)
         if max_tokens is not None:  # sizes ascend, so the padded size grows with the count: bisect it
             count = bisect.bisect_right(range(1, count + 1), max_tokens,
                                         key=lambda n: int(sorted_sizes[start + n - 1]) * n)
         if required_multiple > 1 and count > required_multiple:
             count -= count % required_multiple
-        batches.append(order[start:start + count])
+        counts.append(count)
         start += count
-    return batches
+    return np.array(counts, dtype=np.int64)

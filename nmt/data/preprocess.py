@@ -265,12 +265,9 @@ Item = TypeVar("Item")
 Result = TypeVar("Result")
 
 
-def ordered_map(function: Callable[[Item], Result], items: Iterable[Item], pool: ProcessPoolExecutor | None,
+def ordered_map(function: Callable[[Item], Result], items: Iterable[Item], pool: ProcessPoolExecutor,
                 ahead: int) -> Iterator[Result]:
     """``map`` in a pool of processes, in order, with at most ``ahead`` items in flight (bounded memory)."""
-    if pool is None:
-        yield from map(function, items)
-        return
     pending: collections.deque = collections.deque()
     try:
         for item in items:

@@ -17,7 +17,7 @@ from typing import Callable, Iterable, Iterator, TypeVar
 
 import numpy as np
 
-from nmt.data.batching import Batch, batch_by_size, collate
+from nmt.data.batching import Batch, batch_by_size, batch_sizes, collate, length_order, padded_sizes
 from nmt.data.dataset import ParallelDataset
 from nmt.errors import NmtError
 from nmt.log import logger
@@ -30,8 +30,9 @@ class TrainingBatches:
 
     Equal-length pairs are shuffled before the length sort, as fairseq permutes before its
     stable sort: a corpus made of sub-corpora mixes them within batches, and no two pairs share
-    a batch for the whole run. The batch sizes depend on the sorted lengths alone, so every
-    epoch has the same number of batches, each within the budget (padding included).
+    a batch for the whole run. The batch sizes depend on the sorted lengths alone, so they are
+    computed once: every epoch has the same number of batches, each within the budget (padding
+    included). Everything is a numpy array, none a Python object per pair.
     """
 
     def __init__(self, dataset: ParallelDataset, max_tokens: int | None, max_sentences: int | None = None,
@@ -44,26 +45,24 @@ class TrainingBatches:
                 logger.warning("skipping %d of %d sentence pairs longer than --max-tokens %d",
                                len(dataset) - len(self.kept), len(dataset), max_tokens)
             self.source_sizes, self.target_sizes = self.source_sizes[self.kept], self.target_sizes[self.kept]
-        self.max_tokens, self.max_sentences, self.required_multiple = max_tokens, max_sentences, required_multiple
-        self.num_batches = len(self._batches(None))
-
-    def __len__(self) -> int:
-        return self.num_batches
-
-    def _batches(self, rng: np.random.Generator | None) -> list[np.ndarray]:
         try:
-            batches = batch_by_size(self.source_sizes, self.target_sizes, self.max_tokens, self.max_sentences,
-                                    self.required_multiple, rng)
+            sizes = padded_sizes(self.source_sizes, self.target_sizes, max_tokens, max_sentences)
         except NmtError as exc:
             if "--max-tokens" not in str(exc):
                 raise
             raise NmtError(f"{exc}, or pass --skip-invalid-size-inputs") from exc
-        return batches if self.kept is None else [self.kept[batch] for batch in batches]
+        self.ends = np.cumsum(batch_sizes(np.sort(sizes), max_tokens, max_sentences, required_multiple))
+
+    def __len__(self) -> int:
+        return len(self.ends)
 
     def epoch(self, seed: int, epoch: int) -> list[np.ndarray]:
         """The epoch's batches in the order they are trained on."""
         rng = np.random.default_rng([seed, epoch])
-        batches = self._batches(rng)
+        order = length_order(self.source_sizes, self.target_sizes, rng)
+        if self.kept is not None:
+            order = self.kept[order]
+        batches = np.split(order, self.ends[:-1]) if len(self.ends) else []
         return [batches[i] for i in rng.permutation(len(batches))]
 
 
@@ -99,7 +98,8 @@ class EpochIterator:
             raise ValueError(f"{len(ordered)} batches cannot be shared by {world_size} processes")
         self.dataset = dataset
         self.batches = ordered[: len(ordered) - len(ordered) % world_size]
-        self.tokens = np.array([int(dataset.target.sizes[b].sum()) for b in self.batches], dtype=np.int64)
+        starts = np.cumsum([0] + [len(batch) for batch in self.batches[:-1]])
+        self.tokens = np.add.reduceat(dataset.target.sizes[np.concatenate(self.batches)], starts, dtype=np.int64)
         self.world_size, self.rank, self.update_freq = world_size, rank, update_freq
         self.start = min(start, len(self.batches))
         self.prefetch, self.pin_memory = prefetch, pin_memory
