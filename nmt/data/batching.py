@@ -63,7 +63,7 @@ def batch_by_size(source_sizes: np.ndarray, target_sizes: np.ndarray | None, max
     sides and ``len(batch)`` within ``max_sentences`` (``batch_sizes``).
     """
     sizes = padded_sizes(source_sizes, target_sizes, max_tokens, max_sentences)
-    order = length_order(source_sizes, target_sizes, rng)
+    order = length_order(length_ranks(source_sizes, target_sizes), rng)
     ends = np.cumsum(batch_sizes(sizes[order], max_tokens, max_sentences, required_multiple))
     return np.split(order, ends[:-1]) if len(ends) else []
 
@@ -81,18 +81,28 @@ def padded_sizes(source_sizes: np.ndarray, target_sizes: np.ndarray | None, max_
     return sizes
 
 
-def length_order(source_sizes: np.ndarray, target_sizes: np.ndarray | None,
-                 rng: np.random.Generator | None = None) -> np.ndarray:
-    """Sentence indices sorted by (longer side, source) length.
+def length_ranks(source_sizes: np.ndarray, target_sizes: np.ndarray | None) -> np.ndarray:
+    """Each sentence's rank among the distinct (longer side, source) lengths: its sort key.
+
+    In the smallest unsigned dtype, so that sorting by it is a radix sort (linear time).
+    """
+    source_sizes = np.asarray(source_sizes)
+    sizes = np.maximum(source_sizes, target_sizes) if target_sizes is not None else source_sizes
+    key = sizes.astype(np.int64) * (int(source_sizes.max(initial=0)) + 1) + source_sizes
+    _, ranks = np.unique(key, return_inverse=True)
+    return ranks.astype(np.uint16 if len(ranks) == 0 or ranks.max() <= np.iinfo(np.uint16).max else np.uint32)
+
+
+def length_order(ranks: np.ndarray, rng: np.random.Generator | None = None) -> np.ndarray:
+    """Sentence indices sorted by their length ranks (``length_ranks``).
 
     Equal lengths stay in index order, or in a random order drawn from ``rng`` (permuted before
     the stable sort, as fairseq does), so that batches mix the parts of a concatenated corpus.
     """
-    source_sizes = np.asarray(source_sizes)
-    sizes = np.maximum(source_sizes, target_sizes) if target_sizes is not None else source_sizes
-    shuffled = np.arange(len(sizes)) if rng is None else rng.permutation(len(sizes))
-    length_key = sizes.astype(np.int64) * (int(source_sizes.max(initial=0)) + 1) + source_sizes
-    return shuffled[np.argsort(length_key[shuffled], kind="stable")]
+    shuffled = np.arange(len(ranks), dtype=np.int64 if len(ranks) > np.iinfo(np.int32).max else np.int32)
+    if rng is not None:
+        rng.shuffle(shuffled)
+    return shuffled[np.argsort(ranks[shuffled], kind="stable")]
 
 
 def batch_sizes(sorted_sizes: np.ndarray, max_tokens: int | None, max_sentences: int | None = None,
