@@ -63,7 +63,7 @@ def batch_by_size(source_sizes: np.ndarray, target_sizes: np.ndarray | None, max
     sides and ``len(batch)`` within ``max_sentences`` (``batch_sizes``).
     """
     sizes = padded_sizes(source_sizes, target_sizes, max_tokens, max_sentences)
-    order = length_order(length_ranks(source_sizes, target_sizes), rng)
+    order = length_order(length_keys(source_sizes, target_sizes), rng)
     ends = np.cumsum(batch_sizes(sizes[order], max_tokens, max_sentences, required_multiple))
     return np.split(order, ends[:-1]) if len(ends) else []
 
@@ -81,28 +81,32 @@ def padded_sizes(source_sizes: np.ndarray, target_sizes: np.ndarray | None, max_
     return sizes
 
 
-def length_ranks(source_sizes: np.ndarray, target_sizes: np.ndarray | None) -> np.ndarray:
-    """Each sentence's rank among the distinct (longer side, source) lengths: its sort key.
+def length_keys(source_sizes: np.ndarray, target_sizes: np.ndarray | None) -> np.ndarray:
+    """Each sentence's sort key, (longer side, source) length as one number.
 
-    In the smallest unsigned dtype, so that sorting by it is a radix sort (linear time).
+    In the smallest unsigned dtype that holds it: 16 bits whenever the lengths stay under 255
+    (preprocess's --max-len 250), where sorting by it is a radix sort (linear time).
     """
     source_sizes = np.asarray(source_sizes)
     sizes = np.maximum(source_sizes, target_sizes) if target_sizes is not None else source_sizes
-    key = sizes.astype(np.int64) * (int(source_sizes.max(initial=0)) + 1) + source_sizes
-    _, ranks = np.unique(key, return_inverse=True)
-    return ranks.astype(np.uint16 if len(ranks) == 0 or ranks.max() <= np.iinfo(np.uint16).max else np.uint32)
+    keys = sizes.astype(np.int64) * (int(source_sizes.max(initial=0)) + 1) + source_sizes
+    return keys.astype(smallest_unsigned(int(keys.max(initial=0))))
 
 
-def length_order(ranks: np.ndarray, rng: np.random.Generator | None = None) -> np.ndarray:
-    """Sentence indices sorted by their length ranks (``length_ranks``).
+def smallest_unsigned(largest: int) -> type:
+    return next(dtype for dtype in (np.uint16, np.uint32, np.uint64) if largest <= np.iinfo(dtype).max)
+
+
+def length_order(keys: np.ndarray, rng: np.random.Generator | None = None) -> np.ndarray:
+    """Sentence indices sorted by their length keys (``length_keys``).
 
     Equal lengths stay in index order, or in a random order drawn from ``rng`` (permuted before
     the stable sort, as fairseq does), so that batches mix the parts of a concatenated corpus.
     """
-    shuffled = np.arange(len(ranks), dtype=np.int64 if len(ranks) > np.iinfo(np.int32).max else np.int32)
+    shuffled = np.arange(len(keys), dtype=np.int64 if len(keys) > np.iinfo(np.int32).max else np.int32)
     if rng is not None:
         rng.shuffle(shuffled)
-    return shuffled[np.argsort(ranks[shuffled], kind="stable")]
+    return shuffled[np.argsort(keys[shuffled], kind="stable")]
 
 
 def batch_sizes(sorted_sizes: np.ndarray, max_tokens: int | None, max_sentences: int | None = None,
@@ -117,9 +121,11 @@ def batch_sizes(sorted_sizes: np.ndarray, max_tokens: int | None, max_sentences:
     start = 0
     while start < len(sorted_sizes):
         count = len(sorted_sizes) - start if max_sentences is None else min(max_sentences, len(sorted_sizes) - start)
-        if max_tokens is not None:  # sizes ascend, so the padded size grows with the count: bisect it
-            count = bisect.bisect_right(range(1, count + 1), max_tokens,
-                                        key=lambda n: int(sorted_sizes[start + n - 1]) * n)
+        if max_tokens is not None:
+            count = min(count, max_tokens // int(sorted_sizes[start]))  # all as short as the first: the most
+            if int(sorted_sizes[start + count - 1]) * count > max_tokens:  # longer ones among them: bisect,
+                count = bisect.bisect_right(range(1, count + 1), max_tokens,  # as the padded size grows with count
+                                            key=lambda n: int(sorted_sizes[start + n - 1]) * n)
         if required_multiple > 1 and count > required_multiple:
             count -= count % required_multiple
         counts.append(count)

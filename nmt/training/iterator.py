@@ -17,8 +17,8 @@ from typing import Callable, Iterable, Iterator, TypeVar
 
 import numpy as np
 
-from nmt.data.batching import (Batch, batch_by_size, batch_sizes, collate, length_order, length_ranks,
-                                padded_sizes)
+from nmt.data.batching import (Batch, batch_by_size, batch_sizes, collate, length_keys, length_order, padded_sizes,
+                                smallest_unsigned)
 from nmt.data.dataset import ParallelDataset
 from nmt.errors import NmtError
 from nmt.log import logger
@@ -52,8 +52,9 @@ class TrainingBatches:
             if "--max-tokens" not in str(exc):
                 raise
             raise NmtError(f"{exc}, or pass --skip-invalid-size-inputs") from exc
-        self.ends = np.cumsum(batch_sizes(np.sort(sizes), max_tokens, max_sentences, required_multiple))
-        self.ranks = length_ranks(self.source_sizes, self.target_sizes)
+        sorted_sizes = np.sort(sizes.astype(smallest_unsigned(int(sizes.max(initial=0)))), kind="stable")  # radix
+        self.ends = np.cumsum(batch_sizes(sorted_sizes, max_tokens, max_sentences, required_multiple))
+        self.keys = length_keys(self.source_sizes, self.target_sizes)
 
     def __len__(self) -> int:
         return len(self.ends)
@@ -61,7 +62,7 @@ class TrainingBatches:
     def epoch(self, seed: int, epoch: int) -> list[np.ndarray]:
         """The epoch's batches in the order they are trained on."""
         rng = np.random.default_rng([seed, epoch])
-        order = length_order(self.ranks, rng)
+        order = length_order(self.keys, rng)
         if self.kept is not None:
             order = self.kept[order]
         batches = np.split(order, self.ends[:-1]) if len(self.ends) else []
