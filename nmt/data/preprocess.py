@@ -25,7 +25,7 @@ import shutil
 import uuid
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
-from itertools import chain
+from itertools import chain, islice
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, TypeVar
 
@@ -283,9 +283,12 @@ def ordered_map(function: Callable[[Item], Result], items: Iterable[Item], pool:
 
 def encoded_chunks(split: SplitFiles, vocabs: tuple[Vocabulary, Vocabulary], workers: int,
                    chunk_lines: int) -> Iterator[tuple[EncodedSide, EncodedSide]]:
-    """The split's chunks of pairs, read and checked here and encoded by ``workers`` processes."""
+    """The split's chunks of pairs, read and checked here and encoded by ``workers`` processes
+    (in this one when the split is a single chunk: starting processes would cost more)."""
     chunks = read_chunks(split, chunk_lines)
-    if workers == 1:
+    first_two = list(islice(chunks, 2))
+    chunks = chain(first_two, chunks)
+    if workers == 1 or len(first_two) < 2:
         yield from (tuple(encode_lines(vocab, lines) for vocab, lines in zip(vocabs, chunk)) for chunk in chunks)
         return
     with ProcessPoolExecutor(workers, initializer=_load_worker_vocabs,
