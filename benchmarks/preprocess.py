@@ -3,8 +3,9 @@
     python benchmarks/preprocess.py [--data DIR] [--vocab-size 10000] [--repeats 3]
 
 Prints a table of lines/s (sentence pairs per second of wall time) for the whole command on the
-train split (read + check, sentencepiece training, encoding, writing), and for the encoding step
-alone (both sides, the part --workers parallelizes). Each figure is the best of --repeats runs.
+train split (sentencepiece training, then reading + checking + encoding + writing in chunks), and
+for the streamed reading, checking and encoding alone (both sides; --workers processes encode).
+Each figure is the best of --repeats runs. benchmarks/scale.py measures larger corpora.
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from nmt.data.corpus import SplitFiles, find_splits, read_parallel
-from nmt.data.preprocess import PreprocessOptions, encode_lines, preprocess
+from nmt.data.corpus import SplitFiles, find_splits
+from nmt.data.preprocess import CHUNK_LINES, PreprocessOptions, encoded_chunks, preprocess
 from nmt.data.vocabulary import Vocabulary
+from nmt.files import read_lines
 
 DEFAULT_DATA = Path(os.environ.get("NMT_MULTI30K", Path(__file__).resolve().parents[2] / "shared/data/multi30k"))
 
@@ -44,11 +46,10 @@ def main() -> None:
         raise SystemExit(f"Multi30k not found in {args.data} (set --data or NMT_MULTI30K)")
 
     split: SplitFiles = find_splits("en", "de", str(args.data / "train"), None, None)[0]
-    source, target = read_parallel(split)
-    pairs = len(source)
+    pairs = len(read_lines(split.source))
     table = Table(title=f"nmt preprocess, Multi30k train ({pairs:,} pairs), vocab {args.vocab_size}, "
                         f"best of {args.repeats}, {os.cpu_count()} CPU cores")
-    for column in ("workers", "whole command (s)", "pairs/s", "encoding only (s)", "encoded lines/s"):
+    for column in ("workers", "whole command (s)", "pairs/s", "read+check+encode (s)", "encoded lines/s"):
         table.add_column(column, justify="right")
     with tempfile.TemporaryDirectory() as tmp:
         vocab = None
@@ -58,8 +59,7 @@ def main() -> None:
                                         workers=workers, force=True)
             whole = best_time(lambda: preprocess(options, show_progress=False), args.repeats)
             vocab = vocab or Vocabulary.load(f"{tmp}/bin/spm.model")
-            encode = best_time(lambda: [encode_lines(vocab, lines, workers, lambda n: None)
-                                        for lines in (source, target)], args.repeats)
+            encode = best_time(lambda: list(encoded_chunks(split, (vocab, vocab), workers, CHUNK_LINES)), args.repeats)
             table.add_row(str(workers), f"{whole:.2f}", f"{pairs / whole:,.0f}", f"{encode:.2f}",
                           f"{2 * pairs / encode:,.0f}")
     Console().print(table)

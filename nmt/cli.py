@@ -9,7 +9,6 @@ fills in the recipe's and the defaults and checks the values.
 from __future__ import annotations
 
 import inspect
-import os
 import logging
 import sys
 import types
@@ -34,6 +33,11 @@ from nmt.recipe import STAGES
 from nmt.scoring import ScoreOptions, format_results, parse_metrics, score_files
 from nmt.serving.server import ServeOptions
 from nmt.training.config import TrainConfig, load_train_config
+
+try:  # newer typer carries its own copy of click
+    from typer._click.exceptions import ClickException, NoArgsIsHelpError
+except ImportError:
+    from click.exceptions import ClickException, NoArgsIsHelpError
 
 app = typer.Typer(
     name="nmt",
@@ -153,9 +157,9 @@ def preprocess(given: dict) -> None:
 
 @command(ScoreOptions)
 def score(given: dict) -> None:
-    """Score a system output with sacrebleu (BLEU with 13a tokenization, cased) and print the signatures."""
+    """Score a system output with sacrebleu (BLEU tokenized for the target language, cased) and print the signatures."""
     options = build(ScoreOptions, given, "score")
-    results = score_files(options.system, options.ref, parse_metrics(options.metrics), options.lowercase)
+    results = score_files(options.system, options.ref, parse_metrics(options.metrics), options.metric)
     typer.echo(format_results(results, as_json=options.json_output))
 
 
@@ -261,8 +265,15 @@ def demo(workdir: Annotated[Path, typer.Option(help="Where the demo writes its d
 
 
 def main() -> None:
+    """The console script: every error the user can cause ends in one `error:` line (-v: with its traceback)."""
     try:
-        app()
+        code = app(standalone_mode=False)
+    except NoArgsIsHelpError as exc:
+        typer.echo(exc.ctx.get_help(), err=True)
+        sys.exit(exc.exit_code)
+    except ClickException as exc:  # a bad option or value, found by the parser: one line, not a box
+        typer.echo(f"error: {exc.format_message()}", err=True)
+        sys.exit(exc.exit_code)
     except NmtError as exc:
         if state["verbose"]:
             logger.exception("error")
@@ -271,9 +282,7 @@ def main() -> None:
     except Stopped as exc:
         typer.echo(f"interrupted: {exc}" if str(exc) else "interrupted", err=True)
         sys.exit(exc.exit_code)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, typer.Abort):
         typer.echo("interrupted", err=True)
         sys.exit(130)
-    except BrokenPipeError:  # the reader went away (`nmt generate ... | head`): stop quietly, as other tools do
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes
-        sys.exit(141)  # 128 + SIGPIPE
+    sys.exit(code if isinstance(code, int) else 0)

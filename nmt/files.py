@@ -196,29 +196,32 @@ def open_binary(path: str | os.PathLike) -> IO[bytes]:
         raise NmtError(f"cannot read {path}: {exc.strerror or exc}") from exc
 
 
-def read_lines(path: str | os.PathLike) -> list[str]:
-    """All lines of a text file without their line ends; bad UTF-8 is reported with its line.
+def text_lines(handle: IO[bytes], name: str | os.PathLike) -> Iterator[str]:
+    """The lines of an open binary file without their line ends; bad UTF-8 is reported with its line.
 
     Lines are split on "\\n" only (as ``wc -l`` counts them) and decoded one by one, so the
     line number in an error is exact (a text wrapper decodes whole chunks ahead of the line).
-    A leading byte-order mark is dropped, with a warning. "-" reads stdin (left open).
+    A leading byte-order mark is dropped, with a warning.
     """
-    lines: list[str] = []
+    line_no = 0
+    try:
+        for line_no, raw in enumerate(handle, start=1):
+            line = raw.decode("utf-8").removesuffix("\n").removesuffix("\r")
+            if line_no == 1 and line.startswith("\ufeff"):  # Windows editors write one; it is not text
+                line = line[1:]
+                logger.warning("%s starts with a UTF-8 byte-order mark: ignored it", name)
+            yield line
+    except UnicodeDecodeError as exc:
+        raise NmtError(f"{name}: line {line_no} is not valid UTF-8 ({exc.reason})") from exc
+    except (OSError, EOFError) as exc:
+        raise NmtError(f"cannot read {name}: {exc}") from exc
+
+
+def read_lines(path: str | os.PathLike) -> list[str]:
+    """All lines of a text file (see ``text_lines``); "-" reads stdin (left open)."""
     stdin = str(path) == "-"
-    name = "stdin" if stdin else path
     with contextlib.nullcontext(sys.stdin.buffer) if stdin else open_binary(path) as handle:
-        line_no = 0
-        try:
-            for line_no, raw in enumerate(handle, start=1):
-                lines.append(raw.decode("utf-8").removesuffix("\n").removesuffix("\r"))
-        except UnicodeDecodeError as exc:
-            raise NmtError(f"{name}: line {line_no} is not valid UTF-8 ({exc.reason})") from exc
-        except (OSError, EOFError) as exc:
-            raise NmtError(f"cannot read {name}: {exc}") from exc
-    if lines and lines[0].startswith("\ufeff"):  # Windows editors write one; it is not text
-        lines[0] = lines[0][1:]
-        logger.warning("%s starts with a UTF-8 byte-order mark: ignored it", name)
-    return lines
+        return list(text_lines(handle, "stdin" if stdin else path))
 
 
 def read_yaml_mapping(path: str | os.PathLike, what: str) -> dict:

@@ -110,7 +110,9 @@ def plan_recipe(path: str | Path, stages: tuple[str, ...] = STAGES) -> Plan:
             raise NmtError(f"{where}: the `score:` section needs a `generate:` section")
         reference = [] if "ref" in values or "score" not in stages else \
             [str(reference_file(plan.preprocess, plan.generate.split))]
-        plan.score = build(ScoreOptions, {"system": plan.generate.output, "ref": reference, **values}, "score", where)
+        language = {"language": plan.preprocess.target_lang} if plan.preprocess is not None else {}
+        plan.score = build(ScoreOptions, {"system": plan.generate.output, "ref": reference, **language, **values},
+                           "score", where)
     return plan
 
 
@@ -182,7 +184,7 @@ def run_plan(plan: Plan) -> PipelineReport:
         from nmt.scoring import parse_metrics, score_files
 
         options = plan.score
-        report.scores = score_files(options.system, options.ref, parse_metrics(options.metrics), options.lowercase)
+        report.scores = score_files(options.system, options.ref, parse_metrics(options.metrics), options.metric)
         return "; ".join(f"{r.name} {r.score:.2f}" for r in report.scores)
 
     for stage, work in (("preprocess", run_preprocess), ("train", run_train), ("average", run_average),

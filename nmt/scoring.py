@@ -1,15 +1,20 @@
 """Corpus-level BLEU, chrF and TER with sacrebleu, and their reproducibility signatures.
 
 sacrebleu's Python API zips hypotheses and references and silently scores the shorter stream,
-so the line counts are checked here before anything is scored.
+so the line counts are checked here before anything is scored. BLEU's tokenizer defaults to
+sacreBLEU's own choice for the target language (``zh``, ``ja-mecab``, ``ko-mecab``, else ``13a``):
+13a splits no Chinese or Japanese words, so their BLEU would be meaningless.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import re
+import typing
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Literal, Sequence
 
 from sacrebleu.metrics import BLEU, CHRF, TER
 
@@ -19,6 +24,27 @@ from nmt.options import check_values
 
 METRICS = ("bleu", "chrf", "ter")
 STDIN = "-"
+AUTO = "auto"  # sacreBLEU's choice for the target language
+BleuTokenizer = Literal[(AUTO, *BLEU.TOKENIZERS)]  # sacreBLEU's tokenizer names, from sacreBLEU itself
+INSTALL_HINTS = {"ja-mecab": "nmt[ja]", "ko-mecab": "nmt[ko]"}  # tokenizers needing extra packages
+
+_BY_LANGUAGE = ", ".join(f"{lang}: {name}" for lang, name in BLEU._TOKENIZER_MAP.items())
+TOKENIZE_HELP = (f"BLEU tokenizer, sacreBLEU's names ({', '.join(BLEU.TOKENIZERS)}); auto: sacreBLEU's "
+                 f"choice for the target language ({_BY_LANGUAGE}, others: {BLEU.TOKENIZER_DEFAULT}).")
+LOWERCASE_HELP = "Case-insensitive scores, for comparison with lowercased results (sacreBLEU's default is cased)."
+
+
+@dataclass(frozen=True)
+class MetricOptions:
+    """How hypotheses are compared with references: shared by `nmt score`, the recipe's ``score:``,
+    ``generate --score-reference`` and ``train --eval-bleu`` (the last two know the target language)."""
+
+    tokenize: BleuTokenizer = field(default=AUTO, metadata={"help": TOKENIZE_HELP})
+    lowercase: bool = field(default=False, metadata={"help": LOWERCASE_HELP})
+    language: str | None = field(default=None, metadata={
+        "flags": ["--language", "-l"],
+        "help": "Target language code, which picks the --tokenize for auto; unset: the last suffix of the "
+                "first --ref file before .gz when it is 2-3 letters (newstest2014.ja, test.zh.gz)."})
 
 
 @dataclass(frozen=True)
@@ -40,8 +66,8 @@ class ScoreOptions:
                                   "flags": ["--sys"]})
     ref: list[str] = field(metadata={"help": "Reference file (repeat for several references); plain or .gz."})
     metrics: str = field(default="bleu", metadata={"help": f"Comma-separated metrics from {', '.join(METRICS)}."})
-    lowercase: bool = field(default=False, metadata={"help": "Case-insensitive scores (sacrebleu's default is cased)."})
     json_output: bool = field(default=False, metadata={"help": "Print the scores as JSON.", "flags": ["--json"]})
+    metric: MetricOptions = field(default_factory=MetricOptions, metadata={"help": "How to compare."})
 
     def __post_init__(self) -> None:
         check_values(self)
@@ -57,9 +83,24 @@ def parse_metrics(text: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def _metric(name: str, lowercase: bool):
+def _bleu(options: MetricOptions) -> BLEU:
+    if options.tokenize not in typing.get_args(BleuTokenizer):
+        raise NmtError(f"unknown BLEU tokenizer {options.tokenize!r}; choose from {', '.join(typing.get_args(BleuTokenizer))}")
+    tokenize = None if options.tokenize == AUTO else options.tokenize  # None: sacreBLEU picks
+    try:
+        return BLEU(lowercase=options.lowercase, tokenize=tokenize, trg_lang=options.language or "")
+    except (ImportError, RuntimeError) as exc:  # sacreBLEU's MeCab tokenizers, without MeCab
+        name = tokenize or BLEU._TOKENIZER_MAP.get(options.language or "", BLEU.TOKENIZER_DEFAULT)
+        if name not in INSTALL_HINTS:
+            raise
+        raise NmtError(f"BLEU tokenizer {name} needs extra packages: pip install '{INSTALL_HINTS[name]}' "
+                       "(or choose another --tokenize)") from exc
+
+
+def _metric(name: str, options: MetricOptions):
+    lowercase = options.lowercase
     if name == "bleu":
-        return BLEU(lowercase=lowercase)
+        return _bleu(options)
     if name == "chrf":
         return CHRF(lowercase=lowercase)
     if name == "ter":
@@ -68,7 +109,7 @@ def _metric(name: str, lowercase: bool):
 
 
 def score(hypotheses: Sequence[str], references: Sequence[Sequence[str]], metrics: Sequence[str] = ("bleu",),
-          lowercase: bool = False) -> list[MetricResult]:
+          options: MetricOptions = MetricOptions()) -> list[MetricResult]:
     """Score detokenized hypotheses against one or more reference streams (sacrebleu defaults).
 
     ``references`` is a list of streams, each with one line per hypothesis.
@@ -82,7 +123,7 @@ def score(hypotheses: Sequence[str], references: Sequence[Sequence[str]], metric
             raise NmtError(f"reference {index} has {len(stream)} lines but there are {len(hypotheses)} hypotheses")
     results = []
     for name in metrics:
-        metric = _metric(name, lowercase)
+        metric = _metric(name, options)
         corpus_score = metric.corpus_score(list(hypotheses), [list(stream) for stream in references])
         signature = str(metric.get_signature())
         results.append(MetricResult(corpus_score.name, float(corpus_score.score), signature,
@@ -102,9 +143,18 @@ def _name(path: str | Path) -> str:
     return "stdin" if str(path) == STDIN else str(path)
 
 
+def language_of(path: str | Path) -> str | None:
+    """The language code a file's name ends with (``test.ja``, ``test.zh.gz``), if it looks like one."""
+    name = Path(path).name.removesuffix(".gz")
+    suffix = Path(name).suffix.lstrip(".")
+    return suffix.lower() if re.fullmatch(r"[A-Za-z]{2,3}", suffix) else None
+
+
 def score_files(system: str | Path, references: Sequence[str | Path], metrics: Sequence[str] = ("bleu",),
-                lowercase: bool = False) -> list[MetricResult]:
-    """`nmt score`: read the system output and references, check their line counts, score."""
+                options: MetricOptions = MetricOptions()) -> list[MetricResult]:
+    """`nmt score`: read the system output and references, check their line counts, score.
+
+    Without ``options.language`` the target language is read from the first reference's name."""
     if not references:
         raise NmtError("give at least one --ref")
     if sum(str(path) == STDIN for path in [system, *references]) > 1:
@@ -116,7 +166,9 @@ def score_files(system: str | Path, references: Sequence[str | Path], metrics: S
         if len(stream) != len(hypotheses):
             raise NmtError(f"{_name(system)} has {len(hypotheses)} lines but {_name(path)} has {len(stream)}")
         reference_streams.append(stream)
-    return score(hypotheses, reference_streams, metrics, lowercase)
+    if options.language is None and str(references[0]) != STDIN:
+        options = dataclasses.replace(options, language=language_of(references[0]))
+    return score(hypotheses, reference_streams, metrics, options)
 
 
 def format_results(results: Sequence[MetricResult], as_json: bool = False) -> str:

@@ -17,7 +17,7 @@ from nmt.errors import NmtError
 from nmt.generation.generator import GenerateOptions, generate, prepare_model, translate_ids
 from nmt.options import build
 from nmt.models.registry import build_model, get_arch, resolve_config
-from nmt.scoring import score
+from nmt.scoring import MetricOptions, score
 
 from conftest import assert_one_line_error, make_data_dir, numbers_pairs, run_cli
 
@@ -167,6 +167,18 @@ def test_score_reference_uses_the_raw_reference_and_falls_back_to_the_split(data
     datadir.write_meta()
     fallback = generate(options(checkpoint, data=str(moved), score_reference=True, output=str(tmp_path / "h2")))
     assert fallback.scores and "raw reference file" in caplog.text
+
+
+def test_score_reference_takes_the_bleu_tokenizer_and_case(data_dir, checkpoint, tmp_path):
+    default = generate(options(checkpoint, data=str(data_dir), score_reference=True, output=str(tmp_path / "h")))
+    assert "|tok:13a|" in default.scores[0].signature  # sacreBLEU's choice for German
+    chosen = generate(options(checkpoint, data=str(data_dir), score_reference=True, output=str(tmp_path / "h"),
+                              tokenize="char", lowercase=True))
+    raw = (tmp_path / "h").read_text(encoding="utf-8").splitlines()
+    reference = open(DataDir.open(data_dir).meta["splits"]["test"]["target_file"], encoding="utf-8").read().splitlines()
+    expected = score(raw, [reference], options=MetricOptions("char", lowercase=True))[0]
+    assert "|tok:char|" in chosen.scores[0].signature and "case:lc" in chosen.scores[0].signature
+    assert chosen.scores[0].score == expected.score != default.scores[0].score
 
 
 def test_sampling_is_reproducible_through_generate(checkpoint, tmp_path):

@@ -13,7 +13,7 @@ from nmt.pipeline import run_recipe
 
 def tiny_recipe(tmp_path, raw) -> dict:
     recipe = demo_recipe(tmp_path, raw, max_update=12, max_time="5m")
-    recipe["preprocess"]["vocab_size"] = 150
+    recipe["preprocess"].update(vocab_size=150, byte_fallback=False)  # no room for 256 byte pieces
     recipe["model"] = {"d_model": 32, "ffn_dim": 64}
     recipe["train"].update(save_interval_updates=4, validate_interval_updates=0, max_tokens=1024,
                            warmup_updates=5, max_epoch=0)

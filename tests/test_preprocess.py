@@ -64,7 +64,8 @@ def corpus(tmp_path: Path) -> Path:
 
 def make_options(corpus: Path, tmp_path: Path, **overrides) -> PreprocessOptions:
     settings = dict(source_lang="en", target_lang="de", destdir=str(tmp_path / "bin"), trainpref=str(corpus / "train"),
-                    validpref=str(corpus / "valid"), testpref=str(corpus / "test"), vocab_size=100)
+                    validpref=str(corpus / "valid"), testpref=str(corpus / "test"), vocab_size=100,
+                    byte_fallback=False)  # 100 pieces leave no room for byte fallback's 256
     return PreprocessOptions(**{**settings, **overrides})
 
 
@@ -176,6 +177,79 @@ def test_workers_do_not_change_the_output(corpus, tmp_path):
         assert (one.path / name).read_bytes() == (two.path / name).read_bytes()
 
 
+def test_byte_fallback_keeps_unknown_characters_as_bytes(corpus, tmp_path):
+    english, german = parallel_lines(10, 7)
+    english[4] = "A dog in 東京 with a ñandú 🐕."
+    write_pair(corpus, "valid", english, german)
+    datadir = preprocess(make_options(corpus, tmp_path, vocab_size=320, byte_fallback=True), show_progress=False)
+    assert datadir.meta["splits"]["valid"]["source_unk"] == 0
+    vocab = datadir.vocabulary("en")
+    assert vocab.decode(datadir.split("valid").source[4]) == english[4]  # the text itself, not " ⁇ "
+    pieces = [vocab.piece(int(i)) for i in datadir.split("valid").source[4]]
+    assert sum(piece.startswith("<0x") for piece in pieces) >= len("東京🐕".encode())  # spelled in bytes
+
+
+# --- streaming: chunks of pairs are read, checked, encoded and written one at a time ------------------------------
+
+
+def data_files(datadir: DataDir) -> dict[str, bytes]:
+    return {path.name: path.read_bytes() for path in sorted(datadir.path.iterdir()) if path.suffix == ".npy"}
+
+
+def test_chunk_boundaries_and_workers_do_not_change_the_output(corpus, tmp_path):
+    whole = preprocess(make_options(corpus, tmp_path, destdir=str(tmp_path / "whole")), show_progress=False)
+    for chunk_lines, workers in ((7, 1), (1, 2), (40, 2)):  # 7 divides none of 300/40/30; 40 is valid's size
+        chunked = preprocess(make_options(corpus, tmp_path, destdir=str(tmp_path / f"c{chunk_lines}"), workers=workers),
+                             show_progress=False, chunk_lines=chunk_lines)
+        assert data_files(chunked) == data_files(whole), (chunk_lines, workers)
+        assert chunked.meta["splits"] == whole.meta["splits"]
+
+
+def test_a_missing_final_newline_loses_no_line(corpus, tmp_path):
+    english, german = parallel_lines(40, 1)
+    write_pair(corpus, "valid", english, german)
+    (corpus / "valid.de").write_bytes((corpus / "valid.de").read_bytes().rstrip(b"\n"))
+    datadir = preprocess(make_options(corpus, tmp_path), show_progress=False, chunk_lines=8)
+    assert datadir.meta["splits"]["valid"]["input_lines"] == 40
+    assert_round_trips(datadir, "valid", english, german)
+
+
+def assert_fails_leaving_nothing(corpus, tmp_path, message: str, **options) -> None:
+    with pytest.raises(NmtError) as error:
+        preprocess(make_options(corpus, tmp_path, **options), show_progress=False, chunk_lines=7)
+    assert message in str(error.value) and "\n" not in str(error.value), str(error.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["text"]  # no destdir, no temporary directory
+
+
+def test_bad_utf8_in_the_last_chunk_names_the_line(corpus, tmp_path):
+    for name, line in (("test.de", 30), ("train.en", 299)):  # found by encoding (test) or by sentencepiece (train)
+        path = corpus / name
+        original = path.read_bytes()
+        lines = original.split(b"\n")
+        lines[line - 1] = b"Der hund \xff im park."
+        path.write_bytes(b"\n".join(lines))
+        assert_fails_leaving_nothing(corpus, tmp_path, f"{path}: line {line} is not valid UTF-8")
+        path.write_bytes(original)
+
+
+def test_a_line_count_mismatch_found_late_gives_both_totals(corpus, tmp_path):
+    english, german = parallel_lines(300, 0)
+    write_pair(corpus, "train", english, german + ["Ein hund."])  # one more line, after the last chunk
+    assert_fails_leaving_nothing(corpus, tmp_path, f"line counts differ in split train: {corpus}/train.en has 300 "
+                                                   f"lines but {corpus}/train.de has 301")
+    write_pair(corpus, "train", english, german)
+    english, german = parallel_lines(30, 2)
+    write_pair(corpus, "test", english[:-1], german)
+    assert_fails_leaving_nothing(corpus, tmp_path, f"{corpus}/test.en has 29 lines but {corpus}/test.de has 30")
+
+
+def test_an_empty_line_in_a_late_chunk_of_valid_names_its_line(corpus, tmp_path):
+    english, german = parallel_lines(40, 1)
+    english[37] = ""
+    write_pair(corpus, "valid", english, german)
+    assert_fails_leaving_nothing(corpus, tmp_path, f"{corpus}/valid.en: line 38 is empty")
+
+
 def test_same_request_is_up_to_date_a_different_one_needs_force(corpus, tmp_path, caplog, monkeypatch):
     monkeypatch.setattr(logger, "propagate", True)  # the CLI's logging set-up turns it off; caplog listens at root
     caplog.set_level(logging.INFO, logger="nmt")
@@ -241,7 +315,8 @@ def test_multi30k_end_to_end_round_trip(tmp_path):
 
 def cli_args(corpus: Path, tmp_path: Path, *extra: str) -> list[str]:
     return ["preprocess", "-s", "en", "-t", "de", "--trainpref", str(corpus / "train"), "--validpref",
-            str(corpus / "valid"), "--destdir", str(tmp_path / "bin"), "--vocab-size", "100", *extra]
+            str(corpus / "valid"), "--destdir", str(tmp_path / "bin"), "--vocab-size", "100", "--no-byte-fallback",
+            *extra]
 
 
 def assert_cli_error(monkeypatch, capsys, args: list[str], *expected: str) -> str:

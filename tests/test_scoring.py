@@ -5,7 +5,7 @@ import pytest
 import sacrebleu
 
 from nmt.errors import NmtError
-from nmt.scoring import format_results, parse_metrics, score, score_files
+from nmt.scoring import MetricOptions, format_results, language_of, parse_metrics, score, score_files
 from conftest import run_nmt
 
 HYPOTHESES = [
@@ -48,9 +48,9 @@ def test_chrf_and_ter_match_sacrebleu_and_lowercase_is_applied():
     assert results[1].score == pytest.approx(sacrebleu.corpus_chrf(HYPOTHESES, [REFERENCES]).score)
     assert results[2].score == pytest.approx(sacrebleu.corpus_ter(HYPOTHESES, [REFERENCES]).score)
     upper = [line.upper() for line in HYPOTHESES]
-    cased, lowered = score(upper, [REFERENCES]), score(upper, [REFERENCES], lowercase=True)
+    cased, lowered = score(upper, [REFERENCES]), score(upper, [REFERENCES], options=MetricOptions(lowercase=True))
     assert "case:lc" in lowered[0].signature
-    assert lowered[0].score == pytest.approx(score(HYPOTHESES, [REFERENCES], lowercase=True)[0].score)
+    assert lowered[0].score == pytest.approx(score(HYPOTHESES, [REFERENCES], options=MetricOptions(lowercase=True))[0].score)
     assert cased[0].score < lowered[0].score
 
 
@@ -111,3 +111,58 @@ def test_text_format_is_one_line_per_metric():
     results = score(HYPOTHESES, [REFERENCES], metrics=["bleu", "ter"])
     lines = format_results(results).splitlines()
     assert len(lines) == 2 and lines[0].startswith("BLEU|") and lines[1].startswith("TER|")
+
+
+# Chinese has no spaces: 13a sees each sentence as one or two "words", sacreBLEU's zh tokenizer
+# splits the characters, so only the latter measures anything.
+CHINESE_HYPOTHESES = ["我喜欢吃苹果。", "今天天气很好。", "他们在公园里散步。"]
+CHINESE_REFERENCES = ["我喜欢吃苹果和香蕉。", "今天天气不错。", "他们在公园散步。"]
+
+
+def test_target_language_picks_sacrebleus_tokenizer():
+    expected = sacrebleu.corpus_bleu(CHINESE_HYPOTHESES, [CHINESE_REFERENCES], tokenize="zh")
+    (chinese,) = score(CHINESE_HYPOTHESES, [CHINESE_REFERENCES], options=MetricOptions(language="zh"))
+    (default,) = score(CHINESE_HYPOTHESES, [CHINESE_REFERENCES])
+    assert "tok:zh" in chinese.signature and chinese.score == pytest.approx(expected.score)
+    assert "tok:13a" in default.signature and chinese.score > default.score + 20
+    (forced,) = score(CHINESE_HYPOTHESES, [CHINESE_REFERENCES], options=MetricOptions(tokenize="13a", language="zh"))
+    assert forced.score == pytest.approx(default.score)  # an explicit --tokenize wins over the language
+    (char,) = score(HYPOTHESES, [REFERENCES], options=MetricOptions(tokenize="char", lowercase=True))
+    assert "tok:char" in char.signature and "case:lc" in char.signature
+    with pytest.raises(NmtError, match="unknown BLEU tokenizer 'moses'; choose from auto, none, zh, 13a"):
+        score(HYPOTHESES, [REFERENCES], options=MetricOptions(tokenize="moses"))
+
+
+def test_reference_suffix_gives_the_language():
+    assert [language_of(name) for name in ("test.zh", "news.ja.gz", "ref.txt.gz", "ref", "a.b.json")] == \
+        ["zh", "ja", "txt", None, None]
+
+
+def test_cli_tokenize_language_and_signature(tmp_path):
+    system = write(tmp_path / "hyp.txt", CHINESE_HYPOTHESES)
+    reference = write(tmp_path / "test.zh", CHINESE_REFERENCES)
+    untagged = write(tmp_path / "reference.txt", CHINESE_REFERENCES)
+    expected = sacrebleu.corpus_bleu(CHINESE_HYPOTHESES, [CHINESE_REFERENCES], tokenize="zh")
+    for args in (["--ref", reference], ["--ref", untagged, "-l", "zh"], ["--ref", untagged, "--tokenize", "zh"]):
+        result = run_nmt("score", "--sys", system, *args)
+        assert result.returncode == 0, result.stderr
+        assert "|tok:zh|" in result.stdout and f"= {expected.score:.2f} " in result.stdout, args
+    result = run_nmt("score", "--sys", system, "--ref", untagged)
+    assert "|tok:13a|" in result.stdout
+    result = run_nmt("score", "--sys", system, "--ref", reference, "--tokenize", "moses")
+    assert result.returncode == 2 and result.stderr.startswith("error: Invalid value for '--tokenize'")
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_mecab_tokenizers_without_mecab_are_a_one_line_error(tmp_path):
+    try:
+        import MeCab  # noqa: F401
+        pytest.skip("MeCab is installed: ja-mecab works")
+    except ImportError:
+        pass
+    system = write(tmp_path / "hyp.txt", ["今日は良い天気です。"])
+    reference = write(tmp_path / "test.ja", ["今日はいい天気です。"])
+    result = run_nmt("score", "--sys", system, "--ref", reference)
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr.strip() == ("error: BLEU tokenizer ja-mecab needs extra packages: pip install 'nmt[ja]' "
+                                     "(or choose another --tokenize)")

@@ -1,10 +1,10 @@
 import numpy as np
 import pytest
 
-from nmt.data.dataset import DataDir
-from nmt.data.vocabulary import PAD_ID
+from nmt.data.dataset import DataDir, ParallelDataset, TokenArray, write_token_array
+from nmt.data.vocabulary import EOS_ID, PAD_ID
 from nmt.errors import NmtError
-from nmt.training.iterator import EpochIterator, epoch_order, make_batches, prefetched
+from nmt.training.iterator import EpochIterator, TrainingBatches, make_batches, prefetched
 
 
 @pytest.fixture(scope="module")
@@ -18,38 +18,68 @@ def indices_of(updates):
 
 def test_every_batch_stays_under_max_tokens_padding_included(train_set):
     for max_tokens, multiple in ((100, 1), (400, 8), (1000, 8)):
-        batches = make_batches(train_set, max_tokens, required_multiple=multiple)
-        assert sorted(np.concatenate(batches).tolist()) == list(range(len(train_set)))  # each pair once
-        for update in EpochIterator(train_set, batches, seed=1, epoch=1, prefetch=0):
-            (batch,) = update.batches
-            assert batch.source.numel() <= max_tokens and batch.target.numel() <= max_tokens
-            assert batch.target.ne(PAD_ID).sum() == update.num_tokens
-        sizes = [len(b) for b in batches]
+        batches = TrainingBatches(train_set, max_tokens, required_multiple=multiple)
+        for epoch in (1, 2):
+            updates = list(EpochIterator(train_set, batches, seed=1, epoch=epoch, prefetch=0))
+            assert len(updates) == len(batches)
+            seen = np.concatenate([update.batches[0].indices.numpy() for update in updates])
+            assert sorted(seen.tolist()) == list(range(len(train_set)))  # each pair once per epoch
+            for update in updates:
+                (batch,) = update.batches
+                assert batch.source.numel() <= max_tokens and batch.target.numel() <= max_tokens
+                assert batch.target.ne(PAD_ID).sum() == update.num_tokens
+        sizes = [len(b) for b in batches.epoch(seed=1, epoch=1)]
         assert sum(size % multiple == 0 for size in sizes) >= len(sizes) - 2  # a few odd ones at bucket ends
 
 
 def test_max_sentences_and_too_long_sentences(train_set):
     assert max(len(b) for b in make_batches(train_set, 10_000, max_sentences=5)) == 5
+    assert max(len(b) for b in TrainingBatches(train_set, 10_000, max_sentences=5).epoch(1, 1)) == 5
     longest = int(np.maximum(train_set.source.sizes, train_set.target.sizes).max())
     with pytest.raises(NmtError, match="--skip-invalid-size-inputs"):
-        make_batches(train_set, longest - 1)
-    kept = np.concatenate(make_batches(train_set, longest - 1, skip_too_long=True))
+        TrainingBatches(train_set, longest - 1)
+    kept = np.concatenate(TrainingBatches(train_set, longest - 1, skip_too_long=True).epoch(1, 1))
     too_long = np.maximum(train_set.source.sizes, train_set.target.sizes) > longest - 1
     assert len(kept) == len(train_set) - too_long.sum() and not too_long[kept].any()
 
 
 def test_batch_order_is_a_pure_function_of_seed_and_epoch(train_set):
-    batches = make_batches(train_set, 400)
+    batches = TrainingBatches(train_set, 400)
     first = indices_of(EpochIterator(train_set, batches, seed=3, epoch=2))
     again = indices_of(EpochIterator(train_set, batches, seed=3, epoch=2, prefetch=0))
     assert first == again
     assert first != indices_of(EpochIterator(train_set, batches, seed=3, epoch=3))
     assert first != indices_of(EpochIterator(train_set, batches, seed=4, epoch=2))
-    assert np.array_equal(epoch_order(50, 3, 2), epoch_order(50, 3, 2))
+
+
+def compositions(batches: list[np.ndarray]) -> set[frozenset[int]]:
+    """Which sentences share a batch, whatever the order of the batches."""
+    return {frozenset(batch.tolist()) for batch in batches}
+
+
+def test_each_epoch_composes_its_batches_anew(train_set):
+    batches = TrainingBatches(train_set, 400)
+    first, second = compositions(batches.epoch(seed=1, epoch=1)), compositions(batches.epoch(seed=1, epoch=2))
+    assert len(first & second) < len(first) // 2  # most batches hold other sentences than last epoch
+    assert compositions(batches.epoch(seed=1, epoch=1)) == first  # and the same again for (seed, epoch)
+
+
+def test_batches_mix_a_corpus_made_of_two_halves(tmp_path):
+    # Two sub-corpora of 1000 pairs each, all of 10 tokens: length order with ties in corpus order
+    # would fill each batch from one half.
+    rng = np.random.default_rng(0)
+    sentences = [list(rng.integers(4, 100, 9)) + [EOS_ID] for _ in range(2000)]
+    for lang in ("en", "de"):
+        write_token_array(tmp_path / f"train.{lang}", sentences, 100)
+    train_set = ParallelDataset(TokenArray(tmp_path / "train.en"), TokenArray(tmp_path / "train.de"))
+    batches = TrainingBatches(train_set, 200).epoch(seed=1, epoch=1)
+    assert len(batches) == 100
+    mixed = [batch for batch in batches if (batch < 1000).any() and (batch >= 1000).any()]
+    assert len(mixed) > 0.9 * len(batches)
 
 
 def test_ranks_share_the_epoch_like_update_freq(train_set):
-    batches = make_batches(train_set, 400)
+    batches = TrainingBatches(train_set, 400)
     single = list(EpochIterator(train_set, batches, seed=1, epoch=1, update_freq=2, prefetch=0))
     ranks = [list(EpochIterator(train_set, batches, seed=1, epoch=1, world_size=2, rank=r, prefetch=0))
              for r in range(2)]
@@ -63,7 +93,7 @@ def test_ranks_share_the_epoch_like_update_freq(train_set):
 
 
 def test_resuming_from_a_position_gives_the_rest_of_the_epoch(train_set):
-    batches = make_batches(train_set, 400)
+    batches = TrainingBatches(train_set, 400)
     whole = list(EpochIterator(train_set, batches, seed=1, epoch=5, update_freq=3))
     position = whole[2].position
     rest = EpochIterator(train_set, batches, seed=1, epoch=5, update_freq=3, start=position)

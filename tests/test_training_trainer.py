@@ -174,6 +174,22 @@ def test_eval_bleu_reports_bleu_of_the_validation_set(tiny_data_dir, tmp_path, m
     assert sum(" bleu " in m for m in messages if m.startswith("valid on")) == 3
 
 
+def test_eval_bleu_takes_the_tokenizer_case_and_target_language(tiny_data_dir, tmp_path, monkeypatch):
+    from nmt import scoring
+    from nmt.training.distributed import DistributedContext
+    from nmt.training.trainer import Trainer
+
+    seen = []
+    real_score = scoring.score
+    monkeypatch.setattr(scoring, "score", lambda *args, **kwargs: seen.append(kwargs["options"]) or
+                        real_score(*args, **kwargs))
+    config = tiny_config(tiny_data_dir, tmp_path, eval_bleu=True, eval_bleu_tokenize="char", eval_bleu_lowercase=True)
+    Trainer(config, DistributedContext()).validate()
+    assert seen == [scoring.MetricOptions("char", lowercase=True, language="de")]
+    with pytest.raises(NmtError, match="eval_bleu_tokenize must be one of auto, none, zh"):
+        tiny_config(tiny_data_dir, tmp_path, eval_bleu_tokenize="moses")
+
+
 def test_loss_scaler_skips_overflowing_steps(tiny_data_dir, tmp_path, messages):
     # fp16 autocast needs a GPU; the scaler logic is the same on CPU, so drive it with an inf gradient.
     from nmt.training.distributed import DistributedContext

@@ -6,6 +6,7 @@ reads ``[BOS] + target[:-1]`` and predicts ``target``; padding (PAD_ID) is on th
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 
 import numpy as np
@@ -53,14 +54,23 @@ def collate(indices: list[int] | np.ndarray, sources: list[np.ndarray],
 
 
 def batch_by_size(source_sizes: np.ndarray, target_sizes: np.ndarray | None, max_tokens: int | None,
-                  max_sentences: int | None = None, required_multiple: int = 1) -> list[np.ndarray]:
+                  max_sentences: int | None = None, required_multiple: int = 1,
+                  rng: np.random.Generator | None = None) -> list[np.ndarray]:
     """Group sentence indices into batches of similar length.
 
-    Sentences are sorted by (target, source) length; a batch grows while
+    Sentences are sorted by length (``length_order``); a batch grows while
     ``len(batch) * longest_in_batch`` (padding included) stays within ``max_tokens`` on both
-    sides and ``len(batch)`` within ``max_sentences``. Batch sizes are rounded down to a
-    multiple of ``required_multiple`` where that leaves a non-empty batch.
+    sides and ``len(batch)`` within ``max_sentences`` (``batch_sizes``).
     """
+    sizes = padded_sizes(source_sizes, target_sizes, max_tokens, max_sentences)
+    order = length_order(length_keys(source_sizes, target_sizes), rng)
+    ends = np.cumsum(batch_sizes(sizes[order], max_tokens, max_sentences, required_multiple))
+    return np.split(order, ends[:-1]) if len(ends) else []
+
+
+def padded_sizes(source_sizes: np.ndarray, target_sizes: np.ndarray | None, max_tokens: int | None,
+                 max_sentences: int | None) -> np.ndarray:
+    """Each sentence's (pair's) size in a batch, the longer side; an error if the budget cannot hold one."""
     if max_tokens is None and max_sentences is None:
         raise NmtError("give --max-tokens or --max-sentences")
     for unit, budget in (("tokens", max_tokens), ("sentences", max_sentences)):
@@ -71,23 +81,56 @@ def batch_by_size(source_sizes: np.ndarray, target_sizes: np.ndarray | None, max
         longest = int(np.argmax(sizes))
         raise SentenceTooLong(f"sentence {longest} has {int(sizes[longest])} tokens, more than --max-tokens {max_tokens}; "
                        "raise --max-tokens or filter long sentences in preprocess (--max-len)")
-    order = np.lexsort((source_sizes, sizes)) if target_sizes is not None else np.argsort(sizes, kind="stable")
-    batches: list[np.ndarray] = []
+    return sizes
+
+
+def length_keys(source_sizes: np.ndarray, target_sizes: np.ndarray | None) -> np.ndarray:
+    """Each sentence's sort key, (longer side, source) length as one number.
+
+    In the smallest unsigned dtype that holds it: 16 bits whenever the lengths stay under 255
+    (preprocess's --max-len 250), where sorting by it is a radix sort (linear time).
+    """
+    source_sizes = np.asarray(source_sizes)
+    sizes = np.maximum(source_sizes, target_sizes) if target_sizes is not None else source_sizes
+    keys = sizes.astype(np.int64) * (int(source_sizes.max(initial=0)) + 1) + source_sizes
+    return keys.astype(smallest_unsigned(int(keys.max(initial=0))))
+
+
+def smallest_unsigned(largest: int) -> type:
+    return next(dtype for dtype in (np.uint16, np.uint32, np.uint64) if largest <= np.iinfo(dtype).max)
+
+
+def length_order(keys: np.ndarray, rng: np.random.Generator | None = None) -> np.ndarray:
+    """Sentence indices sorted by their length keys (``length_keys``).
+
+    Equal lengths stay in index order, or in a random order drawn from ``rng`` (permuted before
+    the stable sort, as fairseq does), so that batches mix the parts of a concatenated corpus.
+    """
+    shuffled = np.arange(len(keys), dtype=np.int64 if len(keys) > np.iinfo(np.int32).max else np.int32)
+    if rng is not None:
+        rng.shuffle(shuffled)
+    return shuffled[np.argsort(keys[shuffled], kind="stable")]
+
+
+def batch_sizes(sorted_sizes: np.ndarray, max_tokens: int | None, max_sentences: int | None = None,
+                required_multiple: int = 1) -> np.ndarray:
+    """How many sentences each batch takes, from sentences in ascending size order.
+
+    They depend on the sorted sizes alone, not on which of several equal-length sentences comes
+    first. Counts are rounded down to a multiple of ``required_multiple`` where that leaves a
+    non-empty batch.
+    """
+    counts = []
     start = 0
-    while start < len(order):
-        end = start
-        longest = 0
-        while end < len(order):
-            candidate = max(longest, int(sizes[order[end]]))
-            count = end - start + 1
-            if (max_tokens is not None and candidate * count > max_tokens) or \
-                    (max_sentences is not None and count > max_sentences):
-                break
-            longest = candidate
-            end += 1
-        count = end - start
+    while start < len(sorted_sizes):
+        count = len(sorted_sizes) - start if max_sentences is None else min(max_sentences, len(sorted_sizes) - start)
+        if max_tokens is not None:
+            count = min(count, max_tokens // int(sorted_sizes[start]))  # all as short as the first: the most
+            if int(sorted_sizes[start + count - 1]) * count > max_tokens:  # longer ones among them: bisect,
+                count = bisect.bisect_right(range(1, count + 1), max_tokens,  # as the padded size grows with count
+                                            key=lambda n: int(sorted_sizes[start + n - 1]) * n)
         if required_multiple > 1 and count > required_multiple:
             count -= count % required_multiple
-        batches.append(order[start:start + count])
+        counts.append(count)
         start += count
-    return batches
+    return np.array(counts, dtype=np.int64)

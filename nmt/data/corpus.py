@@ -1,17 +1,21 @@
 """Finding and reading the raw parallel text of ``nmt preprocess``: ``PREFIX.LANG`` files, checked.
 
-Every problem is raised as a one-line NmtError that names the file (and line) to fix, before any
-work is done: a missing file or language suffix, unequal line counts, bad UTF-8, and empty lines
-in the valid/test sets, whose line i must stay line i.
+Files are found before any work; their text is then streamed in chunks of pairs, so a corpus of
+any size is read in bounded memory. Every problem is raised as a one-line NmtError that names the
+file (and line) to fix, when the reading reaches it: a missing file or language suffix, unequal
+line counts, bad UTF-8, and empty lines in the valid/test sets, whose line i must stay line i.
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
+from typing import Iterator
 
 from nmt.errors import NmtError
-from nmt.files import read_lines
+from nmt.files import open_binary, text_lines
 
 SPLIT_KINDS = ("train", "valid", "test")
 
@@ -71,18 +75,40 @@ def find_splits(source_lang: str, target_lang: str, trainpref: str | None, valid
     return splits
 
 
-def read_parallel(split: SplitFiles) -> tuple[list[str], list[str]]:
-    """Both sides of a split as lists of lines, checked to pair up one to one."""
-    source, target = read_lines(split.source), read_lines(split.target)
-    if len(source) != len(target):
-        raise NmtError(f"line counts differ in split {split.name}: {split.source} has {len(source)} lines "
-                       f"but {split.target} has {len(target)}")
-    if not source:
+def file_lines(path: Path) -> Iterator[str]:
+    """The lines of one file (plain or .gz), streamed and checked (see ``nmt.files.text_lines``)."""
+    with open_binary(path) as handle:
+        yield from text_lines(handle, path)
+
+
+def read_chunks(split: SplitFiles, chunk_lines: int) -> Iterator[tuple[list[str], list[str]]]:
+    """Both sides of a split in chunks of up to ``chunk_lines`` pairs, checked as they are read.
+
+    Unequal line counts are found where the shorter file ends; the error then counts the rest of
+    the longer one, so it gives both files' totals.
+    """
+    with contextlib.closing(file_lines(split.source)) as source, contextlib.closing(file_lines(split.target)) as target:
+        read = 0
+        while True:
+            source_chunk, target_chunk = list(islice(source, chunk_lines)), list(islice(target, chunk_lines))
+            if len(source_chunk) != len(target_chunk):
+                source_total = read + len(source_chunk) + sum(1 for _ in source)
+                target_total = read + len(target_chunk) + sum(1 for _ in target)
+                raise NmtError(f"line counts differ in split {split.name}: {split.source} has {source_total} lines "
+                               f"but {split.target} has {target_total}")
+            if not source_chunk:
+                break
+            if split.keeps_every_line:
+                check_no_empty_line(split, source_chunk, target_chunk, first_line=read + 1)
+            yield source_chunk, target_chunk
+            read += len(source_chunk)
+    if read == 0:
         raise NmtError(f"{split.source} and {split.target} are empty")
-    if split.keeps_every_line:
-        for path, lines in ((split.source, source), (split.target, target)):
-            empty = next((i for i, line in enumerate(lines, start=1) if not line.strip()), None)
-            if empty is not None:
-                raise NmtError(f"{path}: line {empty} is empty; {split.name} keeps every line aligned with its "
-                               "input, so fill or remove that line in both files")
-    return source, target
+
+
+def check_no_empty_line(split: SplitFiles, source: list[str], target: list[str], first_line: int) -> None:
+    for path, lines in ((split.source, source), (split.target, target)):
+        empty = next((i for i, line in enumerate(lines, start=first_line) if not line.strip()), None)
+        if empty is not None:
+            raise NmtError(f"{path}: line {empty} is empty; {split.name} keeps every line aligned with its "
+                           "input, so fill or remove that line in both files")

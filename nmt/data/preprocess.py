@@ -1,11 +1,14 @@
 """``nmt preprocess``: raw parallel text -> sentencepiece model(s) + binarized splits + meta.json.
 
-Every input is found and checked first (nmt/data/corpus.py), so bad input fails before any work.
-The sentencepiece model is then trained (or loaded), each split is encoded in batches with
-``workers`` sentencepiece threads, bad training pairs are dropped, and everything is written into
-a temporary directory next to ``destdir`` that is renamed into place at the end, meta.json last:
-a crash or Ctrl-C never leaves a ``destdir`` that DataDir.open accepts. (A run killed outright may
-leave a hidden ``.NAME.tmp-*`` directory beside it, which the next run removes.)
+Every input file is found first (nmt/data/corpus.py). The text is then streamed, never held
+whole: sentencepiece trains on a stream of the training text, keeping a sample of at most
+``input_sentence_size`` sentences; each split is read in chunks of pairs, checked as it goes
+(UTF-8, line counts, empty lines, with the file and line), encoded by ``workers`` processes, and
+appended to its token file. Only compact numpy arrays (a length per sentence) grow with the
+corpus. Everything is written into a temporary directory next to ``destdir`` that is renamed into
+place at the end, meta.json last: bad input found late, a crash or Ctrl-C never leaves a
+``destdir`` that DataDir.open accepts. (A run killed outright may leave a hidden ``.NAME.tmp-*``
+directory beside it, which the next run removes.)
 
 Running again with the same options and unchanged input files (same size and mtime) does nothing
 and says the directory is up to date; ``force`` rebuilds it.
@@ -13,15 +16,18 @@ and says the directory is up to date; ``force`` rebuilds it.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
+import io
 import os
 import re
 import shutil
 import uuid
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
-from itertools import chain
+from itertools import chain, islice
 from pathlib import Path
-from typing import Callable, Iterable, Literal
+from typing import Callable, Iterable, Iterator, Literal, TypeVar
 
 import numpy as np
 import sentencepiece as spm
@@ -29,17 +35,17 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 import nmt
-from nmt.data.corpus import SplitFiles, find_splits, read_parallel
-from nmt.data.dataset import META_FILE, DataDir, save_token_array, smallest_dtype
+from nmt.data.corpus import SplitFiles, file_lines, find_splits, read_chunks
+from nmt.data.dataset import META_FILE, DataDir, smallest_dtype
 from nmt.data.vocabulary import EOS_ID, UNK_ID, Vocabulary
 from nmt.errors import NmtError
-from nmt.files import clean_workdirs_beside, fsync_dir
+from nmt.files import atomic_write, clean_workdirs_beside, fsync_dir
 from nmt.log import logger, stderr_console
 from nmt.options import check_values
 
 LANG_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
 NOT_RECORDED = ("destdir", "workers", "force")  # options that never change the output
-ENCODE_BATCH = 50_000  # lines per sentencepiece batch: large enough for its threads, small for the progress bar
+CHUNK_LINES = 20_000  # pairs read, checked, encoded and written at a time (a few MB of text)
 SPM_SEED = 1  # sentencepiece samples --input-sentence-size sentences; a fixed seed makes runs repeatable
 
 
@@ -74,8 +80,12 @@ class PreprocessOptions:
     max_len_ratio: float = field(default=9.0, metadata={
         "help": "Drop training pairs whose longer side has over this many times the tokens of the other "
                 "(0 = off, else at least 1).", "min": 0.0})
-    workers: int = field(default=1, metadata={"help": "Sentencepiece threads for training and encoding.", "min": 1})
+    workers: int = field(default=1, metadata={
+        "help": "Processes encoding the text (and sentencepiece threads training the model).", "min": 1})
     force: bool = field(default=False, metadata={"help": "Replace a destdir that holds a different dataset."})
+    byte_fallback: bool = field(default=True, metadata={
+        "help": "Train sentencepiece with byte fallback: a character outside the vocabulary is encoded as its "
+                "UTF-8 bytes (and decodes back to itself) instead of UNK; the 256 byte pieces count in --vocab-size."})
 
     def __post_init__(self) -> None:
         check_values(self)
@@ -98,7 +108,7 @@ class PreprocessOptions:
             raise NmtError(f"--max-len-ratio must be >= 1 (or 0 = off), got {self.max_len_ratio}")
 
 
-def preprocess(options: PreprocessOptions, show_progress: bool = True) -> DataDir:
+def preprocess(options: PreprocessOptions, show_progress: bool = True, chunk_lines: int = CHUNK_LINES) -> DataDir:
     """Build (or find up to date) the data directory ``options.destdir`` and open it."""
     splits = find_splits(options.source_lang, options.target_lang, options.trainpref, options.validpref,
                          options.testpref)
@@ -108,17 +118,14 @@ def preprocess(options: PreprocessOptions, show_progress: bool = True) -> DataDi
     if is_up_to_date(destdir, recorded, options.force):
         logger.info(f"{destdir} is up to date (same options and input files); nothing to do (--force rebuilds it)")
         return DataDir.open(destdir)
-    texts = {}
-    for split in splits:
-        logger.info(f"reading {split.name}: {split.source}, {split.target}")
-        texts[split.name] = read_parallel(split)
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         console=stderr_console, disable=not show_progress)
     with progress:
-        vocabs = build_vocabularies(options, texts.get("train"), progress)
+        train = next((split for split in splits if split.name == "train"), None)
+        vocabs = build_vocabularies(options, train, progress)
         workdir = make_workdir(destdir)
         try:
-            write_dataset(workdir, splits, texts, vocabs, options, recorded, progress)
+            write_dataset(workdir, splits, vocabs, options, recorded, progress, chunk_lines)
             replace_directory(workdir, destdir)
         except BaseException as exc:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -139,17 +146,16 @@ def make_workdir(destdir: Path) -> Path:
     return workdir
 
 
-def write_dataset(workdir: Path, splits: list[SplitFiles], texts: dict[str, tuple[list[str], list[str]]],
-                  vocabs: dict[str, Vocabulary], options: PreprocessOptions, recorded: dict,
-                  progress: Progress) -> None:
-    """Everything of a data directory into workdir, meta.json last; texts are consumed split by split."""
+def write_dataset(workdir: Path, splits: list[SplitFiles], vocabs: dict[str, Vocabulary], options: PreprocessOptions,
+                  recorded: dict, progress: Progress, chunk_lines: int = CHUNK_LINES) -> None:
+    """Everything of a data directory into workdir, meta.json last."""
     meta = {"format": 1, "nmt_version": nmt.__version__, "source_lang": options.source_lang,
             "target_lang": options.target_lang, **save_vocabularies(workdir, vocabs, options), "splits": {},
             **recorded}
     for split in splits:
-        task = progress.add_task(f"encoding {split.name}", total=2 * len(texts[split.name][0]))
+        task = progress.add_task(f"encoding {split.name}", total=None)
         advance = lambda lines: progress.advance(task, lines)  # noqa: E731
-        meta["splits"][split.name] = binarize_split(workdir, split, texts.pop(split.name), vocabs, options, advance)
+        meta["splits"][split.name] = binarize_split(workdir, split, vocabs, options, advance, chunk_lines)
         log_split(split.name, meta["splits"][split.name])
     DataDir(workdir, meta).write_meta()
 
@@ -193,9 +199,10 @@ def is_up_to_date(destdir: Path, recorded: dict, force: bool) -> bool:
                    "use --force to replace it")
 
 
-def build_vocabularies(options: PreprocessOptions, train: tuple[list[str], list[str]] | None,
+def build_vocabularies(options: PreprocessOptions, train: SplitFiles | None,
                        progress: Progress) -> dict[str, Vocabulary]:
-    """One sentencepiece model per language (the same object twice when joint): loaded or trained."""
+    """One sentencepiece model per language (the same object twice when joint): loaded, or trained on a
+    stream of the training text (sentencepiece keeps a sample of --input-sentence-size sentences)."""
     source_lang, target_lang = options.source_lang, options.target_lang
     if options.spm_model:
         paths = options.spm_model.split(",")
@@ -206,19 +213,19 @@ def build_vocabularies(options: PreprocessOptions, train: tuple[list[str], list[
     assert train is not None
     spm.set_random_generator_seed(SPM_SEED)
 
-    def train_on(lines: Iterable[str], description: str) -> Vocabulary:
+    def train_on(paths: list[Path], description: str) -> Vocabulary:
         task = progress.add_task(f"training {options.model_type} {description}", total=None)
-        vocab = Vocabulary.train((line for line in lines if line.strip()), options.vocab_size, options.model_type,
-                                 options.character_coverage, options.input_sentence_size,
-                                 num_threads=options.workers)
+        lines = (line for path in paths for line in file_lines(path) if line.strip())
+        vocab = Vocabulary.train(lines, options.vocab_size, options.model_type, options.character_coverage,
+                                 options.input_sentence_size, num_threads=options.workers,
+                                 byte_fallback=options.byte_fallback)
         progress.update(task, total=1, completed=1)
         return vocab
 
-    source, target = train
     if options.joint:
-        vocab = train_on(chain(source, target), f"{source_lang}+{target_lang}")
+        vocab = train_on([train.source, train.target], f"{source_lang}+{target_lang}")
         return {source_lang: vocab, target_lang: vocab}
-    return {source_lang: train_on(source, source_lang), target_lang: train_on(target, target_lang)}
+    return {source_lang: train_on([train.source], source_lang), target_lang: train_on([train.target], target_lang)}
 
 
 def save_vocabularies(workdir: Path, vocabs: dict[str, Vocabulary], options: PreprocessOptions) -> dict:
@@ -235,23 +242,66 @@ def save_vocabularies(workdir: Path, vocabs: dict[str, Vocabulary], options: Pre
 
 @dataclass
 class EncodedSide:
-    """One side of a split as flat token ids (no EOS yet) and per-sentence lengths."""
+    """One side of a chunk as flat token ids (no EOS yet) and per-sentence lengths."""
 
     tokens: np.ndarray
     lengths: np.ndarray
 
 
-def encode_lines(vocab: Vocabulary, lines: list[str], workers: int, advance: Callable[[int], None]) -> EncodedSide:
-    """Encode in batches straight into a compact numpy array (Python lists of ids would take ~20x the RAM)."""
-    dtype = smallest_dtype(len(vocab))
-    tokens, lengths = [], []
-    for start in range(0, len(lines), ENCODE_BATCH):
-        ids = vocab.encode_batch(lines[start:start + ENCODE_BATCH], num_threads=workers)
-        sizes = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
-        tokens.append(np.fromiter(chain.from_iterable(ids), dtype=dtype, count=int(sizes.sum())))
-        lengths.append(sizes)
-        advance(len(ids))
-    return EncodedSide(np.concatenate(tokens), np.concatenate(lengths))
+def encode_lines(vocab: Vocabulary, lines: list[str]) -> EncodedSide:
+    """Encode straight into a compact numpy array (Python lists of ids would take ~20x the RAM)."""
+    ids = vocab.encode_batch(lines)
+    lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+    tokens = np.fromiter(chain.from_iterable(ids), dtype=smallest_dtype(len(vocab)), count=int(lengths.sum()))
+    return EncodedSide(tokens, lengths)
+
+
+_worker_vocabs: tuple[Vocabulary, Vocabulary] | None = None  # (source, target), in each encoding process
+
+
+def _load_worker_vocabs(source_proto: bytes, target_proto: bytes) -> None:
+    global _worker_vocabs
+    _worker_vocabs = (Vocabulary(source_proto), Vocabulary(target_proto))
+
+
+def _encode_chunk(chunk: tuple[list[str], list[str]]) -> tuple[EncodedSide, EncodedSide]:
+    source, target = _worker_vocabs
+    return encode_lines(source, chunk[0]), encode_lines(target, chunk[1])
+
+
+Item = TypeVar("Item")
+Result = TypeVar("Result")
+
+
+def ordered_map(function: Callable[[Item], Result], items: Iterable[Item], pool: ProcessPoolExecutor,
+                ahead: int) -> Iterator[Result]:
+    """``map`` in a pool of processes, in order, with at most ``ahead`` items in flight (bounded memory)."""
+    pending: collections.deque = collections.deque()
+    try:
+        for item in items:
+            pending.append(pool.submit(function, item))
+            if len(pending) >= ahead:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+    finally:
+        for future in pending:
+            future.cancel()
+
+
+def encoded_chunks(split: SplitFiles, vocabs: tuple[Vocabulary, Vocabulary], workers: int,
+                   chunk_lines: int) -> Iterator[tuple[EncodedSide, EncodedSide]]:
+    """The split's chunks of pairs, read and checked here and encoded by ``workers`` processes
+    (in this one when the split is a single chunk: starting processes would cost more)."""
+    chunks = read_chunks(split, chunk_lines)
+    first_two = list(islice(chunks, 2))
+    chunks = chain(first_two, chunks)
+    if workers == 1 or len(first_two) < 2:
+        yield from (tuple(encode_lines(vocab, lines) for vocab, lines in zip(vocabs, chunk)) for chunk in chunks)
+        return
+    with ProcessPoolExecutor(workers, initializer=_load_worker_vocabs,
+                             initargs=tuple(vocab.model_proto for vocab in vocabs)) as pool:
+        yield from ordered_map(_encode_chunk, chunks, pool, ahead=2 * workers)
 
 
 def drop_reasons(source_lengths: np.ndarray, target_lengths: np.ndarray, max_len: int,
@@ -277,29 +327,85 @@ def with_eos(side: EncodedSide, keep: np.ndarray) -> tuple[np.ndarray, np.ndarra
     return tokens, offsets
 
 
-def binarize_split(workdir: Path, split: SplitFiles, text: tuple[list[str], list[str]],
-                   vocabs: dict[str, Vocabulary], options: PreprocessOptions,
-                   advance: Callable[[int], None]) -> dict:
-    """Encode, filter (train only) and write one split; return its meta.json entry."""
-    langs = (options.source_lang, options.target_lang)
-    sides = [encode_lines(vocabs[lang], lines, options.workers, advance) for lang, lines in zip(langs, text)]
-    keep = np.ones(len(sides[0].lengths), dtype=bool)
-    entry: dict = {"sentences": 0, "input_lines": len(keep), "source_file": str(split.source),
-                   "target_file": str(split.target)}
-    if not split.keeps_every_line:
-        reasons = drop_reasons(sides[0].lengths, sides[1].lengths, options.max_len, options.max_len_ratio)
-        for mask in reasons.values():
-            keep &= ~mask
-        entry["dropped"] = {reason: int(mask.sum()) for reason, mask in reasons.items()}
-        if not keep.any():
-            raise NmtError(f"all training pairs were dropped ({format_dropped(entry['dropped'])}); "
-                           "check --max-len and --max-len-ratio")
-    entry["sentences"] = int(keep.sum())
-    for role, lang, side in zip(("source", "target"), langs, sides):
+class TokenFileWriter:
+    """One side of a split written as it is encoded: ``{prefix}.tokens.npy``, then ``{prefix}.offsets.npy``.
+
+    The .npy header holds the array's length, known only at the end. numpy leaves room in every
+    header for the length to grow (as for appending to a file), so the header is written for
+    length 0 first and rewritten in place, with the same size, when the file is complete.
+    """
+
+    def __init__(self, prefix: Path, dtype: np.dtype):
+        self.prefix, self.dtype = prefix, dtype
+        self.handle = open(f"{prefix}.tokens.npy", "wb")
+        self.header_size = self.handle.write(npy_header(dtype, 0))
+        self.lengths: list[np.ndarray] = []  # per chunk, EOS included
+        self.num_tokens = self.num_unk = 0
+
+    def append(self, side: EncodedSide, keep: np.ndarray) -> None:
         tokens, offsets = with_eos(side, keep)
-        save_token_array(workdir / f"{split.name}.{lang}", tokens, offsets)
-        entry[f"{role}_tokens"] = len(tokens)
-        entry[f"{role}_unk"] = int(np.count_nonzero(tokens == UNK_ID))
+        self.handle.write(tokens.astype(self.dtype, copy=False).tobytes())
+        self.lengths.append(np.diff(offsets).astype(np.int32))
+        self.num_tokens += len(tokens)
+        self.num_unk += int(np.count_nonzero(tokens == UNK_ID))
+
+    def close(self) -> None:
+        header = npy_header(self.dtype, self.num_tokens)
+        assert len(header) == self.header_size, "numpy's .npy header no longer leaves room for the length"
+        self.handle.seek(0)
+        self.handle.write(header)
+        self.handle.flush()
+        os.fsync(self.handle.fileno())
+        self.handle.close()
+        lengths = np.concatenate(self.lengths) if self.lengths else np.zeros(0, dtype=np.int32)
+        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        with atomic_write(f"{self.prefix}.offsets.npy", "wb") as handle:
+            np.save(handle, offsets)
+
+
+def npy_header(dtype: np.dtype, length: int) -> bytes:
+    buffer = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buffer, {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)),
+                                                  "fortran_order": False, "shape": (length,)})
+    return buffer.getvalue()
+
+
+def binarize_split(workdir: Path, split: SplitFiles, vocabs: dict[str, Vocabulary], options: PreprocessOptions,
+                   advance: Callable[[int], None], chunk_lines: int = CHUNK_LINES) -> dict:
+    """Stream one split: read, check, encode, filter (train only) and write it; return its meta.json entry."""
+    langs = (options.source_lang, options.target_lang)
+    writers = [TokenFileWriter(workdir / f"{split.name}.{lang}", smallest_dtype(len(vocabs[lang]))) for lang in langs]
+    dropped = dict.fromkeys(("empty", "too_long", "ratio"), 0)
+    input_lines = 0
+    try:
+        for sides in encoded_chunks(split, (vocabs[langs[0]], vocabs[langs[1]]), options.workers, chunk_lines):
+            keep = np.ones(len(sides[0].lengths), dtype=bool)
+            if not split.keeps_every_line:
+                reasons = drop_reasons(sides[0].lengths, sides[1].lengths, options.max_len, options.max_len_ratio)
+                for reason, mask in reasons.items():
+                    keep &= ~mask
+                    dropped[reason] += int(mask.sum())
+            for writer, side in zip(writers, sides):
+                writer.append(side, keep)
+            input_lines += len(keep)
+            advance(len(keep))
+    except BaseException:
+        for writer in writers:
+            writer.handle.close()  # the caller deletes the workdir
+        raise
+    for writer in writers:
+        writer.close()
+    entry: dict = {"sentences": sum(map(len, writers[0].lengths)), "input_lines": input_lines,
+                   "source_file": str(split.source), "target_file": str(split.target)}
+    if not split.keeps_every_line:
+        entry["dropped"] = dropped
+        if entry["sentences"] == 0:
+            raise NmtError(f"all training pairs were dropped ({format_dropped(dropped)}); "
+                           "check --max-len and --max-len-ratio")
+    for role, writer in zip(("source", "target"), writers):
+        entry[f"{role}_tokens"] = writer.num_tokens
+        entry[f"{role}_unk"] = writer.num_unk
     return entry
 
 

@@ -7,7 +7,7 @@ import io
 import os
 import re
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import sentencepiece as spm
 
@@ -17,17 +17,19 @@ from nmt.files import atomic_write
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 
 
-def training_error_message(error: str, vocab_size: int) -> str:
+def training_error_message(error: str, vocab_size: int, byte_fallback: bool = False) -> str:
     """One readable line for a sentencepiece trainer error (its raw text names C++ source lines)."""
     message = error.strip().splitlines()[-1] if error.strip() else "unknown error"
     message = re.sub(r"^.*?\] ", "", message)  # drop "INTERNAL: src/trainer_interface.cc(744) [check] "
     if match := re.search(r"Vocabulary size too high .*<= (\d+)", message):
         return f"--vocab-size {vocab_size} is too large for this corpus: at most {match[1]} is possible"
     if match := re.search(r"smaller than required_chars\. \d+ vs (\d+)", message):
-        return (f"--vocab-size {vocab_size} is too small: the characters of this corpus and the special tokens "
-                f"need {match[1]} (raise --vocab-size or lower --character-coverage)")
+        needs = "the characters of this corpus, the special tokens and byte fallback's 256 bytes" if byte_fallback \
+            else "the characters of this corpus and the special tokens"
+        return (f"--vocab-size {vocab_size} is too small: {needs} need {match[1]} (raise --vocab-size or lower "
+                f"--character-coverage{', or --no-byte-fallback' if byte_fallback else ''})")
     if "sentences_.empty()" in error:
-        return "no text to train sentencepiece on"
+        return "no text to train sentencepiece on: the training files are empty"
     return f"sentencepiece training failed: {message}"
 
 
@@ -63,19 +65,36 @@ class Vocabulary:
     @classmethod
     def train(cls, sentences: Iterable[str], vocab_size: int, model_type: str = "bpe",
               character_coverage: float = 1.0, input_sentence_size: int = 0, seed_sentencepiece_size: int = 1_000_000,
-              num_threads: int = 1) -> "Vocabulary":
+              num_threads: int = 1, byte_fallback: bool = False) -> "Vocabulary":
+        """Train on ``sentences``, which may be a stream: with ``input_sentence_size`` > 0 sentencepiece
+        keeps a uniform sample of that many (reservoir sampling), never the whole stream.
+
+        ``byte_fallback`` adds the 256 UTF-8 byte pieces, so a character outside the vocabulary is
+        spelled in bytes (and decodes back to itself) instead of becoming UNK.
+        """
         proto = io.BytesIO()
+        failures: list[BaseException] = []  # raised by the stream: sentencepiece would only show their text
+
+        def checked() -> Iterator[str]:
+            try:
+                yield from sentences
+            except BaseException as exc:
+                failures.append(exc)
+                raise
+
         try:
             spm.SentencePieceTrainer.train(
-                sentence_iterator=iter(sentences), model_writer=proto, vocab_size=vocab_size,
+                sentence_iterator=checked(), model_writer=proto, vocab_size=vocab_size,
                 model_type=model_type, character_coverage=character_coverage,
                 input_sentence_size=input_sentence_size, shuffle_input_sentence=input_sentence_size > 0,
-                seed_sentencepiece_size=seed_sentencepiece_size, num_threads=num_threads,
+                seed_sentencepiece_size=seed_sentencepiece_size, num_threads=num_threads, byte_fallback=byte_fallback,
                 pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
                 max_sentence_length=1 << 16, minloglevel=2,
             )
         except RuntimeError as exc:
-            raise NmtError(training_error_message(str(exc), vocab_size)) from exc
+            if failures:
+                raise failures[0] from None
+            raise NmtError(training_error_message(str(exc), vocab_size, byte_fallback)) from exc
         return cls(proto.getvalue())
 
     def __len__(self) -> int:

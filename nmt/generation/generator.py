@@ -18,7 +18,7 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Literal, NamedTuple
+from typing import Callable, Literal, NamedTuple
 
 import numpy as np
 import torch
@@ -40,9 +40,7 @@ from nmt.generation.search import Hypothesis, SearchOptions, beam_search
 from nmt.generation.streaming import LineReader, is_stream
 from nmt.log import logger, stderr_console
 from nmt.options import check_values
-
-if TYPE_CHECKING:
-    from nmt.scoring import MetricResult
+from nmt.scoring import AUTO, LOWERCASE_HELP, TOKENIZE_HELP, BleuTokenizer, MetricOptions, MetricResult, score
 
 
 @dataclass(frozen=True)
@@ -94,6 +92,8 @@ class GenerateOptions:
         "help": "CPU only: int8 dynamic quantization of every nn.Linear layer, the output projection included."})
     score_reference: bool = field(default=False, metadata={
         "help": "Print BLEU (on stderr) against the split's raw reference file, or its target side if that is gone."})
+    tokenize: BleuTokenizer = field(default=AUTO, metadata={"help": f"With --score-reference: {TOKENIZE_HELP}"})
+    lowercase: bool = field(default=False, metadata={"help": f"With --score-reference: {LOWERCASE_HELP}"})
     engine: Literal["nmt", "ctranslate2"] = field(default="nmt", metadata={
         "help": "nmt: its own decoder; ctranslate2: CTranslate2 (the ct2 extra of nmt) on --path, a directory "
                 "from `nmt export ctranslate2` or a checkpoint (exported to a temporary directory). Needs "
@@ -255,11 +255,10 @@ def raw_references(options: GenerateOptions, count: int) -> list[str] | None:
     return lines if len(lines) == count else None
 
 
-def score_against_references(options: GenerateOptions, hypotheses: list[str], decoded: list[str]
+def score_against_references(options: GenerateOptions, hypotheses: list[str], decoded: list[str], language: str
                              ) -> list[MetricResult]:
     """BLEU against the raw reference file when it can be found; else against the binarized target
     side as sentencepiece decodes it (normalized text, UNK shown as " ⁇ "), with a warning."""
-    from nmt.scoring import score
 
     references = raw_references(options, len(hypotheses))
     if references is None:
@@ -267,7 +266,7 @@ def score_against_references(options: GenerateOptions, hypotheses: list[str], de
                        "side (sentencepiece-normalized); for a reportable BLEU run `nmt score --ref FILE`",
                        options.split)
         references = decoded
-    return score(hypotheses, [references])
+    return score(hypotheses, [references], options=MetricOptions(options.tokenize, options.lowercase, language))
 
 
 TranslateSources = Callable[[list[np.ndarray], Progress | None], list[list[Hypothesis]]]  # as translate_ids
@@ -367,5 +366,6 @@ def generate(options: GenerateOptions, show_progress: bool = True) -> GenerateRe
                 len(translations) / max(seconds, 1e-9), output_tokens / max(seconds, 1e-9))
     scores = []
     if options.score_reference:
-        scores = score_against_references(options, [t.best(vocabs) for t in translations], references)
+        scores = score_against_references(options, [t.best(vocabs) for t in translations], references,
+                                          vocabs.target_lang)
     return GenerateResult(translations, scores, seconds, output_tokens)

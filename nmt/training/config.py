@@ -30,6 +30,7 @@ from nmt.errors import NmtError
 from nmt.files import atomic_write
 from nmt.options import build, check_values, merge
 from nmt.recipe import read_document, train_values
+from nmt.scoring import AUTO, LOWERCASE_HELP, TOKENIZE_HELP, BleuTokenizer
 
 BATCHING, OPTIM, DEVICES, CHECKPOINTS, STOPPING, REPORTING = (
     "Batching", "Optimisation", "Devices", "Checkpoints", "Stopping", "Validation and logging")
@@ -116,6 +117,8 @@ class TrainConfig:
         "help": "Also compute BLEU on the validation set (beam search, sacrebleu).", "panel": REPORTING})
     eval_bleu_beam: int = field(default=2, metadata={
         "help": "Beam size for --eval-bleu.", "panel": REPORTING, "min": 1})
+    eval_bleu_tokenize: BleuTokenizer = field(default=AUTO, metadata={"help": TOKENIZE_HELP, "panel": REPORTING})
+    eval_bleu_lowercase: bool = field(default=False, metadata={"help": LOWERCASE_HELP, "panel": REPORTING})
     best_checkpoint_metric: Literal["loss", "bleu"] = field(default="loss", metadata={
         "help": "What makes checkpoint_best.pt and counts --patience: validation loss (lower is better) or "
                 "BLEU (higher is better; needs --eval-bleu).", "panel": REPORTING})

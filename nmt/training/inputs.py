@@ -16,7 +16,7 @@ from nmt.errors import NmtError
 from nmt.log import logger
 from nmt.models.registry import get_arch, resolve_config
 from nmt.training.config import TrainConfig
-from nmt.training.iterator import make_batches
+from nmt.training.iterator import TrainingBatches, make_batches
 
 
 @dataclass
@@ -26,7 +26,7 @@ class TrainingData:
     vocabs: Vocabularies
     model_config: Any
     train_set: ParallelDataset
-    batches: list[np.ndarray]
+    batches: TrainingBatches  # composed anew each epoch
     valid_set: ParallelDataset | None
     valid_batches: list[np.ndarray] | None
 
@@ -40,8 +40,8 @@ def check_inputs(config: TrainConfig, world_size: int = 1) -> TrainingData:
     if config.lr is None and not hasattr(model_config, "d_model"):
         raise NmtError(f"arch {config.arch} has no d_model for the paper's learning rate; give --lr")
     train_set = data.split(config.train_subset)
-    batches = make_batches(train_set, config.max_tokens, config.max_sentences, config.required_batch_size_multiple,
-                           config.skip_invalid_size_inputs)
+    batches = TrainingBatches(train_set, config.max_tokens, config.max_sentences, config.required_batch_size_multiple,
+                              config.skip_invalid_size_inputs)
     if len(batches) < world_size:
         raise NmtError(f"the training set makes {len(batches)} batches, fewer than the "
                        f"{world_size} processes; lower --max-tokens or use fewer processes")

@@ -1,10 +1,11 @@
 """Which batches each process trains on, in which order, and preparing them ahead of the GPU.
 
-The batches (lists of sentence indices) are built once from length buckets; each epoch visits
-them in an order that is a pure function of (seed, epoch). With N processes, the epoch's list
-is cut to a multiple of N and process r takes every N-th batch from r, so the k-th batch of all
-processes together is the global slice ``[k*N, (k+1)*N)``. A position in the epoch is the
-number of global batches consumed: a resumed run starts exactly where the checkpoint left off.
+Each epoch's batches (lists of sentence indices) are built from length buckets, equal lengths
+shuffled, and visited in a shuffled order: both a pure function of (seed, epoch). With N
+processes, the epoch's list is cut to a multiple of N and process r takes every N-th batch from
+r, so the k-th batch of all processes together is the global slice ``[k*N, (k+1)*N)``. A
+position in the epoch is the number of global batches consumed: a resumed run starts exactly
+where the checkpoint left off.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from typing import Callable, Iterable, Iterator, TypeVar
 
 import numpy as np
 
-from nmt.data.batching import Batch, SentenceTooLong, batch_by_size, collate
+from nmt.data.batching import (Batch, SentenceTooLong, batch_by_size, batch_sizes, collate, length_keys, length_order,
+                                padded_sizes, smallest_unsigned)
 from nmt.data.dataset import ParallelDataset
 from nmt.errors import NmtError
 from nmt.log import logger
@@ -24,26 +26,50 @@ from nmt.log import logger
 T = TypeVar("T")
 
 
-def make_batches(dataset: ParallelDataset, max_tokens: int | None, max_sentences: int | None = None,
-                 required_multiple: int = 1, skip_too_long: bool = False) -> list[np.ndarray]:
-    """Length-bucketed batches of the whole split; too-long pairs are an error unless skipped."""
-    source_sizes, target_sizes = dataset.source.sizes, dataset.target.sizes
-    if skip_too_long and max_tokens is not None:
-        keep = np.flatnonzero(np.maximum(source_sizes, target_sizes) <= max_tokens)
-        if len(keep) < len(dataset):
-            logger.warning("skipping %d of %d sentence pairs longer than --max-tokens %d",
-                           len(dataset) - len(keep), len(dataset), max_tokens)
-        batches = batch_by_size(source_sizes[keep], target_sizes[keep], max_tokens, max_sentences, required_multiple)
-        return [keep[batch] for batch in batches]
-    try:
-        return batch_by_size(source_sizes, target_sizes, max_tokens, max_sentences, required_multiple)
-    except SentenceTooLong as exc:
-        raise NmtError(f"{exc}, or pass --skip-invalid-size-inputs") from exc
+class TrainingBatches:
+    """The training split's batches: a new composition every epoch, a pure function of (seed, epoch).
+
+    Equal-length pairs are shuffled before the length sort, as fairseq permutes before its
+    stable sort: a corpus made of sub-corpora mixes them within batches, and no two pairs share
+    a batch for the whole run. The batch sizes depend on the sorted lengths alone, so they are
+    computed once: every epoch has the same number of batches, each within the budget (padding
+    included). Everything is a numpy array, none a Python object per pair.
+    """
+
+    def __init__(self, dataset: ParallelDataset, max_tokens: int | None, max_sentences: int | None = None,
+                 required_multiple: int = 1, skip_too_long: bool = False):
+        self.source_sizes, self.target_sizes = dataset.source.sizes, dataset.target.sizes
+        self.kept: np.ndarray | None = None  # indices of the pairs batched; None: all
+        if skip_too_long and max_tokens is not None:
+            self.kept = np.flatnonzero(np.maximum(self.source_sizes, self.target_sizes) <= max_tokens)
+            if len(self.kept) < len(dataset):
+                logger.warning("skipping %d of %d sentence pairs longer than --max-tokens %d",
+                               len(dataset) - len(self.kept), len(dataset), max_tokens)
+            self.source_sizes, self.target_sizes = self.source_sizes[self.kept], self.target_sizes[self.kept]
+        try:
+            sizes = padded_sizes(self.source_sizes, self.target_sizes, max_tokens, max_sentences)
+        except SentenceTooLong as exc:
+            raise NmtError(f"{exc}, or pass --skip-invalid-size-inputs") from exc
+        sorted_sizes = np.sort(sizes.astype(smallest_unsigned(int(sizes.max(initial=0)))), kind="stable")  # radix
+        self.ends = np.cumsum(batch_sizes(sorted_sizes, max_tokens, max_sentences, required_multiple))
+        self.keys = length_keys(self.source_sizes, self.target_sizes)
+
+    def __len__(self) -> int:
+        return len(self.ends)
+
+    def epoch(self, seed: int, epoch: int) -> list[np.ndarray]:
+        """The epoch's batches in the order they are trained on."""
+        rng = np.random.default_rng([seed, epoch])
+        order = length_order(self.keys, rng)
+        if self.kept is not None:
+            order = self.kept[order]
+        batches = np.split(order, self.ends[:-1]) if len(self.ends) else []
+        return [batches[i] for i in rng.permutation(len(batches))]
 
 
-def epoch_order(num_batches: int, seed: int, epoch: int) -> np.ndarray:
-    """The order of the batches in an epoch: the same (seed, epoch) always gives the same order."""
-    return np.random.default_rng([seed, epoch]).permutation(num_batches)
+def make_batches(dataset: ParallelDataset, max_tokens: int | None, max_sentences: int | None = None) -> list[np.ndarray]:
+    """Length-bucketed batches of a whole split in length order (validation: no shuffling needed)."""
+    return batch_by_size(dataset.source.sizes, dataset.target.sizes, max_tokens, max_sentences)
 
 
 def load_batch(dataset: ParallelDataset, indices: np.ndarray, pin_memory: bool = False) -> Batch:
@@ -65,16 +91,16 @@ class Update:
 class EpochIterator:
     """One epoch of updates for one process, from a position, prepared by a background thread."""
 
-    def __init__(self, dataset: ParallelDataset, batches: list[np.ndarray], seed: int, epoch: int,
+    def __init__(self, dataset: ParallelDataset, batches: TrainingBatches, seed: int, epoch: int,
                  world_size: int = 1, rank: int = 0, update_freq: int = 1, start: int = 0, prefetch: int = 4,
                  pin_memory: bool = False):
-        order = epoch_order(len(batches), seed, epoch)
-        order = order[: len(order) - len(order) % world_size]
-        if len(order) == 0:
-            raise ValueError(f"{len(batches)} batches cannot be shared by {world_size} processes")
+        ordered = batches.epoch(seed, epoch)
+        if len(ordered) < world_size:
+            raise ValueError(f"{len(ordered)} batches cannot be shared by {world_size} processes")
         self.dataset = dataset
-        self.batches = [batches[i] for i in order]
-        self.tokens = np.array([int(dataset.target.sizes[b].sum()) for b in self.batches], dtype=np.int64)
+        self.batches = ordered[: len(ordered) - len(ordered) % world_size]
+        starts = np.cumsum([0] + [len(batch) for batch in self.batches[:-1]])
+        self.tokens = np.add.reduceat(dataset.target.sizes[np.concatenate(self.batches)], starts, dtype=np.int64)
         self.world_size, self.rank, self.update_freq = world_size, rank, update_freq
         self.start = min(start, len(self.batches))
         self.prefetch, self.pin_memory = prefetch, pin_memory

@@ -265,7 +265,8 @@ class Trainer:
         if self.config.eval_bleu:
             figures["bleu"] = validation_bleu(self.model, self.data.valid_set, self.vocabs,
                                               self.config.eval_bleu_beam, self.config.max_tokens,
-                                              self.config.precision, self.device, self.context)
+                                              self.config.precision, self.device, self.context,
+                                              self.config.eval_bleu_tokenize, self.config.eval_bleu_lowercase)
         self.last_valid = figures
         improved = record_validation(self.state, figures, self.config.best_checkpoint_metric)
         self.display.valid_line(self.config.valid_subset, self.state.epoch, self.state.update, figures,

@@ -47,7 +47,7 @@ def validation_loss(model: nn.Module, dataset: ParallelDataset, batches: list[np
 
 def validation_bleu(model: nn.Module, dataset: ParallelDataset, vocabs: Vocabularies, beam: int,
                     max_tokens: int | None, precision: str, device: torch.device,
-                    context: DistributedContext) -> float:
+                    context: DistributedContext, tokenize: str = "auto", lowercase: bool = False) -> float:
     """Corpus BLEU (sacrebleu) of beam-search translations against the decoded references.
 
     The references are the binarized targets decoded by sentencepiece, i.e. normalized text,
@@ -55,7 +55,7 @@ def validation_bleu(model: nn.Module, dataset: ParallelDataset, vocabs: Vocabula
     """
     from nmt.generation.generator import BatchingOptions, translate_ids
     from nmt.generation.search import SearchOptions
-    from nmt.scoring import score
+    from nmt.scoring import MetricOptions, score
 
     mine = range(context.rank, len(dataset), context.world_size)
     hypotheses = translate_ids(model, [dataset.source[i] for i in mine], SearchOptions(beam=beam),
@@ -66,7 +66,8 @@ def validation_bleu(model: nn.Module, dataset: ParallelDataset, vocabs: Vocabula
         gathered: list[list[tuple[str, str]]] = [[] for _ in range(context.world_size)]
         dist.all_gather_object(gathered, pairs)
         pairs = [pair for shard in gathered for pair in shard]
-    (bleu,) = score([hypothesis for hypothesis, _ in pairs], [[reference for _, reference in pairs]])
+    options = MetricOptions(tokenize, lowercase, language=vocabs.target_lang)
+    (bleu,) = score([hypothesis for hypothesis, _ in pairs], [[reference for _, reference in pairs]], options=options)
     return bleu.score
 
 
