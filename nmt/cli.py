@@ -157,6 +157,7 @@ def score(
 
 
 class PrecisionChoice(str, Enum):
+    auto = "auto"
     fp32 = "fp32"
     bf16 = "bf16"
     fp16 = "fp16"
@@ -213,7 +214,8 @@ def train(
         "Random seed: initialisation, batch order, dropout (default: 1).", OPTIM)] = None,
     device: Annotated[Optional[str], train_option("auto, cpu or cuda (default: auto).", DEVICES)] = None,
     precision: Annotated[Optional[PrecisionChoice], train_option(
-        "Autocast precision; bf16 works on CPU too, fp16 (GPU) uses a dynamic loss scale (default: fp32).",
+        "Autocast precision; auto: bf16 on GPUs and CPUs with bf16 instructions, else fp32; fp16 (GPU) uses "
+        "a dynamic loss scale (default: auto).",
         DEVICES)] = None,
     nproc: Annotated[Optional[int], train_option(
         "Spawn N local worker processes (one per GPU; gloo on CPU). Under torchrun, leave it out (default: 1).",
@@ -314,7 +316,8 @@ def generate(
     max_tokens: Annotated[Optional[int], typer.Option(help="Source tokens x beam per batch.")] = 8000,
     batch_size: Annotated[Optional[int], typer.Option(help="Sentences per batch at most.")] = None,
     device: Annotated[str, typer.Option(help="cpu, cuda, cuda:N or auto (the GPU when there is one).")] = "cpu",
-    precision: Annotated[PrecisionChoice, typer.Option(help="Autocast precision.")] = PrecisionChoice.fp32,
+    precision: Annotated[PrecisionChoice, typer.Option(
+        help="Autocast precision; auto: bf16 where the hardware has it, else fp32.")] = PrecisionChoice.auto,
     quantize: Annotated[QuantizeChoice, typer.Option(
         help="CPU only: int8 dynamic quantization of the nn.Linear layers (the tied output projection stays fp32)."
         )] = QuantizeChoice.none,

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import contextlib
-from typing import ContextManager
+from pathlib import Path
+from typing import ContextManager, Literal
 
 import torch
 
 from nmt.errors import NmtError
 
+Precision = Literal["auto", "fp32", "bf16", "fp16"]
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # bf16 matrix instructions; without them oneDNN emulates bf16
 
 
 def resolve_device(name: str) -> torch.device:
@@ -24,10 +27,46 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def cpu_flags() -> set[str]:
+    """The instruction-set flags the kernel reports for this CPU (empty where /proc/cpuinfo is absent)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return set(line.partition(":")[2].split())
+    return set()
+
+
+def resolve_precision(precision: str, device: torch.device) -> tuple[str, str]:
+    """The precision to run in, and why: ``auto`` is bf16 where the hardware computes it natively.
+
+    bf16 autocast is fast only on CUDA devices that support it and on CPUs with AVX512_BF16 or
+    AMX; elsewhere (most CPUs today) oneDNN emulates it, slower than fp32. fp16 needs a loss
+    scale and loses range, so it is never chosen automatically.
+    """
+    if precision != "auto":
+        return precision, "asked for"
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        if torch.cuda.is_bf16_supported():
+            return "bf16", f"auto: {name} supports bf16"
+        return "fp32", f"auto: {name} has no bf16"
+    if device.type == "cpu":
+        found = sorted(set(CPU_BF16_FLAGS) & cpu_flags())
+        if found:
+            return "bf16", f"auto: this CPU has {'/'.join(found)}"
+        return "fp32", "auto: this CPU has no avx512_bf16/amx"
+    return "fp32", f"auto: no bf16 detection for {device.type} devices"
+
+
 def autocast(device: torch.device, precision: str) -> ContextManager:
     """Mixed precision through torch.amp: bf16 works on CPU and GPU, fp16 on GPU only."""
+    if precision == "auto":
+        precision, _ = resolve_precision(precision, device)
     if precision not in PRECISIONS:
-        raise NmtError(f"unknown precision {precision!r}; use one of {', '.join(PRECISIONS)}")
+        raise NmtError(f"unknown precision {precision!r}; use one of auto, {', '.join(PRECISIONS)}")
     dtype = PRECISIONS[precision]
     if dtype is None:
         return contextlib.nullcontext()

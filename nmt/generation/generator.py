@@ -11,6 +11,7 @@ or on CPU with int8 dynamic quantization of its linear layers, the output projec
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import warnings
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ from nmt.checkpoint import Vocabularies, load_checkpoint, model_from_checkpoint
 from nmt.data.batching import batch_by_size, collate
 from nmt.data.dataset import DataDir
 from nmt.data.vocabulary import EOS_ID
-from nmt.device import autocast, resolve_device
+from nmt.device import Precision, autocast, resolve_device, resolve_precision
 from nmt.errors import NmtError
 from nmt.files import read_lines
 from nmt.generation.output import Translation, write_translations
@@ -56,7 +57,7 @@ class GenerateOptions(SearchOptions):
     max_tokens: int | None = 8000
     batch_size: int | None = None
     device: str = "cpu"
-    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    precision: Precision = "auto"
     quantize: Literal["none", "int8"] = "none"
     score_reference: bool = False
     progress: bool = True
@@ -209,7 +210,10 @@ def generate(options: GenerateOptions) -> GenerateResult:
     ``score_reference``, score the best hypotheses against the split's reference."""
     options.validate()
     device = resolve_device(options.device)
-    autocast(device, options.precision)  # an impossible precision fails before the model is loaded
+    precision, reason = resolve_precision(options.precision, device)
+    options = dataclasses.replace(options, precision=precision)
+    autocast(device, precision)  # an impossible precision fails before the model is loaded
+    logger.info("precision: %s (%s)", precision, reason)
     model, vocabs = prepare_model(options.path, device, options.quantize)
     sources, source_texts, references = read_inputs(options, vocabs)
     start = time.perf_counter()

@@ -29,11 +29,10 @@ from typing import Any, Literal, Mapping
 
 import yaml
 
+from nmt.device import Precision
 from nmt.errors import NmtError
 from nmt.files import atomic_write, read_yaml_mapping
 from nmt.models.registry import coerce
-
-PRECISION = Literal["fp32", "bf16", "fp16"]
 
 
 @dataclass
@@ -66,7 +65,7 @@ class TrainConfig:
 
     # Devices.
     device: str = "auto"  # auto (cuda when available), cpu, cuda
-    precision: PRECISION = "fp32"
+    precision: Precision = "auto"  # auto: bf16 where the hardware has it, else fp32 (nmt.device)
     nproc: int = 1  # local worker processes to spawn (one per GPU; gloo on CPU)
 
     # Checkpoints.

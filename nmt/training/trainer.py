@@ -26,7 +26,7 @@ from torch.nn.parallel import DistributedDataParallel
 from nmt.checkpoint import Vocabularies, model_state
 from nmt.data.dataset import DataDir
 from nmt.data.vocabulary import PAD_ID
-from nmt.device import autocast, resolve_device
+from nmt.device import autocast, resolve_device, resolve_precision
 from nmt.errors import NmtError
 from nmt.log import logger, stderr_console
 from nmt.models.registry import build_model, count_parameters, get_arch, resolve_config
@@ -98,11 +98,15 @@ def batch_seed(seed: int, epoch: int, position: int) -> int:
 
 class Trainer:
     def __init__(self, config: TrainConfig, context: DistributedContext, check_only: bool = False):
-        self.config, self.context = config, context
         self.device = resolve_device(config.device)
         if self.device.type == "cuda" and context.is_distributed:
             self.device = torch.device("cuda", context.local_rank)
-        autocast(self.device, config.precision)  # fp16 on CPU is refused here
+        precision, reason = resolve_precision(config.precision, self.device)
+        autocast(self.device, precision)  # fp16 on CPU is refused here
+        if context.is_main and not check_only:
+            logger.info("precision: %s (%s)", precision, reason)
+        config = dataclasses.replace(config, precision=precision)  # the run config stores what ran
+        self.config, self.context = config, context
         self.data = DataDir.open(config.data)
         source_lang, target_lang = self.data.source_lang, self.data.target_lang
         self.vocabs = Vocabularies(source_lang, target_lang, self.data.vocabulary(source_lang),
