@@ -2,9 +2,9 @@
 
 Each step: the decoder scores the next token of every alive hypothesis (``beam`` rows per
 sentence); ``constrain`` bans tokens (min/max length, repeated n-grams); ``select`` proposes
-``2 * beam`` candidates per sentence (top-k for beam search, random draws for sampling); the
-candidates that end in EOS among the first ``beam`` are finished, scored with the length
-penalty; the first ``beam`` others stay alive. A sentence is done once it has ``beam``
+``2 * beam`` candidates per sentence for beam search (its top-k), one random draw per line for
+sampling; the candidates that end in EOS among the first ``beam`` are finished, scored with the
+length penalty; the first ``beam`` others stay alive (a sampled line that ended stays dead). A sentence is done once it has ``beam``
 finished hypotheses and no alive one can still beat the worst of them; done sentences leave
 the batch, and the decoder cache is reordered to follow the surviving beams.
 """
@@ -101,11 +101,12 @@ def select_top(scores: Tensor, beam: int) -> tuple[Tensor, Tensor, Tensor]:
     return best, torch.div(flat, vocab, rounding_mode="floor"), flat % vocab
 
 
-def select_sample(scores: Tensor, logprobs: Tensor, beam: int, temperature: float, topk: int, topp: float,
+def select_sample(scores: Tensor, logprobs: Tensor, temperature: float, topk: int, topp: float,
                   generator: torch.Generator | None) -> tuple[Tensor, Tensor, Tensor]:
-    """Sampling: two draws per alive row (the second is a spare for when the first is EOS).
+    """Sampling: one draw per row, so each of the ``beam`` samples is an independent line.
 
-    The first ``beam`` candidates are each row's first draw, so every sample keeps its own line.
+    A line that draws EOS is finished and its row stays dead (score -inf) until the sentence is
+    done: refilling it from another line would duplicate that line's prefix and favour short samples.
     """
     sentences, rows_per, vocab = scores.shape
     weights = (logprobs.view(sentences * rows_per, vocab) / temperature).softmax(dim=-1)
@@ -118,11 +119,9 @@ def select_sample(scores: Tensor, logprobs: Tensor, beam: int, temperature: floa
         weights = weights.scatter(1, order, sorted_weights.masked_fill(outside, 0.0))
     alive = weights.sum(dim=-1) > 0
     weights[~alive, EOS_ID] = 1.0  # a row with nothing allowed (cannot happen after constrain) ends
-    draws = torch.multinomial(weights, 2, replacement=True, generator=generator)  # (rows, 2)
-    draws = draws.view(sentences, rows_per, 2).transpose(1, 2).reshape(sentences, 2 * rows_per)
-    beams = torch.arange(rows_per, device=scores.device).repeat(2).expand(sentences, -1)
-    chosen = scores.gather(2, draws.view(sentences, 2, rows_per).transpose(1, 2)).transpose(1, 2)
-    return chosen.reshape(sentences, 2 * rows_per), beams, draws
+    draws = torch.multinomial(weights, 1, generator=generator).view(sentences, rows_per)
+    beams = torch.arange(rows_per, device=scores.device).expand(sentences, -1)
+    return scores.gather(2, draws.unsqueeze(2)).squeeze(2), beams, draws
 
 
 def beam_search(model, source: Tensor, options: SearchOptions, generator: torch.Generator | None = None
@@ -156,13 +155,14 @@ def beam_search(model, source: Tensor, options: SearchOptions, generator: torch.
         candidates = scores.unsqueeze(2) + logprobs.view(-1, beam, vocab)
         if options.sampling:
             cand_scores, cand_beams, cand_tokens = select_sample(
-                candidates, logprobs, beam, options.temperature, options.topk, options.topp, generator)
+                candidates, logprobs, options.temperature, options.topk, options.topp, generator)
         else:
             cand_scores, cand_beams, cand_tokens = select_top(candidates, beam)
         base = (torch.arange(len(alive_ids), device=device) * beam).unsqueeze(1)
         cand_rows = base + cand_beams  # (alive sentences, 2*beam) rows the candidates extend
 
-        # Finish the EOS candidates among the first `beam`; keep the first `beam` others alive.
+        # Finish the EOS candidates among the first `beam`; keep the first `beam` others alive
+        # (sampling has exactly `beam` candidates: a finished line's row stays, dead at -inf).
         is_eos = cand_tokens.eq(EOS_ID) & torch.isfinite(cand_scores)
         finalize(finished, alive_ids, is_eos[:, :beam], cand_scores, cand_rows, tokens, token_scores, logprobs,
                  step, options)
