@@ -213,9 +213,9 @@ def generate(options: GenerateOptions) -> GenerateResult:
     precision, reason = resolve_precision(options.precision, device)
     options = dataclasses.replace(options, precision=precision)
     autocast(device, precision)  # an impossible precision fails before the model is loaded
-    logger.info("precision: %s (%s)", precision, reason)
     model, vocabs = prepare_model(options.path, device, options.quantize)
     sources, source_texts, references = read_inputs(options, vocabs)
+    logger.info("precision: %s (%s)", precision, reason)
     start = time.perf_counter()
     with progress_bar(options.progress and stderr_console.is_terminal) as progress:
         hypotheses = translate_ids(model, sources, options, device, progress)

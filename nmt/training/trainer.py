@@ -101,10 +101,8 @@ class Trainer:
         self.device = resolve_device(config.device)
         if self.device.type == "cuda" and context.is_distributed:
             self.device = torch.device("cuda", context.local_rank)
-        precision, reason = resolve_precision(config.precision, self.device)
+        precision, self.precision_reason = resolve_precision(config.precision, self.device)
         autocast(self.device, precision)  # fp16 on CPU is refused here
-        if context.is_main and not check_only:
-            logger.info("precision: %s (%s)", precision, reason)
         config = dataclasses.replace(config, precision=precision)  # the run config stores what ran
         self.config, self.context = config, context
         self.data = DataDir.open(config.data)
@@ -302,6 +300,8 @@ class Trainer:
                     "update = %d batch(es) x %d process(es)", config.arch, f"{count_parameters(self.model):,}",
                     self.device, config.precision, context.world_size, len(self.batches), config.update_freq,
                     context.world_size)
+        if context.is_main:
+            logger.info("precision: %s (%s)", config.precision, self.precision_reason)
         run_meter = Meter()
         stop = self.limit_reached()
         if stop:
