@@ -334,6 +334,14 @@ def test_sampling_cut_to_the_top_token_is_greedy(cut):
 
 # --- a real (tiny, random) Transformer: incremental cache, reordering, padding -----------------
 
+def test_the_transformer_and_the_toy_decoder_are_searchable():
+    from nmt.generation.searchable import DecoderState, SearchableModel
+
+    for model in (peaky_model(0), ToyDecoder(random_table(0))):
+        assert isinstance(model, SearchableModel) and isinstance(model.new_cache(), DecoderState)
+    assert not isinstance(object(), SearchableModel)
+
+
 def peaky_model(seed: int, vocab: int = 12):
     """A random tiny model whose distributions are far from uniform (no near-ties)."""
     torch.manual_seed(seed)

@@ -4,11 +4,12 @@ scripted toy decoder of tests/test_search.py."""
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from torch import Tensor
 
 
+@runtime_checkable
 class DecoderState(Protocol):
     """The decoder's memory of the tokens fed so far, one row per hypothesis."""
 
@@ -16,6 +17,7 @@ class DecoderState(Protocol):
         """Row i becomes old row ``indices[i]`` (rows may be duplicated or dropped)."""
 
 
+@runtime_checkable
 class SearchableModel(Protocol):
     def encode(self, source: Tensor) -> Any:
         """The encoder output for a padded batch of sources (batch, length), one row per sentence."""
