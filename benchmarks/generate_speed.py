@@ -9,7 +9,11 @@ chooses EOS, so every hypothesis runs to the max length, which is capped at |sou
 (about the length of a German reference) to keep the timing comparable with a trained model's.
 With --reference (the raw German test side), the table also gives BLEU per precision, the cost of
 bf16 and int8. Sentences/s and tokens/s (output tokens of the best hypothesis, EOS included) are
-wall time over the whole set, model loading excluded; each figure is the best of --repeats runs.
+over the whole set, model loading excluded; each row is the median of --repeats runs. With one
+thread, CPU seconds (this process's) are the steadier figure on a machine shared with other jobs.
+
+Each row times a translator (a function from lines to token ids) that ``make_translator`` makes
+for its setting; another engine is one more translator factory beside ``nmt_translator``.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -28,18 +33,21 @@ from rich.table import Table
 
 from nmt.checkpoint import Vocabularies, model_state, save_checkpoint
 from nmt.data.vocabulary import EOS_ID, PAD_ID, Vocabulary
+from nmt.device import describe_cpu
 from nmt.files import read_lines
 from nmt.generation.generator import GenerateOptions, prepare_model, translate_ids
 from nmt.models.registry import build_model, get_arch
 from nmt.scoring import score
 
 DEFAULT_DATA = Path(os.environ.get("NMT_MULTI30K", Path(__file__).resolve().parents[2] / "shared/data/multi30k"))
-SETTINGS = {"fp32": ("fp32", "none"), "bf16": ("bf16", "none"), "int8": ("fp32", "int8")}  # (precision, quantize)
+SETTINGS = {"fp32": ("fp32", "none"), "bf16": ("bf16", "none"), "int8": ("fp32", "int8"),  # (precision, quantize)
+            "auto": ("auto", "none")}
 
 
 @dataclass
 class Run:
-    seconds: float
+    seconds: float  # wall clock
+    cpu_seconds: float  # this process's CPU time: steadier than wall time on a machine shared with other jobs
     outputs: list[list[int]]
 
 
@@ -55,19 +63,33 @@ def random_checkpoint(data: Path, vocab_size: int, directory: Path) -> Path:
     return path
 
 
-def time_translation(path: Path, lines: list[str], options: GenerateOptions, threads: int, repeats: int) -> Run:
-    torch.set_num_threads(threads)
+def nmt_translator(path: Path, options: GenerateOptions) -> Callable[[list[str]], list[list[int]]]:
+    """nmt's own decoder: the best hypothesis's token ids (EOS included) for each line."""
     model, vocabs = prepare_model(path, torch.device("cpu"), options.quantize)
-    sources = [np.asarray(ids + [EOS_ID], dtype=np.int64) for ids in vocabs.source.encode_batch(lines)]
-    translate_ids(model, sources[:32], options)  # warm-up: kernels, allocator
-    best = None
+
+    def translate(lines: list[str]) -> list[list[int]]:
+        sources = [np.asarray(ids + [EOS_ID], dtype=np.int64) for ids in vocabs.source.encode_batch(lines)]
+        return [hyps[0].tokens for hyps in translate_ids(model, sources, options)]
+
+    return translate
+
+
+def make_translator(setting: str, path: Path, search: dict) -> Callable[[list[str]], list[list[int]]]:
+    """The translator a table row times; ``search`` holds beam, max_tokens and the length rule."""
+    precision, quantize = SETTINGS[setting]
+    return nmt_translator(path, GenerateOptions(precision=precision, quantize=quantize, progress=False, **search))
+
+
+def time_translation(translate: Callable[[list[str]], list[list[int]]], lines: list[str], repeats: int) -> Run:
+    """The median of ``repeats`` timed runs (wall and CPU time), after a short warm-up."""
+    translate(lines[:32])  # warm-up: kernels, allocator
+    runs = []
     for _ in range(repeats):
-        start = time.perf_counter()
-        hypotheses = translate_ids(model, sources, options)
-        seconds = time.perf_counter() - start
-        if best is None or seconds < best.seconds:
-            best = Run(seconds, [hyps[0].tokens for hyps in hypotheses])
-    return best
+        wall, cpu = time.perf_counter(), time.process_time()
+        outputs = translate(lines)
+        runs.append(Run(time.perf_counter() - wall, time.process_time() - cpu, outputs))
+    runs.sort(key=lambda run: run.seconds)
+    return runs[len(runs) // 2]
 
 
 def main() -> None:
@@ -80,8 +102,8 @@ def main() -> None:
     parser.add_argument("--beam", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=8000)
     parser.add_argument("--threads", default="1,2", help="comma-separated torch thread counts")
-    parser.add_argument("--settings", default="fp32,bf16,int8", help="comma-separated, from fp32, bf16, int8")
-    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--settings", default="fp32,bf16,int8", help=f"comma-separated, from {', '.join(SETTINGS)}")
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs per setting; the table shows the median")
     args = parser.parse_args()
     test_file = args.data / "test_2016_flickr.en.gz"
     if not test_file.exists():
@@ -97,29 +119,33 @@ def main() -> None:
         length_rule = dict(max_len_a=1.0, max_len_b=50) if args.path else dict(max_len_a=1.0, max_len_b=2)
         table = Table(title=f"nmt generate, beam {args.beam}, Multi30k test_2016_flickr ({len(lines):,} sentences), "
                             f"{model_name}, max length {length_rule['max_len_a']:g}*src+{length_rule['max_len_b']}, "
-                            f"{os.cpu_count()} CPU cores, torch {torch.__version__}")
-        columns = ["precision", "threads", "seconds", "sentences/s", "tokens/s", "same output as fp32"]
+                            f"{describe_cpu()}, torch {torch.__version__}")
+        columns = ["setting", "threads", "seconds", "CPU seconds", "sentences/s", "sentences/CPU-s", "tokens/s",
+                   "vs first row (CPU)", "same output as fp32"]
         for column in columns + (["BLEU"] if references else []):
             table.add_column(column, justify="right")
         fp32_outputs = None  # of the first fp32 run
+        first = None  # sentences per CPU-second of the first row, what the others are compared with
         for threads in (int(t) for t in args.threads.split(",")):
+            torch.set_num_threads(threads)
             for name in args.settings.split(","):
-                precision, quantize = SETTINGS[name]
-                options = GenerateOptions(beam=args.beam, max_tokens=args.max_tokens, precision=precision,
-                                          quantize=quantize, progress=False, **length_rule)
-                run = time_translation(Path(path), lines, options, threads, args.repeats)
+                search = dict(beam=args.beam, max_tokens=args.max_tokens, **length_rule)
+                run = time_translation(make_translator(name, Path(path), search), lines, args.repeats)
                 fp32_outputs = fp32_outputs or (run.outputs if name == "fp32" else None)
                 tokens = sum(len(tokens) for tokens in run.outputs)
                 same = "n/a" if fp32_outputs is None else \
                     f"{sum(a == b for a, b in zip(run.outputs, fp32_outputs)) / len(lines):.0%}"
-                row = [name, str(threads), f"{run.seconds:.1f}", f"{len(lines) / run.seconds:,.1f}",
-                       f"{tokens / run.seconds:,.0f}", same]
+                per_cpu_second = len(lines) / run.cpu_seconds
+                first = first or per_cpu_second
+                row = [name, str(threads), f"{run.seconds:.1f}", f"{run.cpu_seconds:.1f}",
+                       f"{len(lines) / run.seconds:,.1f}", f"{per_cpu_second:,.1f}", f"{tokens / run.seconds:,.0f}",
+                       f"{per_cpu_second / first:.2f}x", same]
                 if references:
                     _, vocabs = prepare_model(path, torch.device("cpu"), "none")
                     row.append(f"{score([vocabs.target.decode(t) for t in run.outputs], [references])[0].score:.2f}")
                 table.add_row(*row)
                 Console(stderr=True).print(f"done: {row}")
-    Console().print(table)
+    Console(width=200).print(table)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 from pathlib import Path
 from typing import ContextManager, Literal
 
@@ -27,16 +28,28 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def cpu_flags() -> set[str]:
-    """The instruction-set flags the kernel reports for this CPU (empty where /proc/cpuinfo is absent)."""
+def cpu_info() -> dict[str, str]:
+    """The first processor's entry of /proc/cpuinfo (empty where there is none)."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return set()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            return set(line.partition(":")[2].split())
-    return set()
+        return {}
+    entry = text.split("\n\n")[0]
+    return {key.strip(): value.strip() for key, _, value in (line.partition(":") for line in entry.splitlines())}
+
+
+def cpu_flags() -> set[str]:
+    """The instruction-set flags the kernel reports for this CPU."""
+    return set(cpu_info().get("flags", "").split())
+
+
+def describe_cpu() -> str:
+    """For benchmark tables: model, family/model numbers, vector and bf16 capabilities, cores."""
+    info, flags = cpu_info(), cpu_flags()
+    vector = "AVX512" if "avx512f" in flags else "AVX2" if "avx2" in flags else torch.backends.cpu.get_cpu_capability()
+    bf16 = "/".join(sorted(set(CPU_BF16_FLAGS) & flags)) or "no avx512_bf16/amx_bf16"
+    return (f"{info.get('model name', 'unknown CPU')} (family {info.get('cpu family', '?')} model "
+            f"{info.get('model', '?')}), {vector}, {bf16}, {os.cpu_count()} cores")
 
 
 def resolve_precision(precision: str, device: torch.device) -> tuple[str, str]:
