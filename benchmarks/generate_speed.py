@@ -19,7 +19,10 @@ for its setting; another engine is one more translator factory beside ``nmt_tran
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -33,7 +36,6 @@ from rich.table import Table
 
 from nmt.checkpoint import Vocabularies, model_state, save_checkpoint
 from nmt.data.vocabulary import EOS_ID, PAD_ID, Vocabulary
-from nmt.device import describe_cpu
 from nmt.files import read_lines
 from nmt.generation.generator import GenerateOptions, prepare_model, translate_ids
 from nmt.models.registry import build_model, get_arch
@@ -92,7 +94,30 @@ def time_translation(translate: Callable[[list[str]], list[list[int]]], lines: l
     return runs[len(runs) // 2]
 
 
+def time_elsewhere(nmt_dir: Path, setting: str, path: Path, search: dict, lines: list[str], repeats: int,
+                   threads: int) -> Run:
+    """The same timing with the nmt package at ``nmt_dir`` (another checkout: the "before" rows)."""
+    job = json.dumps(dict(setting=setting, path=str(path), search=search, lines=lines, repeats=repeats,
+                          threads=threads))
+    env = {**os.environ, "PYTHONPATH": str(nmt_dir)}
+    done = subprocess.run([sys.executable, __file__, "--worker"], input=job, capture_output=True, text=True,
+                          env=env, check=True)
+    return Run(**json.loads(done.stdout))
+
+
+def worker() -> None:
+    """``--worker``: time one setting as stdin's JSON asks and print the Run as JSON."""
+    job = json.loads(sys.stdin.read())
+    torch.set_num_threads(job["threads"])
+    run = time_translation(make_translator(job["setting"], Path(job["path"]), job["search"]), job["lines"],
+                           job["repeats"])
+    print(json.dumps(run.__dict__))
+
+
 def main() -> None:
+    if sys.argv[1:] == ["--worker"]:
+        return worker()
+    from nmt.device import describe_cpu  # not in older checkouts, which --before imports in --worker
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--path", type=Path, help="a trained checkpoint (default: random transformer_small)")
     parser.add_argument("--reference", type=Path, help="raw reference translations, for BLEU per precision")
@@ -104,6 +129,8 @@ def main() -> None:
     parser.add_argument("--threads", default="1,2", help="comma-separated torch thread counts")
     parser.add_argument("--settings", default="fp32,bf16,int8", help=f"comma-separated, from {', '.join(SETTINGS)}")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per setting; the table shows the median")
+    parser.add_argument("--before", type=Path, help="another checkout of nmt (e.g. `git worktree add /tmp/before "
+                        "COMMIT`): each setting is timed there too, in a row above this checkout's")
     args = parser.parse_args()
     test_file = args.data / "test_2016_flickr.en.gz"
     if not test_file.exists():
@@ -130,21 +157,27 @@ def main() -> None:
             torch.set_num_threads(threads)
             for name in args.settings.split(","):
                 search = dict(beam=args.beam, max_tokens=args.max_tokens, **length_rule)
-                run = time_translation(make_translator(name, Path(path), search), lines, args.repeats)
-                fp32_outputs = fp32_outputs or (run.outputs if name == "fp32" else None)
-                tokens = sum(len(tokens) for tokens in run.outputs)
-                same = "n/a" if fp32_outputs is None else \
-                    f"{sum(a == b for a, b in zip(run.outputs, fp32_outputs)) / len(lines):.0%}"
-                per_cpu_second = len(lines) / run.cpu_seconds
-                first = first or per_cpu_second
-                row = [name, str(threads), f"{run.seconds:.1f}", f"{run.cpu_seconds:.1f}",
-                       f"{len(lines) / run.seconds:,.1f}", f"{per_cpu_second:,.1f}", f"{tokens / run.seconds:,.0f}",
-                       f"{per_cpu_second / first:.2f}x", same]
-                if references:
-                    _, vocabs = prepare_model(path, torch.device("cpu"), "none")
-                    row.append(f"{score([vocabs.target.decode(t) for t in run.outputs], [references])[0].score:.2f}")
-                table.add_row(*row)
-                Console(stderr=True).print(f"done: {row}")
+                timings = [(name, lambda: time_translation(make_translator(name, Path(path), search), lines,
+                                                           args.repeats))]
+                if args.before:
+                    timings.insert(0, (f"{name} (before)", lambda: time_elsewhere(
+                        args.before, name, Path(path), search, lines, args.repeats, threads)))
+                for label, timed in timings:
+                    run = timed()
+                    fp32_outputs = fp32_outputs or (run.outputs if name == "fp32" else None)
+                    tokens = sum(len(tokens) for tokens in run.outputs)
+                    same = "n/a" if fp32_outputs is None else \
+                        f"{sum(a == b for a, b in zip(run.outputs, fp32_outputs)) / len(lines):.0%}"
+                    per_cpu_second = len(lines) / run.cpu_seconds
+                    first = first or per_cpu_second
+                    row = [label, str(threads), f"{run.seconds:.1f}", f"{run.cpu_seconds:.1f}",
+                           f"{len(lines) / run.seconds:,.1f}", f"{per_cpu_second:,.1f}", f"{tokens / run.seconds:,.0f}",
+                           f"{per_cpu_second / first:.2f}x", same]
+                    if references:
+                        _, vocabs = prepare_model(path, torch.device("cpu"), "none")
+                        row.append(f"{score([vocabs.target.decode(t) for t in run.outputs], [references])[0].score:.2f}")
+                    table.add_row(*row)
+                    Console(stderr=True).print(f"done: {row}")
     Console(width=200).print(table)
 
 
