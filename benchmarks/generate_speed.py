@@ -175,7 +175,8 @@ def main() -> None:
                            f"{per_cpu_second / first:.2f}x", same]
                     if references:
                         _, vocabs = prepare_model(path, torch.device("cpu"), "none")
-                        row.append(f"{score([vocabs.target.decode(t) for t in run.outputs], [references])[0].score:.2f}")
+                        bleu = score([vocabs.target.decode(t) for t in run.outputs], [references])[0].score
+                        row.append(f"{bleu:.2f}")
                     table.add_row(*row)
                     Console(stderr=True).print(f"done: {row}")
     Console(width=200).print(table)

@@ -143,7 +143,8 @@ def beam_search(model: SearchableModel, source: Tensor, options: SearchOptions, 
     width = beam if options.sampling else 1  # rows per sentence now
     encoder_out = model.encode(source)
     if width > 1:
-        encoder_out = model.reorder_encoder_out(encoder_out, torch.arange(sentences, device=device).repeat_interleave(width))
+        expand = torch.arange(sentences, device=device).repeat_interleave(width)
+        encoder_out = model.reorder_encoder_out(encoder_out, expand)
     cache = model.new_cache()
 
     tokens = torch.full((sentences * width, 1), BOS_ID, dtype=torch.long, device=device)

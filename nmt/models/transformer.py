@@ -233,8 +233,9 @@ class Transformer(nn.Module):
     @staticmethod
     def reorder_encoder_out(encoder_out: EncoderOut, indices: Tensor) -> EncoderOut:
         """Rows for other sentences (beam search: when the batch is expanded and when sentences leave)."""
-        return EncoderOut(encoder_out.states.index_select(0, indices), encoder_out.padding_mask.index_select(0, indices),
-                          tuple((k.index_select(0, indices), v.index_select(0, indices)) for k, v in encoder_out.memory))
+        states, padding_mask, memory = encoder_out
+        return EncoderOut(states.index_select(0, indices), padding_mask.index_select(0, indices),
+                          tuple((k.index_select(0, indices), v.index_select(0, indices)) for k, v in memory))
 
 
 @register_arch("transformer", "transformer_base")
