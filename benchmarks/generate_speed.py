@@ -9,24 +9,25 @@ chooses EOS, so every hypothesis runs to the max length, which is capped at |sou
 (about the length of a German reference) to keep the timing comparable with a trained model's.
 With --reference (the raw German test side), the table also gives BLEU per precision, the cost of
 bf16 and int8. Sentences/s and tokens/s (output tokens of the best hypothesis, EOS included) are
-wall time over the whole set, model loading excluded; each figure is the best of --repeats runs.
+over the whole set, model loading excluded; each row is the median of --repeats runs. With one
+thread, CPU seconds (this process's) are the steadier figure on a machine shared with other jobs.
 
-With CTranslate2 installed (pip install 'nmt[ct2]'), the settings ct2-float32 and ct2-int8 decode
-the same model exported by `nmt export ctranslate2`, through the function behind `nmt generate
---engine ctranslate2` (same batches, beam, max length, threads; fairseq's length penalty with the
-same alpha, as CTranslate2 has no other), and a second table gives the ratios nmt / CTranslate2.
+Each row times a translator (a function from lines to token ids) that ``make_translator`` makes
+for its setting; another engine is one more translator factory beside ``nmt_translator``.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import importlib.util
+import json
 import os
+import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -36,20 +37,21 @@ from rich.table import Table
 from nmt.checkpoint import Vocabularies, model_state, save_checkpoint
 from nmt.data.vocabulary import EOS_ID, PAD_ID, Vocabulary
 from nmt.files import read_lines
+from nmt.device import resolve_precision
 from nmt.generation.generator import GenerateOptions, prepare_model, translate_ids
 from nmt.options import build
 from nmt.models.registry import build_model, get_arch
 from nmt.scoring import score
 
 DEFAULT_DATA = Path(os.environ.get("NMT_MULTI30K", Path(__file__).resolve().parents[2] / "shared/data/multi30k"))
-SETTINGS = {"fp32": ("fp32", "none"), "bf16": ("bf16", "none"), "int8": ("fp32", "int8")}  # (precision, quantize)
-CT2_SETTINGS = {"ct2-float32": "float32", "ct2-int8": "int8"}  # the weight type the export stores
-HAVE_CT2 = importlib.util.find_spec("ctranslate2") is not None
+SETTINGS = {"fp32": ("fp32", "none"), "bf16": ("bf16", "none"), "int8": ("fp32", "int8"),  # (precision, quantize)
+            "auto": ("auto", "none")}
 
 
 @dataclass
 class Run:
-    seconds: float
+    seconds: float  # wall clock
+    cpu_seconds: float  # this process's CPU time: steadier than wall time on a machine shared with other jobs
     outputs: list[list[int]]
 
 
@@ -65,63 +67,62 @@ def random_checkpoint(data: Path, vocab_size: int, directory: Path) -> Path:
     return path
 
 
-def time_translation(path: Path, lines: list[str], options: GenerateOptions, threads: int, repeats: int) -> Run:
-    torch.set_num_threads(threads)
+def nmt_translator(path: Path, options: GenerateOptions) -> Callable[[list[str]], list[list[int]]]:
+    """nmt's own decoder: the best hypothesis's token ids (EOS included) for each line."""
     model, vocabs = prepare_model(path, torch.device("cpu"), options.quantize)
-    sources = [np.asarray(ids + [EOS_ID], dtype=np.int64) for ids in vocabs.source.encode_batch(lines)]
-    translate_ids(model, sources[:32], options.search, options.batching, precision=options.precision)  # warm-up
-    best = None
+    precision, _ = resolve_precision(options.precision, torch.device("cpu"))
+
+    def translate(lines: list[str]) -> list[list[int]]:
+        sources = [np.asarray(ids + [EOS_ID], dtype=np.int64) for ids in vocabs.source.encode_batch(lines)]
+        return [hyps[0].tokens for hyps in translate_ids(model, sources, options.search, options.batching,
+                                                         precision=precision)]
+
+    return translate
+
+
+def make_translator(setting: str, path: Path, search: dict) -> Callable[[list[str]], list[list[int]]]:
+    """The translator a table row times; ``search`` holds beam, max_tokens and the length rule."""
+    precision, quantize = SETTINGS[setting]
+    return nmt_translator(path, build(GenerateOptions, {"input": "-", "precision": precision, "quantize": quantize,
+                                                         **search}))
+
+
+def time_translation(translate: Callable[[list[str]], list[list[int]]], lines: list[str], repeats: int) -> Run:
+    """The median of ``repeats`` timed runs (wall and CPU time), after a short warm-up."""
+    translate(lines[:32])  # warm-up: kernels, allocator
+    runs = []
     for _ in range(repeats):
-        start = time.perf_counter()
-        hypotheses = translate_ids(model, sources, options.search, options.batching, precision=options.precision)
-        seconds = time.perf_counter() - start
-        if best is None or seconds < best.seconds:
-            best = Run(seconds, [hyps[0].tokens for hyps in hypotheses])
-    return best
+        wall, cpu = time.perf_counter(), time.process_time()
+        outputs = translate(lines)
+        runs.append(Run(time.perf_counter() - wall, time.process_time() - cpu, outputs))
+    runs.sort(key=lambda run: run.seconds)
+    return runs[len(runs) // 2]
 
 
-def time_ctranslate2(path: Path, lines: list[str], options: GenerateOptions, threads: int, repeats: int,
-                     quantization: str, workdir: Path) -> Run:
-    """The model exported to CTranslate2 (once per weight type), decoded as `--engine ctranslate2` does."""
-    from nmt.export.ctranslate2 import ExportOptions, export_ctranslate2
-    from nmt.generation.ctranslate2_engine import open_translator, translate_ids_ctranslate2
-
-    directory = workdir / f"ct2-{quantization}"
-    if not directory.exists():
-        export_ctranslate2(ExportOptions(str(path), str(directory), quantization))
-    torch.set_num_threads(threads)  # CTranslate2 gets torch's thread count
-    translator, vocabs = open_translator(directory, torch.device("cpu"), "default")
-    options = dataclasses.replace(options, search=dataclasses.replace(options.search, lenpen_style="fairseq"))
-    sources = [np.asarray(ids + [EOS_ID], dtype=np.int64) for ids in vocabs.source.encode_batch(lines)]
-    translate_ids_ctranslate2(translator, vocabs, sources[:32], options)  # warm-up
-    best = None
-    for _ in range(repeats):
-        start = time.perf_counter()
-        hypotheses = translate_ids_ctranslate2(translator, vocabs, sources, options)
-        seconds = time.perf_counter() - start
-        if best is None or seconds < best.seconds:
-            best = Run(seconds, [hyps[0].tokens for hyps in hypotheses])
-    return best
+def time_elsewhere(nmt_dir: Path, setting: str, path: Path, search: dict, lines: list[str], repeats: int,
+                   threads: int) -> Run:
+    """The same timing with the nmt package at ``nmt_dir`` (another checkout: the "before" rows)."""
+    job = json.dumps(dict(setting=setting, path=str(path), search=search, lines=lines, repeats=repeats,
+                          threads=threads))
+    env = {**os.environ, "PYTHONPATH": str(nmt_dir)}
+    done = subprocess.run([sys.executable, __file__, "--worker"], input=job, capture_output=True, text=True,
+                          env=env, check=True)
+    return Run(**json.loads(done.stdout))
 
 
-def ratio_table(speeds: dict[tuple[str, int], float]) -> Table:
-    """nmt / CTranslate2 sentences/s per thread count: float32 against float32, fastest against fastest."""
-    table = Table(title="nmt / CTranslate2 (sentences/s ratio, same threads)")
-    for column in ("threads", "fp32 / ct2-float32", "nmt fastest / ct2 fastest"):
-        table.add_column(column, justify="right")
-    for threads in sorted({t for _, t in speeds}):
-        ours = {name: v for (name, t), v in speeds.items() if t == threads and name in SETTINGS}
-        theirs = {name: v for (name, t), v in speeds.items() if t == threads and name in CT2_SETTINGS}
-        if not ours or not theirs:
-            continue
-        same_type = ours["fp32"] / theirs["ct2-float32"] if "fp32" in ours and "ct2-float32" in theirs else None
-        fastest = f"{max(ours.values()) / max(theirs.values()):.2f}x ({max(ours, key=ours.get)} / " \
-                  f"{max(theirs, key=theirs.get)})"
-        table.add_row(str(threads), "n/a" if same_type is None else f"{same_type:.2f}x", fastest)
-    return table
+def worker() -> None:
+    """``--worker``: time one setting as stdin's JSON asks and print the Run as JSON."""
+    job = json.loads(sys.stdin.read())
+    torch.set_num_threads(job["threads"])
+    run = time_translation(make_translator(job["setting"], Path(job["path"]), job["search"]), job["lines"],
+                           job["repeats"])
+    print(json.dumps(run.__dict__))
 
 
 def main() -> None:
+    if sys.argv[1:] == ["--worker"]:
+        return worker()
+    from nmt.device import describe_cpu  # not in older checkouts, which --before imports in --worker
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--path", type=Path, help="a trained checkpoint (default: random transformer_small)")
     parser.add_argument("--reference", type=Path, help="raw reference translations, for BLEU per precision")
@@ -131,9 +132,10 @@ def main() -> None:
     parser.add_argument("--beam", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=8000)
     parser.add_argument("--threads", default="1,2", help="comma-separated torch thread counts")
-    parser.add_argument("--settings", default="fp32,bf16,int8" + (",ct2-float32,ct2-int8" if HAVE_CT2 else ""),
-                        help="comma-separated, from fp32, bf16, int8, ct2-float32, ct2-int8")
-    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--settings", default="fp32,bf16,int8", help=f"comma-separated, from {', '.join(SETTINGS)}")
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs per setting; the table shows the median")
+    parser.add_argument("--before", type=Path, help="another checkout of nmt (e.g. `git worktree add /tmp/before "
+                        "COMMIT`): each setting is timed there too, in a row above this checkout's")
     args = parser.parse_args()
     test_file = args.data / "test_2016_flickr.en.gz"
     if not test_file.exists():
@@ -149,37 +151,40 @@ def main() -> None:
         length_rule = dict(max_len_a=1.0, max_len_b=50) if args.path else dict(max_len_a=1.0, max_len_b=2)
         table = Table(title=f"nmt generate, beam {args.beam}, Multi30k test_2016_flickr ({len(lines):,} sentences), "
                             f"{model_name}, max length {length_rule['max_len_a']:g}*src+{length_rule['max_len_b']}, "
-                            f"{os.cpu_count()} CPU cores, torch {torch.__version__}")
-        columns = ["precision", "threads", "seconds", "sentences/s", "tokens/s", "same output as fp32"]
+                            f"{describe_cpu()}, torch {torch.__version__}")
+        columns = ["setting", "threads", "seconds", "CPU seconds", "sentences/s", "sentences/CPU-s", "tokens/s",
+                   "vs first row (CPU)", "same output as fp32"]
         for column in columns + (["BLEU"] if references else []):
             table.add_column(column, justify="right")
         fp32_outputs = None  # of the first fp32 run
-        speeds: dict[tuple[str, int], float] = {}  # (setting, threads) -> sentences/s
+        first = None  # sentences per CPU-second of the first row, what the others are compared with
         for threads in (int(t) for t in args.threads.split(",")):
+            torch.set_num_threads(threads)
             for name in args.settings.split(","):
-                precision, quantize = ("fp32", "none") if name in CT2_SETTINGS else SETTINGS[name]
-                options = build(GenerateOptions, dict(input="-", beam=args.beam, max_tokens=args.max_tokens,
-                                                      precision=precision, quantize=quantize, **length_rule))
-                if name in CT2_SETTINGS:
-                    run = time_ctranslate2(Path(path), lines, options, threads, args.repeats, CT2_SETTINGS[name],
-                                           Path(tmp))
-                else:
-                    run = time_translation(Path(path), lines, options, threads, args.repeats)
-                speeds[name, threads] = len(lines) / run.seconds
-                fp32_outputs = fp32_outputs or (run.outputs if name == "fp32" else None)
-                tokens = sum(len(tokens) for tokens in run.outputs)
-                same = "n/a" if fp32_outputs is None else \
-                    f"{sum(a == b for a, b in zip(run.outputs, fp32_outputs)) / len(lines):.0%}"
-                row = [name, str(threads), f"{run.seconds:.1f}", f"{len(lines) / run.seconds:,.1f}",
-                       f"{tokens / run.seconds:,.0f}", same]
-                if references:
-                    _, vocabs = prepare_model(path, torch.device("cpu"), "none")
-                    row.append(f"{score([vocabs.target.decode(t) for t in run.outputs], [references])[0].score:.2f}")
-                table.add_row(*row)
-                Console(stderr=True).print(f"done: {row}")
-    Console().print(table)
-    if any(name in CT2_SETTINGS for name, _ in speeds):
-        Console().print(ratio_table(speeds))
+                search = dict(beam=args.beam, max_tokens=args.max_tokens, **length_rule)
+                timings = [(name, lambda: time_translation(make_translator(name, Path(path), search), lines,
+                                                           args.repeats))]
+                if args.before:
+                    timings.insert(0, (f"{name} (before)", lambda: time_elsewhere(
+                        args.before, name, Path(path), search, lines, args.repeats, threads)))
+                for label, timed in timings:
+                    run = timed()
+                    fp32_outputs = fp32_outputs or (run.outputs if name == "fp32" else None)
+                    tokens = sum(len(tokens) for tokens in run.outputs)
+                    same = "n/a" if fp32_outputs is None else \
+                        f"{sum(a == b for a, b in zip(run.outputs, fp32_outputs)) / len(lines):.0%}"
+                    per_cpu_second = len(lines) / run.cpu_seconds
+                    first = first or per_cpu_second
+                    row = [label, str(threads), f"{run.seconds:.1f}", f"{run.cpu_seconds:.1f}",
+                           f"{len(lines) / run.seconds:,.1f}", f"{per_cpu_second:,.1f}", f"{tokens / run.seconds:,.0f}",
+                           f"{per_cpu_second / first:.2f}x", same]
+                    if references:
+                        _, vocabs = prepare_model(path, torch.device("cpu"), "none")
+                        bleu = score([vocabs.target.decode(t) for t in run.outputs], [references])[0].score
+                        row.append(f"{bleu:.2f}")
+                    table.add_row(*row)
+                    Console(stderr=True).print(f"done: {row}")
+    Console(width=200).print(table)
 
 
 if __name__ == "__main__":

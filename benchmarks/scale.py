@@ -115,7 +115,7 @@ def startup(data_dir: str, max_tokens: int) -> dict[str, float]:
         data_peak = memory_mb("VmHWM")
         trainer = Trainer(config, DistributedContext())  # the same again, and the model and optimizer
         built = time.perf_counter()
-        updates = iter(EpochIterator(trainer.train_set, trainer.batches, config.seed, 1, prefetch=0))
+        updates = iter(EpochIterator(trainer.data.train_set, trainer.data.batches, config.seed, 1, prefetch=0))
         first = next(updates)
         composed = time.perf_counter()
         trainer.train_step(first)

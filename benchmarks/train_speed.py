@@ -15,9 +15,12 @@ The binarized Multi30k is built in a temporary directory with the preprocess lib
 from __future__ import annotations
 
 import argparse
+import multiprocessing
+import resource
 import sys
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import torch
@@ -25,6 +28,7 @@ from rich.console import Console
 from rich.table import Table
 
 from nmt.data.preprocess import PreprocessOptions, preprocess
+from nmt.device import describe_cpu
 from nmt.log import setup_logging
 from nmt.training.config import TrainConfig
 from nmt.training.distributed import DistributedContext
@@ -43,7 +47,11 @@ def build_multi30k(directory: Path) -> str:
     return str(preprocess(options, show_progress=False).path)
 
 
-def measure_speed(config: TrainConfig, warmup: int, updates: int) -> dict[str, float]:
+def measure_speed(config: TrainConfig, warmup: int, updates: int, threads: int | None) -> dict[str, float]:
+    """Run in a fresh process (see ``measure_in_subprocess``), so that its peak RSS is its own."""
+    if threads:
+        torch.set_num_threads(threads)
+    setup_logging(quiet=True)
     trainer = Trainer(config, DistributedContext())
     epoch = iter(EpochIterator(trainer.data.train_set, trainer.data.batches, config.seed, 1, update_freq=config.update_freq,
                                prefetch=config.prefetch, pin_memory=trainer.device.type == "cuda"))
@@ -53,13 +61,21 @@ def measure_speed(config: TrainConfig, warmup: int, updates: int) -> dict[str, f
             if trainer.device.type == "cuda":
                 torch.cuda.synchronize()
                 torch.cuda.reset_peak_memory_stats()
-            started, tokens = time.perf_counter(), 0.0
-        result = trainer.train_step(next(epoch))  # its sums are read back, which waits for the GPU
+            started, cpu_started, tokens = time.perf_counter(), time.process_time(), 0.0
+        step = trainer.train_step(next(epoch))
         trainer.state.update += 1
-        tokens += result.tokens
-    seconds = time.perf_counter() - started
+        tokens += step.tokens  # a float: reading it waited for the GPU
+    seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
     memory = torch.cuda.max_memory_allocated() / 2 ** 30 if trainer.device.type == "cuda" else None
-    return {"tokens_per_second": tokens / seconds, "seconds_per_update": seconds / updates, "memory": memory}
+    return {"tokens_per_second": tokens / seconds, "tokens_per_cpu_second": tokens / cpu_seconds,
+            "seconds_per_update": seconds / updates, "memory": memory,
+            "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20,  # KiB -> GiB
+            "precision": trainer.config.precision}
+
+
+def measure_in_subprocess(*args) -> dict[str, float]:
+    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(measure_speed, *args).result()
 
 
 def main() -> None:
@@ -67,10 +83,11 @@ def main() -> None:
     parser.add_argument("--data", help="binarized Multi30k (default: build one in a temporary directory)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--archs", default="transformer_small,transformer_base")
-    parser.add_argument("--precisions", default="fp32,bf16")
+    parser.add_argument("--precisions", default="auto,fp32,bf16", help="auto shows what it chose here")
     parser.add_argument("--max-tokens", type=int, default=4096)
     parser.add_argument("--warmup", type=int, default=1, help="untimed updates first")
     parser.add_argument("--updates", type=int, default=4, help="timed updates per arch and precision")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per arch and precision; the median is shown")
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice); 1 gives steadier "
                         "figures on a machine shared with other jobs")
     parser.add_argument("--loss-arch", default="transformer_small")
@@ -80,31 +97,36 @@ def main() -> None:
     setup_logging(quiet=True)
     if args.threads:
         torch.set_num_threads(args.threads)
-    console = Console(width=120)
+    console = Console(width=160)
     console.print(f"command: python {' '.join(sys.argv)}")
-    console.print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
-                  f"CPU capability {torch.backends.cpu.get_cpu_capability()}"
+    console.print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {describe_cpu()}"
                   + (f", GPU {torch.cuda.get_device_name()}" if args.device.startswith("cuda") else ""))
     with tempfile.TemporaryDirectory(prefix="nmt-train-speed-") as scratch:
         data = args.data or build_multi30k(Path(scratch))
         precisions = args.precisions.split(",")
 
         speed = Table(title=f"training speed on Multi30k ({args.device}, max_tokens {args.max_tokens}, "
-                            f"{args.updates} timed updates)")
-        for column in ("arch", "precision", "target tokens/s", "s/update", "vs fp32", "peak GPU memory"):
+                            f"median of {args.repeats} runs of {args.updates} timed updates)")
+        for column in ("arch", "precision", "target tokens/s", "target tokens/CPU-s", "s/update", "vs first row (CPU)",
+                       "peak RSS", "peak GPU memory"):
             speed.add_column(column, justify="left" if column in ("arch", "precision") else "right")
         for arch in args.archs.split(","):
             baseline = None
             for precision in precisions:
                 config = TrainConfig(data=data, arch=arch, save_dir=str(Path(scratch) / "unused"),
                                      max_tokens=args.max_tokens, device=args.device, precision=precision)
-                result = measure_speed(config, args.warmup, args.updates)
-                baseline = baseline or result["tokens_per_second"]
-                speed.add_row(arch, precision, f"{result['tokens_per_second']:,.0f}",
-                              f"{result['seconds_per_update']:.2f}",
-                              f"{result['tokens_per_second'] / baseline:.2f}x",
+                runs = sorted((measure_in_subprocess(config, args.warmup, args.updates, args.threads)
+                               for _ in range(args.repeats)), key=lambda run: run["tokens_per_cpu_second"])
+                result = runs[len(runs) // 2]
+                baseline = baseline or result["tokens_per_cpu_second"]
+                name = precision if precision == result["precision"] else f"{precision} ({result['precision']})"
+                speed.add_row(arch, name, f"{result['tokens_per_second']:,.0f}",
+                              f"{result['tokens_per_cpu_second']:,.0f}", f"{result['seconds_per_update']:.2f}",
+                              f"{result['tokens_per_cpu_second'] / baseline:.2f}x",
+                              f"{max(run['peak_rss'] for run in runs):.2f} GiB",
                               "-" if result["memory"] is None else f"{result['memory']:.2f} GiB")
-                console.print(f"  {arch} {precision}: {result['tokens_per_second']:,.0f} tok/s")
+                console.print(f"  {arch} {name}: {result['tokens_per_second']:,.0f} tok/s, "
+                              f"{result['tokens_per_cpu_second']:,.0f} tok/CPU-s")
         console.print(speed)
 
         if args.loss_updates:

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import contextlib
+import os
+from pathlib import Path
 from typing import ContextManager, Literal
 
 import torch
 
 from nmt.errors import NmtError
 
-Precision = Literal["fp32", "bf16", "fp16"]  # the options' type: their choices
+Precision = Literal["auto", "fp32", "bf16", "fp16"]  # the options' type: their choices
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # bf16 matrix instructions; without them oneDNN emulates bf16
 
 
 def resolve_device(name: str) -> torch.device:
@@ -25,10 +28,58 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def cpu_info() -> dict[str, str]:
+    """The first processor's entry of /proc/cpuinfo (empty where there is none)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return {}
+    entry = text.split("\n\n")[0]
+    return {key.strip(): value.strip() for key, _, value in (line.partition(":") for line in entry.splitlines())}
+
+
+def cpu_flags() -> set[str]:
+    """The instruction-set flags the kernel reports for this CPU."""
+    return set(cpu_info().get("flags", "").split())
+
+
+def describe_cpu() -> str:
+    """For benchmark tables: model, family/model numbers, vector and bf16 capabilities, cores."""
+    info, flags = cpu_info(), cpu_flags()
+    vector = "AVX512" if "avx512f" in flags else "AVX2" if "avx2" in flags else torch.backends.cpu.get_cpu_capability()
+    bf16 = "/".join(sorted(set(CPU_BF16_FLAGS) & flags)) or "no avx512_bf16/amx_bf16"
+    return (f"{info.get('model name', 'unknown CPU')} (family {info.get('cpu family', '?')} model "
+            f"{info.get('model', '?')}), {vector}, {bf16}, {os.cpu_count()} cores")
+
+
+def resolve_precision(precision: str, device: torch.device) -> tuple[str, str]:
+    """The precision to run in, and why: ``auto`` is bf16 where the hardware computes it natively.
+
+    bf16 autocast is fast only on CUDA devices that support it and on CPUs with AVX512_BF16 or
+    AMX; elsewhere (most CPUs today) oneDNN emulates it, slower than fp32. fp16 needs a loss
+    scale and loses range, so it is never chosen automatically.
+    """
+    if precision != "auto":
+        return precision, "asked for"
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        if torch.cuda.is_bf16_supported():
+            return "bf16", f"auto: {name} supports bf16"
+        return "fp32", f"auto: {name} has no bf16"
+    if device.type == "cpu":
+        found = sorted(set(CPU_BF16_FLAGS) & cpu_flags())
+        if found:
+            return "bf16", f"auto: this CPU has {'/'.join(found)}"
+        return "fp32", "auto: this CPU has no avx512_bf16/amx"
+    return "fp32", f"auto: no bf16 detection for {device.type} devices"
+
+
 def autocast(device: torch.device, precision: str) -> ContextManager:
     """Mixed precision through torch.amp: bf16 works on CPU and GPU, fp16 on GPU only."""
+    if precision == "auto":
+        precision, _ = resolve_precision(precision, device)
     if precision not in PRECISIONS:
-        raise NmtError(f"unknown precision {precision!r}; use one of {', '.join(PRECISIONS)}")
+        raise NmtError(f"unknown precision {precision!r}; use one of auto, {', '.join(PRECISIONS)}")
     dtype = PRECISIONS[precision]
     if dtype is None:
         return contextlib.nullcontext()

@@ -66,7 +66,7 @@ def test_help_shows_every_field_with_its_default_once(monkeypatch, command):
 
 def test_choices_come_from_the_literal_type(monkeypatch):
     text = help_text(monkeypatch, "generate")
-    assert "<gnmt|fairseq>" in text and "<fp32|bf16|fp16>" in text and "<none|int8>" in text
+    assert "<gnmt|fairseq>" in text and "<auto|fp32|bf16|fp16>" in text and "<none|int8>" in text
 
 
 @pytest.mark.parametrize("value,kind,expected", [

@@ -305,6 +305,25 @@ def test_sampling_follows_the_model_distribution_and_topk_topp_cut_it():
     assert set(tokens[0] for tokens in sample(table, 0, beam=200, nbest=200, topp=0.5)) == {4}
 
 
+@pytest.mark.parametrize("beam", [1, 4, 8])
+def test_samples_are_independent_draws_whatever_the_beam(beam):
+    """N samples are N draws of the model: a line that ends is not refilled by another line's prefix.
+
+    The toy model ends a sentence with probability 1/4 after each word (a word is forced first, by
+    min_len 1), so |output| = 1 + Geometric(1/4) words plus EOS: mean 5 tokens, sd 3.5. Refilling
+    ended lines with spare draws made short samples win (mean 2.8 at beam 4, 2.3 at beam 8).
+    """
+    table = scripted_table({}, default={EOS_ID: 0.25})
+    count = 2000
+    source = torch.tensor([[4, 5, 6, EOS_ID]] * (count // beam))
+    options = SearchOptions(beam=beam, nbest=beam, sampling=True, max_len_b=100)
+    results = beam_search(ToyDecoder(table), source, options, torch.Generator().manual_seed(beam))
+    lengths = torch.tensor([len(h.tokens) for hyps in results for h in hyps], dtype=torch.float64)
+    assert len(lengths) == count
+    assert lengths.mean().item() == pytest.approx(5.0, abs=4 * 12 ** 0.5 / count ** 0.5)  # 4 standard errors
+    assert all(a.score >= b.score for hyps in results for a, b in zip(hyps, hyps[1:]))  # best first
+
+
 @pytest.mark.parametrize("cut", [dict(topk=1), dict(topp=1e-6), dict(temperature=1e-4)])
 def test_sampling_cut_to_the_top_token_is_greedy(cut):
     for seed in range(4):
@@ -314,6 +333,14 @@ def test_sampling_cut_to_the_top_token_is_greedy(cut):
 
 
 # --- a real (tiny, random) Transformer: incremental cache, reordering, padding -----------------
+
+def test_the_transformer_and_the_toy_decoder_are_searchable():
+    from nmt.generation.searchable import DecoderState, SearchableModel
+
+    for model in (peaky_model(0), ToyDecoder(random_table(0))):
+        assert isinstance(model, SearchableModel) and isinstance(model.new_cache(), DecoderState)
+    assert not isinstance(object(), SearchableModel)
+
 
 def peaky_model(seed: int, vocab: int = 12):
     """A random tiny model whose distributions are far from uniform (no near-ties)."""

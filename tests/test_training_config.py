@@ -67,7 +67,7 @@ def test_written_config_reads_back_the_same(tmp_path, recipe):
     ("train: {max_tokenz: 10}", "unknown train option 'max_tokenz'.*did you mean 'max_tokens'"),
     ("train: [1, 2]", "must be a mapping"),
     ("train: {max_tokens: many}", "`train: max_tokens` in .* expects int"),
-    ("train: {precision: fp8}", "precision` in .* must be one of fp32, bf16, fp16"),
+    ("train: {precision: fp8}", "precision` in .* must be one of auto, fp32, bf16, fp16"),
     ("train: {adam_betas: [0.9]}", "adam_betas` in .* expects 2 values"),
     ("train: {data: d, warmup_updates: 0}", "--warmup-updates must be at least 1"),
     ("train: {data: d, max_time: soon}", "--max-time expects a duration"),

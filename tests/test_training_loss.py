@@ -47,3 +47,18 @@ def test_no_smoothing_is_plain_cross_entropy_and_bf16_logits_are_computed_in_flo
     assert loss.item() == pytest.approx(nll.item())
     assert loss.item() == pytest.approx(F.cross_entropy(logits.float().view(-1, 11), target.view(-1),
                                                         reduction="sum").item(), rel=1e-5)
+
+
+@pytest.mark.parametrize("epsilon", [0.0, 0.1])
+def test_hand_written_gradient_equals_autograd(epsilon):
+    torch.manual_seed(2)
+    logits = torch.randn(2, 5, 13, dtype=torch.float64)
+    target = torch.randint(1, 13, (2, 5))
+    target[1, 3:] = PAD
+    ours = logits.clone().requires_grad_()
+    (label_smoothed_cross_entropy(ours, target, epsilon, PAD)[0] * 3.0).backward()
+    reference = logits.clone().requires_grad_()
+    (F.cross_entropy(reference.view(-1, 13), target.view(-1), ignore_index=PAD, label_smoothing=epsilon,
+                     reduction="sum") * 3.0).backward()
+    torch.testing.assert_close(ours.grad, reference.grad)
+    assert torch.count_nonzero(ours.grad[1, 3:]) == 0  # padding gets no gradient

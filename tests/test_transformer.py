@@ -71,10 +71,11 @@ def test_cache_reorder_follows_beam_indices():
     prev = torch.cat([torch.full((2, 1), BOS_ID), random_tokens(2, 3, seed=3)], dim=1)
     encoder_out = model.encode(src)
     cache = model.new_cache()
-    model.decode(prev[:, :3], encoder_out, cache)
-    order = torch.tensor([1, 1, 0])
-    cache.reorder(order)
-    step = model.decode(prev[order, 3:4], model.reorder_encoder_out(encoder_out, order), cache)
+    with torch.no_grad():  # a cache is for inference
+        model.decode(prev[:, :3], encoder_out, cache)
+        order = torch.tensor([1, 1, 0])
+        cache.reorder(order)
+        step = model.decode(prev[order, 3:4], model.reorder_encoder_out(encoder_out, order), cache)
     full = model.decode(prev, encoder_out)[:, 3]
     torch.testing.assert_close(step[:, 0], full[order], rtol=0, atol=1e-5)
     assert cache.length == 4
@@ -128,7 +129,17 @@ def test_sinusoidal_positions_match_the_paper():
     pos, i = 7, 2
     assert table[pos, 2 * i].item() == pytest.approx(math.sin(pos / 10000 ** (2 * i / 8)), abs=1e-6)
     assert table[pos, 2 * i + 1].item() == pytest.approx(math.cos(pos / 10000 ** (2 * i / 8)), abs=1e-6)
-    torch.testing.assert_close(sinusoidal_positions(3, 8, offset=7), table[7:10])
+    model = make_model()
+    assert torch.equal(model.positions, sinusoidal_positions(model.config.max_positions, model.config.d_model))
+    assert "positions" not in model.state_dict()  # computed, not saved: old checkpoints load as before
+
+
+def test_longer_than_max_positions_is_a_clear_error():
+    from nmt.errors import NmtError
+
+    model = make_model(max_positions=8)
+    with pytest.raises(NmtError, match="9 tokens is over the model's max_positions 8"):
+        model(random_tokens(1, 9), random_tokens(1, 3))
 
 
 @pytest.mark.slow

@@ -12,6 +12,7 @@ or on CPU with int8 dynamic quantization of its linear layers, the output projec
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import time
@@ -30,7 +31,7 @@ from nmt.checkpoint import Vocabularies, load_checkpoint, model_from_checkpoint
 from nmt.data.batching import batch_by_size, collate
 from nmt.data.dataset import DataDir
 from nmt.data.vocabulary import EOS_ID, UNK_ID
-from nmt.device import Precision, autocast, resolve_device
+from nmt.device import Precision, autocast, resolve_device, resolve_precision
 from nmt.errors import NmtError
 from nmt.files import atomic_write, read_lines
 from nmt.generation.alignment import word_attentions
@@ -87,7 +88,9 @@ class GenerateOptions:
     print_attention: str | None = field(default=None, metadata={
         "help": "Write each best translation's word-level soft attention to this JSON-lines file."})
     device: str = field(default="cpu", metadata={"help": "cpu, cuda, cuda:N or auto (the GPU when there is one)."})
-    precision: Precision = field(default="fp32", metadata={"help": "Autocast precision."})
+    precision: Precision = field(default="auto", metadata={
+        "help": "Autocast precision; auto: bf16 where the hardware runs it natively (bf16 GPUs, CPUs with "
+                "avx512_bf16 or amx_bf16), else fp32."})
     quantize: Literal["none", "int8"] = field(default="none", metadata={
         "help": "CPU only: int8 dynamic quantization of every nn.Linear layer, the output projection included."})
     score_reference: bool = field(default=False, metadata={
@@ -341,7 +344,9 @@ def generate(options: GenerateOptions, show_progress: bool = True) -> GenerateRe
     Raw text from a pipe or terminal to stdout is translated as it arrives (``buffer_size``
     lines at a time, or what is waiting); files are read whole and batched by length."""
     device = resolve_device(options.device)
-    autocast(device, options.precision)  # an impossible precision fails before the model is loaded
+    precision, reason = resolve_precision(options.precision, device)
+    options = dataclasses.replace(options, precision=precision)
+    autocast(device, precision)  # an impossible precision fails before the model is loaded
     engine = load_engine(options, device)
     vocabs = engine.vocabs
     start = time.perf_counter()
@@ -362,8 +367,9 @@ def generate(options: GenerateOptions, show_progress: bool = True) -> GenerateRe
     if options.print_attention:
         write_attention(translations, options.print_attention)
     output_tokens = sum(len(t.hypotheses[0].tokens) for t in translations)
-    logger.info("translated %d sentences in %.1f s (%.1f sentences/s, %.0f tokens/s)", len(translations), seconds,
-                len(translations) / max(seconds, 1e-9), output_tokens / max(seconds, 1e-9))
+    logger.info("translated %d sentences in %.1f s (%.1f sentences/s, %.0f tokens/s); precision: %s (%s)",
+                len(translations), seconds, len(translations) / max(seconds, 1e-9), output_tokens / max(seconds, 1e-9),
+                precision, reason)
     scores = []
     if options.score_reference:
         scores = score_against_references(options, [t.best(vocabs) for t in translations], references,

@@ -1,13 +1,14 @@
 """Beam search, greedy decoding and sampling as one loop over small, separately tested steps.
 
 Each step: the decoder scores the next token of every alive hypothesis (``beam`` rows per
-sentence); ``constrain`` bans tokens (min/max length, repeated n-grams); ``select`` proposes
-``2 * beam`` candidates per sentence (top-k for beam search, random draws for sampling); the
+sentence; beam search starts from one row, as all its beams would begin identical);
+``constrain`` bans tokens (min/max length, repeated n-grams); ``select`` proposes ``2 * beam``
+candidates per sentence for beam search (its top-k), one random draw per line for sampling; the
 candidates that end in EOS among the first ``beam`` are finished, scored with the length
-penalty; the first ``beam`` others stay alive. A sentence is done once it has ``beam``
-finished hypotheses and no alive one can still beat the worst of them; done sentences leave
-the batch, and the decoder cache is reordered to follow the surviving beams.
-"""
+penalty; the first ``beam`` others stay alive (a sampled line that ended stays dead). A sentence
+is done once it has ``beam`` finished hypotheses and no alive one can still beat the worst of
+them; done sentences leave the batch, and the decoder cache is reordered to follow the
+surviving beams."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from torch import Tensor
 from nmt.data.vocabulary import BOS_ID, EOS_ID, PAD_ID
 from nmt.errors import NmtError
 from nmt.options import check_values
+from nmt.generation.searchable import SearchableModel
 
 NEG_INF = float("-inf")
 
@@ -109,19 +111,23 @@ def constrain(logprobs: Tensor, tokens: Tensor, step: int, max_len: Tensor, min_
 def select_top(scores: Tensor, beam: int) -> tuple[Tensor, Tensor, Tensor]:
     """Beam search: the 2*beam best (score, beam, token) continuations per sentence, best first.
 
-    ``scores`` is (sentences, beam, vocab) of cumulative log-probabilities.
+    ``scores`` is (sentences, rows, vocab) of cumulative log-probabilities: ``beam`` rows, or one at the start.
     """
-    sentences, _, vocab = scores.shape
-    count = min(2 * beam, beam * vocab)
+    sentences, rows, vocab = scores.shape
+    count = min(2 * beam, rows * vocab)
     best, flat = scores.view(sentences, -1).topk(count, dim=1)
+    if count < 2 * beam:  # a tiny vocabulary: dead (-inf) candidates fill the beam, as -inf beams do
+        best = torch.nn.functional.pad(best, (0, 2 * beam - count), value=NEG_INF)
+        flat = torch.nn.functional.pad(flat, (0, 2 * beam - count))
     return best, torch.div(flat, vocab, rounding_mode="floor"), flat % vocab
 
 
-def select_sample(scores: Tensor, logprobs: Tensor, beam: int, temperature: float, topk: int, topp: float,
+def select_sample(scores: Tensor, logprobs: Tensor, temperature: float, topk: int, topp: float,
                   generator: torch.Generator | None) -> tuple[Tensor, Tensor, Tensor]:
-    """Sampling: two draws per alive row (the second is a spare for when the first is EOS).
+    """Sampling: one draw per row, so each of the ``beam`` samples is an independent line.
 
-    The first ``beam`` candidates are each row's first draw, so every sample keeps its own line.
+    A line that draws EOS is finished and its row stays dead (score -inf) until the sentence is
+    done: refilling it from another line would duplicate that line's prefix and favour short samples.
     """
     sentences, rows_per, vocab = scores.shape
     weights = (logprobs.view(sentences * rows_per, vocab) / temperature).softmax(dim=-1)
@@ -134,14 +140,12 @@ def select_sample(scores: Tensor, logprobs: Tensor, beam: int, temperature: floa
         weights = weights.scatter(1, order, sorted_weights.masked_fill(outside, 0.0))
     alive = weights.sum(dim=-1) > 0
     weights[~alive, EOS_ID] = 1.0  # a row with nothing allowed (cannot happen after constrain) ends
-    draws = torch.multinomial(weights, 2, replacement=True, generator=generator)  # (rows, 2)
-    draws = draws.view(sentences, rows_per, 2).transpose(1, 2).reshape(sentences, 2 * rows_per)
-    beams = torch.arange(rows_per, device=scores.device).repeat(2).expand(sentences, -1)
-    chosen = scores.gather(2, draws.view(sentences, 2, rows_per).transpose(1, 2)).transpose(1, 2)
-    return chosen.reshape(sentences, 2 * rows_per), beams, draws
+    draws = torch.multinomial(weights, 1, generator=generator).view(sentences, rows_per)
+    beams = torch.arange(rows_per, device=scores.device).expand(sentences, -1)
+    return scores.gather(2, draws.unsqueeze(2)).squeeze(2), beams, draws
 
 
-def beam_search(model, source: Tensor, options: SearchOptions, generator: torch.Generator | None = None
+def beam_search(model: SearchableModel, source: Tensor, options: SearchOptions, generator: torch.Generator | None = None
                 ) -> list[list[Hypothesis]]:
     """Decode a padded batch of sources; returns the ``nbest`` hypotheses per sentence, best first."""
     beam = options.beam
@@ -150,35 +154,37 @@ def beam_search(model, source: Tensor, options: SearchOptions, generator: torch.
     source_lengths = source.ne(PAD_ID).sum(dim=1) - 1  # EOS excluded
     limit = max_lengths(source_lengths, options.max_len_a, options.max_len_b)
 
+    # Beam search starts from one row per sentence (its beams would all be the same prefix, BOS)
+    # and widens to `beam` rows after the first step; sampling draws `beam` lines from the start.
+    width = beam if options.sampling else 1  # rows per sentence now
     encoder_out = model.encode(source)
-    expand = torch.arange(sentences, device=device).repeat_interleave(beam)
-    encoder_out = model.reorder_encoder_out(encoder_out, expand)
+    if width > 1:
+        expand = torch.arange(sentences, device=device).repeat_interleave(width)
+        encoder_out = model.reorder_encoder_out(encoder_out, expand)
     cache = model.new_cache()
 
-    rows = sentences * beam
-    tokens = torch.full((rows, 1), BOS_ID, dtype=torch.long, device=device)
-    token_scores = torch.zeros((rows, 0), device=device)
-    scores = torch.zeros(sentences, beam, device=device)
-    if not options.sampling:
-        scores[:, 1:] = NEG_INF  # all beams start identical: let only the first one expand
+    tokens = torch.full((sentences * width, 1), BOS_ID, dtype=torch.long, device=device)
+    token_scores = torch.zeros((sentences * width, 0), device=device)
+    scores = torch.zeros(sentences, width, device=device)
     alive_ids = torch.arange(sentences, device=device)  # original index of each alive sentence
     finished: list[list[Hypothesis]] = [[] for _ in range(sentences)]
 
     for step in range(int(limit.max()) + 1):
         logits = model.decode(tokens[:, -1:], encoder_out, cache)[:, -1].float()
-        logprobs = constrain(logits.log_softmax(dim=-1), tokens, step, limit[alive_ids].repeat_interleave(beam),
+        logprobs = constrain(logits.log_softmax(dim=-1), tokens, step, limit[alive_ids].repeat_interleave(width),
                              options.min_len, options.no_repeat_ngram_size)
         vocab = logprobs.size(-1)
-        candidates = scores.unsqueeze(2) + logprobs.view(-1, beam, vocab)
+        candidates = scores.unsqueeze(2) + logprobs.view(-1, width, vocab)
         if options.sampling:
             cand_scores, cand_beams, cand_tokens = select_sample(
-                candidates, logprobs, beam, options.temperature, options.topk, options.topp, generator)
+                candidates, logprobs, options.temperature, options.topk, options.topp, generator)
         else:
             cand_scores, cand_beams, cand_tokens = select_top(candidates, beam)
-        base = (torch.arange(len(alive_ids), device=device) * beam).unsqueeze(1)
+        base = (torch.arange(len(alive_ids), device=device) * width).unsqueeze(1)
         cand_rows = base + cand_beams  # (alive sentences, 2*beam) rows the candidates extend
 
-        # Finish the EOS candidates among the first `beam`; keep the first `beam` others alive.
+        # Finish the EOS candidates among the first `beam`; keep the first `beam` others alive
+        # (sampling has exactly `beam` candidates: a finished line's row stays, dead at -inf).
         is_eos = cand_tokens.eq(EOS_ID) & torch.isfinite(cand_scores)
         finalize(finished, alive_ids, is_eos[:, :beam], cand_scores, cand_rows, tokens, token_scores, logprobs,
                  step, options)
@@ -196,14 +202,14 @@ def beam_search(model, source: Tensor, options: SearchOptions, generator: torch.
             still = (~done).nonzero(as_tuple=True)[0]
             keep_rows, keep_tokens, scores = keep_rows[still], keep_tokens[still], scores[still]
             alive_ids = alive_ids[still]
-            # The beams of a sentence share its encoder states: only whole sentences move.
-            encoder_out = model.reorder_encoder_out(encoder_out, (still * beam).repeat_interleave(beam) +
-                                                    torch.arange(beam, device=device).repeat(len(still)))
         order = keep_rows.reshape(-1)
         step_scores = logprobs[order, keep_tokens.reshape(-1)]
         tokens = torch.cat([tokens[order], keep_tokens.reshape(-1, 1)], dim=1)
         token_scores = torch.cat([token_scores[order], step_scores.unsqueeze(1)], dim=1)
         cache.reorder(order)
+        if done.any() or width != beam:  # rows follow their sentence; beams of one sentence share its source
+            encoder_out = model.reorder_encoder_out(encoder_out, order)
+            width = beam
 
     return [sorted(hyps, key=lambda h: -h.score)[: options.nbest] for hyps in finished]
 

@@ -20,10 +20,11 @@ import torch
 from torch import nn
 
 from nmt.checkpoint import Vocabularies
-from nmt.device import autocast, resolve_device
+from nmt.device import autocast, resolve_device, resolve_precision
 from nmt.errors import NmtError
 from nmt.generation.generator import BatchingOptions, GenerateOptions, encode_sources, prepare_model, translate_ids
 from nmt.generation.search import Hypothesis, SearchOptions
+from nmt.log import logger
 from nmt.options import build, options_of
 
 # What a call may change: the search and the batching. Loading options belong to from_checkpoint.
@@ -52,7 +53,9 @@ class Translator:
                         quantize: str | None = None) -> Translator:
         """Load a checkpoint (``a.pt:b.pt`` for an ensemble) for ``device`` (auto, cpu, cuda, cuda:N)."""
         resolved = resolve_device(device)
+        precision, reason = resolve_precision(precision, resolved)
         autocast(resolved, precision)  # an impossible precision fails before the model is loaded
+        logger.debug("precision: %s (%s)", precision, reason)
         quantize = quantize or "none"
         if quantize not in ("none", "int8"):
             raise NmtError(f"unknown quantization {quantize!r}; use int8 or None")

@@ -2,7 +2,8 @@
 
 Post-norm residual blocks by default (``LayerNorm(x + Dropout(Sublayer(x)))``), pre-norm as an
 option; sinusoidal positions; embeddings scaled by sqrt(d_model) and tied with the output
-projection. The decoder supports incremental decoding through :class:`DecoderCache`.
+projection. The decoder supports incremental decoding through a
+:class:`~nmt.models.kv_cache.DecoderCache`.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from torch import Tensor, nn
 
 from nmt.errors import NmtError
 from nmt.models.attention import MultiHeadAttention, causal_mask
+from nmt.models.kv_cache import DecoderCache, KeyValueCache
 from nmt.models.registry import register_arch, register_model
 
 
@@ -50,15 +52,19 @@ class TransformerConfig:
 
 
 class EncoderOut(NamedTuple):
+    """What the decoder reads of the source. Each decoder layer's cross-attention keys and values
+    are projected here, once per sentence, not once per decoding step or per beam reorder."""
+
     states: Tensor  # (B, S, D)
     padding_mask: Tensor  # (B, S), True at padding
+    memory: tuple[tuple[Tensor, Tensor], ...]  # per decoder layer: keys, values (B, heads, S, D/heads)
 
 
-def sinusoidal_positions(length: int, dim: int, offset: int = 0, device=None) -> Tensor:
+def sinusoidal_positions(length: int, dim: int) -> Tensor:
     """PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(...), as in the paper."""
-    positions = torch.arange(offset, offset + length, dtype=torch.float32, device=device)[:, None]
-    inv_freq = torch.exp(torch.arange(0, dim, 2, dtype=torch.float32, device=device) * (-math.log(10000.0) / dim))
-    table = torch.zeros(length, dim, device=device)
+    positions = torch.arange(length, dtype=torch.float32)[:, None]
+    inv_freq = torch.exp(torch.arange(0, dim, 2, dtype=torch.float32) * (-math.log(10000.0) / dim))
+    table = torch.zeros(length, dim)
     table[:, 0::2] = torch.sin(positions * inv_freq)
     table[:, 1::2] = torch.cos(positions * inv_freq)
     return table
@@ -119,16 +125,14 @@ class DecoderLayer(nn.Module):
         self.cross_block = Residual(c.d_model, c.dropout, c.normalize_before)
         self.ffn_block = Residual(c.d_model, c.dropout, c.normalize_before)
 
-    def forward(self, x: Tensor, memory: Tensor, memory_mask: Tensor, cache: dict[str, Tensor] | None) -> Tensor:
+    def forward(self, x: Tensor, memory: tuple[Tensor, Tensor], memory_mask: Tensor,
+                cache: KeyValueCache | None) -> Tensor:
         def self_attend(h: Tensor) -> Tensor:
             k, v = self.self_attn.project_kv(h)
             past = 0
             if cache is not None:
-                if "self_k" in cache:
-                    past = cache["self_k"].size(2)
-                    k = torch.cat([cache["self_k"], k], dim=2)
-                    v = torch.cat([cache["self_v"], v], dim=2)
-                cache["self_k"], cache["self_v"] = k, v
+                past = cache.length
+                k, v = cache.append(k, v)
             new = h.size(1)
             if new == 1:
                 return self.self_attn(h, k, v)
@@ -136,37 +140,9 @@ class DecoderLayer(nn.Module):
                 return self.self_attn(h, k, v, is_causal=True)
             return self.self_attn(h, k, v, mask=causal_mask(new, past, h.device))
 
-        def cross_attend(h: Tensor) -> Tensor:
-            if cache is not None and "cross_k" in cache:
-                k, v = cache["cross_k"], cache["cross_v"]
-            else:
-                k, v = self.cross_attn.project_kv(memory)
-                if cache is not None:
-                    cache["cross_k"], cache["cross_v"] = k, v
-            return self.cross_attn(h, k, v, mask=memory_mask)
-
         x = self.self_block(x, self_attend)
-        x = self.cross_block(x, cross_attend)
+        x = self.cross_block(x, lambda h: self.cross_attn(h, *memory, mask=memory_mask))
         return self.ffn_block(x, self.ffn)
-
-
-class DecoderCache:
-    """Per-layer self-attention keys/values so far, and the encoder-decoder keys/values
-    (computed once per sentence). Rows follow the batch (times beam) dimension."""
-
-    def __init__(self, num_layers: int):
-        self.layers: list[dict[str, Tensor]] = [{} for _ in range(num_layers)]
-
-    @property
-    def length(self) -> int:
-        first = self.layers[0]
-        return first["self_k"].size(2) if "self_k" in first else 0
-
-    def reorder(self, indices: Tensor) -> None:
-        """Keep/duplicate rows: beam search calls this with the surviving beams' origins."""
-        for layer in self.layers:
-            for name, tensor in layer.items():
-                layer[name] = tensor.index_select(0, indices)
 
 
 @register_model("transformer")
@@ -193,6 +169,8 @@ class Transformer(nn.Module):
         self.encoder_norm = nn.LayerNorm(config.d_model) if config.normalize_before else nn.Identity()
         self.decoder_norm = nn.LayerNorm(config.d_model) if config.normalize_before else nn.Identity()
         self.embed_dropout = nn.Dropout(config.dropout)
+        # Computed once (not sin/cos at every decoding step), sliced per call; not saved.
+        self.register_buffer("positions", sinusoidal_positions(config.max_positions, config.d_model), persistent=False)
         self.output_layer: nn.Linear | None = None  # see separate_output_layer
 
     def _embedding(self, vocab_size: int) -> nn.Embedding:
@@ -216,11 +194,10 @@ class Transformer(nn.Module):
         self.output_layer.weight = nn.Parameter(weight.clone(), requires_grad=False)
 
     def _embed(self, embedding: nn.Embedding, tokens: Tensor, offset: int = 0) -> Tensor:
-        if offset + tokens.size(1) > self.config.max_positions:
-            raise NmtError(f"a sequence of {offset + tokens.size(1)} tokens is over the model's max_positions "
-                           f"{self.config.max_positions}")
-        positions = sinusoidal_positions(tokens.size(1), self.config.d_model, offset, tokens.device)
-        return self.embed_dropout(embedding(tokens) * self.embed_scale + positions)
+        end = offset + tokens.size(1)
+        if end > self.config.max_positions:
+            raise NmtError(f"a sequence of {end} tokens is over the model's max_positions {self.config.max_positions}")
+        return self.embed_dropout(embedding(tokens) * self.embed_scale + self.positions[offset:end])
 
     def encode(self, src_tokens: Tensor) -> EncoderOut:
         padding_mask = src_tokens.eq(self.pad_id)
@@ -228,7 +205,9 @@ class Transformer(nn.Module):
         x = self._embed(self.src_embed, src_tokens)
         for layer in self.encoder_layers:
             x = layer(x, key_mask)
-        return EncoderOut(self.encoder_norm(x), padding_mask)
+        states = self.encoder_norm(x)
+        memory = tuple(layer.cross_attn.project_kv(states) for layer in self.decoder_layers)
+        return EncoderOut(states, padding_mask, memory)
 
     def decode(self, prev_output_tokens: Tensor, encoder_out: EncoderOut, cache: DecoderCache | None = None) -> Tensor:
         """Logits for each given target position.
@@ -240,7 +219,7 @@ class Transformer(nn.Module):
         x = self._embed(self.tgt_embed, prev_output_tokens, offset)
         memory_mask = ~encoder_out.padding_mask[:, None, None, :]
         for i, layer in enumerate(self.decoder_layers):
-            x = layer(x, encoder_out.states, memory_mask, cache.layers[i] if cache is not None else None)
+            x = layer(x, encoder_out.memory[i], memory_mask, cache.layers[i] if cache is not None else None)
         x = self.decoder_norm(x)
         return self.output_layer(x) if self.output_layer is not None else F.linear(x, self.output_weight())
 
@@ -252,7 +231,10 @@ class Transformer(nn.Module):
 
     @staticmethod
     def reorder_encoder_out(encoder_out: EncoderOut, indices: Tensor) -> EncoderOut:
-        return EncoderOut(encoder_out.states.index_select(0, indices), encoder_out.padding_mask.index_select(0, indices))
+        """Rows for other sentences (beam search: when the batch is expanded and when sentences leave)."""
+        states, padding_mask, memory = encoder_out
+        return EncoderOut(states.index_select(0, indices), padding_mask.index_select(0, indices),
+                          tuple((k.index_select(0, indices), v.index_select(0, indices)) for k, v in memory))
 
 
 @register_arch("transformer", "transformer_base")

@@ -82,8 +82,9 @@ class TrainConfig:
 
     # Devices.
     device: str = field(default="auto", metadata={"help": "auto (cuda when available), cpu or cuda.", "panel": DEVICES})
-    precision: Precision = field(default="fp32", metadata={
-        "help": "Autocast precision; bf16 works on CPU too, fp16 (GPU) uses a dynamic loss scale.", "panel": DEVICES})
+    precision: Precision = field(default="auto", metadata={
+        "help": "Autocast precision; auto: bf16 where the hardware runs it natively (bf16 GPUs, CPUs with avx512_bf16 "
+                "or amx_bf16), else fp32; fp16 (GPU) uses a dynamic loss scale.", "panel": DEVICES})
     nproc: int = field(default=1, metadata={
         "help": "Spawn N local worker processes (one per GPU; gloo on CPU). Under torchrun, leave it out.",
         "panel": DEVICES, "min": 1})
