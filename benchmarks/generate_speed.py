@@ -1,4 +1,4 @@
-"""Speed of `nmt generate` (beam 4) on the Multi30k test set: fp32, bf16 and int8, 1 and 2 threads.
+"""Speed of `nmt generate` (beam 4) on the Multi30k test set: fp32, bf16, int8 and CTranslate2, 1 and 2 threads.
 
     python benchmarks/generate_speed.py [--path CKPT [--reference REF]] [--data DIR] [--limit N]
 
@@ -12,6 +12,11 @@ bf16 and int8. Sentences/s and tokens/s (output tokens of the best hypothesis, E
 over the whole set, model loading excluded; each row is the median of --repeats runs. With one
 thread, CPU seconds (this process's) are the steadier figure on a machine shared with other jobs.
 
+With CTranslate2 installed (pip install 'nmt[ct2]'), the settings ct2-float32 and ct2-int8 decode
+the same model exported by `nmt export ctranslate2`, through the function behind `nmt generate
+--engine ctranslate2` (same batches, beam, max length, threads; fairseq's length penalty with the
+same alpha, as CTranslate2 has no other), and a second table gives the ratios nmt / CTranslate2.
+
 Each row times a translator (a function from lines to token ids) that ``make_translator`` makes
 for its setting; another engine is one more translator factory beside ``nmt_translator``.
 """
@@ -19,6 +24,8 @@ for its setting; another engine is one more translator factory beside ``nmt_tran
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import importlib.util
 import json
 import os
 import subprocess
@@ -46,6 +53,9 @@ from nmt.scoring import score
 DEFAULT_DATA = Path(os.environ.get("NMT_MULTI30K", Path(__file__).resolve().parents[2] / "shared/data/multi30k"))
 SETTINGS = {"fp32": ("fp32", "none"), "bf16": ("bf16", "none"), "int8": ("fp32", "int8"),  # (precision, quantize)
             "auto": ("auto", "none")}
+CT2_SETTINGS = {"ct2-float32": "float32", "ct2-int8": "int8"}  # the weight type the export stores
+HAVE_CT2 = importlib.util.find_spec("ctranslate2") is not None
+Translator = Callable[[list[str]], list[list[int]]]  # lines -> the best hypothesis's token ids (EOS included)
 
 
 @dataclass
@@ -67,27 +77,53 @@ def random_checkpoint(data: Path, vocab_size: int, directory: Path) -> Path:
     return path
 
 
-def nmt_translator(path: Path, options: GenerateOptions) -> Callable[[list[str]], list[list[int]]]:
-    """nmt's own decoder: the best hypothesis's token ids (EOS included) for each line."""
+def source_ids(vocabs: Vocabularies, lines: list[str]) -> list[np.ndarray]:
+    """Each line's source token ids ending in EOS, as both engines take them."""
+    return [np.asarray(ids + [EOS_ID], dtype=np.int64) for ids in vocabs.source.encode_batch(lines)]
+
+
+def nmt_translator(path: Path, options: GenerateOptions) -> Translator:
+    """nmt's own decoder."""
     model, vocabs = prepare_model(path, torch.device("cpu"), options.quantize)
     precision, _ = resolve_precision(options.precision, torch.device("cpu"))
 
     def translate(lines: list[str]) -> list[list[int]]:
-        sources = [np.asarray(ids + [EOS_ID], dtype=np.int64) for ids in vocabs.source.encode_batch(lines)]
-        return [hyps[0].tokens for hyps in translate_ids(model, sources, options.search, options.batching,
-                                                         precision=precision)]
+        hypotheses = translate_ids(model, source_ids(vocabs, lines), options.search, options.batching,
+                                   precision=precision)
+        return [hyps[0].tokens for hyps in hypotheses]
 
     return translate
 
 
-def make_translator(setting: str, path: Path, search: dict) -> Callable[[list[str]], list[list[int]]]:
+def ct2_translator(path: Path, options: GenerateOptions, quantization: str, workdir: Path) -> Translator:
+    """The model exported to CTranslate2 (once per weight type, into ``workdir``), decoded as
+    `--engine ctranslate2` does, with torch's thread count."""
+    from nmt.export.ctranslate2 import ExportOptions, export_ctranslate2
+    from nmt.generation.ctranslate2_engine import open_translator, translate_ids_ctranslate2
+
+    directory = workdir / f"ct2-{quantization}"
+    if not directory.exists():
+        export_ctranslate2(ExportOptions(str(path), str(directory), quantization))
+    translator, vocabs = open_translator(directory, torch.device("cpu"), "default")  # computes in the stored type
+    options = dataclasses.replace(options, search=dataclasses.replace(options.search, lenpen_style="fairseq"))
+
+    def translate(lines: list[str]) -> list[list[int]]:
+        hypotheses = translate_ids_ctranslate2(translator, vocabs, source_ids(vocabs, lines), options)
+        return [hyps[0].tokens for hyps in hypotheses]
+
+    return translate
+
+
+def make_translator(setting: str, path: Path, search: dict, workdir: Path) -> Translator:
     """The translator a table row times; ``search`` holds beam, max_tokens and the length rule."""
+    options = build(GenerateOptions, {"input": "-", **search})
+    if setting in CT2_SETTINGS:
+        return ct2_translator(path, options, CT2_SETTINGS[setting], workdir)
     precision, quantize = SETTINGS[setting]
-    return nmt_translator(path, build(GenerateOptions, {"input": "-", "precision": precision, "quantize": quantize,
-                                                         **search}))
+    return nmt_translator(path, dataclasses.replace(options, precision=precision, quantize=quantize))
 
 
-def time_translation(translate: Callable[[list[str]], list[list[int]]], lines: list[str], repeats: int) -> Run:
+def time_translation(translate: Translator, lines: list[str], repeats: int) -> Run:
     """The median of ``repeats`` timed runs (wall and CPU time), after a short warm-up."""
     translate(lines[:32])  # warm-up: kernels, allocator
     runs = []
@@ -101,7 +137,8 @@ def time_translation(translate: Callable[[list[str]], list[list[int]]], lines: l
 
 def time_elsewhere(nmt_dir: Path, setting: str, path: Path, search: dict, lines: list[str], repeats: int,
                    threads: int) -> Run:
-    """The same timing with the nmt package at ``nmt_dir`` (another checkout: the "before" rows)."""
+    """The same timing with the nmt package at ``nmt_dir`` (another checkout: the "before" rows of nmt's
+    own settings)."""
     job = json.dumps(dict(setting=setting, path=str(path), search=search, lines=lines, repeats=repeats,
                           threads=threads))
     env = {**os.environ, "PYTHONPATH": str(nmt_dir)}
@@ -114,9 +151,28 @@ def worker() -> None:
     """``--worker``: time one setting as stdin's JSON asks and print the Run as JSON."""
     job = json.loads(sys.stdin.read())
     torch.set_num_threads(job["threads"])
-    run = time_translation(make_translator(job["setting"], Path(job["path"]), job["search"]), job["lines"],
-                           job["repeats"])
+    with tempfile.TemporaryDirectory() as workdir:
+        translate = make_translator(job["setting"], Path(job["path"]), job["search"], Path(workdir))
+        run = time_translation(translate, job["lines"], job["repeats"])
     print(json.dumps(run.__dict__))
+
+
+def ratio_table(speeds: dict[tuple[str, int], float]) -> Table:
+    """nmt / CTranslate2 sentences/s per thread count: float32 against float32, fastest against fastest."""
+    table = Table(title="nmt / CTranslate2 (ratio of sentences/s, same threads)")
+    for column in ("threads", "fp32 / ct2-float32", "fastest nmt / fastest ct2"):
+        table.add_column(column, justify="right")
+    for threads in sorted({t for _, t in speeds}):
+        ours = {name: v for (name, t), v in speeds.items() if t == threads and name in SETTINGS}
+        theirs = {name: v for (name, t), v in speeds.items() if t == threads and name in CT2_SETTINGS}
+        if not ours or not theirs:
+            continue
+        same_type = f"{ours['fp32'] / theirs['ct2-float32']:.2f}x" if "fp32" in ours and "ct2-float32" in theirs \
+            else "n/a"
+        fastest, fastest_ct2 = max(ours, key=ours.get), max(theirs, key=theirs.get)
+        table.add_row(str(threads), same_type,
+                      f"{ours[fastest] / theirs[fastest_ct2]:.2f}x ({fastest} / {fastest_ct2})")
+    return table
 
 
 def main() -> None:
@@ -132,11 +188,17 @@ def main() -> None:
     parser.add_argument("--beam", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=8000)
     parser.add_argument("--threads", default="1,2", help="comma-separated torch thread counts")
-    parser.add_argument("--settings", default="fp32,bf16,int8", help=f"comma-separated, from {', '.join(SETTINGS)}")
+    parser.add_argument("--settings", default="fp32,bf16,int8" + (",ct2-float32,ct2-int8" if HAVE_CT2 else ""),
+                        help=f"comma-separated, from {', '.join([*SETTINGS, *CT2_SETTINGS])}")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per setting; the table shows the median")
     parser.add_argument("--before", type=Path, help="another checkout of nmt (e.g. `git worktree add /tmp/before "
-                        "COMMIT`): each setting is timed there too, in a row above this checkout's")
+                        "COMMIT`): each of nmt's own settings is timed there too, in a row above this checkout's")
     args = parser.parse_args()
+    settings = args.settings.split(",")
+    if unknown := [name for name in settings if name not in SETTINGS and name not in CT2_SETTINGS]:
+        raise SystemExit(f"unknown setting {unknown[0]!r}: choose from {', '.join([*SETTINGS, *CT2_SETTINGS])}")
+    if any(name in CT2_SETTINGS for name in settings) and not HAVE_CT2:
+        raise SystemExit("the ct2-* settings need CTranslate2: pip install 'nmt[ct2]'")
     test_file = args.data / "test_2016_flickr.en.gz"
     if not test_file.exists():
         raise SystemExit(f"Multi30k not found in {args.data} (set --data or NMT_MULTI30K)")
@@ -158,13 +220,14 @@ def main() -> None:
             table.add_column(column, justify="right")
         fp32_outputs = None  # of the first fp32 run
         first = None  # sentences per CPU-second of the first row, what the others are compared with
+        speeds: dict[tuple[str, int], float] = {}  # (setting, threads) -> sentences/s, this checkout's rows
         for threads in (int(t) for t in args.threads.split(",")):
             torch.set_num_threads(threads)
-            for name in args.settings.split(","):
+            for name in settings:
                 search = dict(beam=args.beam, max_tokens=args.max_tokens, **length_rule)
-                timings = [(name, lambda: time_translation(make_translator(name, Path(path), search), lines,
-                                                           args.repeats))]
-                if args.before:
+                timings = [(name, lambda: time_translation(make_translator(name, Path(path), search, Path(tmp)),
+                                                           lines, args.repeats))]
+                if args.before and name in SETTINGS:
                     timings.insert(0, (f"{name} (before)", lambda: time_elsewhere(
                         args.before, name, Path(path), search, lines, args.repeats, threads)))
                 for label, timed in timings:
@@ -175,6 +238,8 @@ def main() -> None:
                         f"{sum(a == b for a, b in zip(run.outputs, fp32_outputs)) / len(lines):.0%}"
                     per_cpu_second = len(lines) / run.cpu_seconds
                     first = first or per_cpu_second
+                    if label == name:
+                        speeds[name, threads] = len(lines) / run.seconds
                     row = [label, str(threads), f"{run.seconds:.1f}", f"{run.cpu_seconds:.1f}",
                            f"{len(lines) / run.seconds:,.1f}", f"{per_cpu_second:,.1f}", f"{tokens / run.seconds:,.0f}",
                            f"{per_cpu_second / first:.2f}x", same]
@@ -185,6 +250,8 @@ def main() -> None:
                     table.add_row(*row)
                     Console(stderr=True).print(f"done: {row}")
     Console(width=200).print(table)
+    if any(name in CT2_SETTINGS for name, _ in speeds):
+        Console(width=200).print(ratio_table(speeds))
 
 
 if __name__ == "__main__":
