@@ -1,6 +1,6 @@
 """The `nmt` command line: each command is an options dataclass plus one library call.
 
-``@command(OptionsClass)`` builds the typer command from the dataclass (nmt/options.py): every
+``@command(app, OptionsClass)`` (nmt/commands.py) builds the typer command from the dataclass: every
 field becomes an option with its help, default and choices, so adding an option is one field and
 its use. The command function receives the options given on the command line; the library
 fills in the recipe's and the defaults and checks the values.
@@ -8,13 +8,10 @@ fills in the recipe's and the defaults and checks the values.
 
 from __future__ import annotations
 
-import inspect
 import logging
 import sys
-import types
-import typing
 from pathlib import Path
-from typing import Annotated, Any, Callable, Literal, Optional
+from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
@@ -25,8 +22,9 @@ from nmt.data.preprocess import PreprocessOptions, preprocess as run_preprocess,
 from nmt.errors import NmtError, Stopped
 from nmt.export.ctranslate2 import ExportOptions
 from nmt.generation.generator import GenerateOptions, generate as run_generation
-from nmt.log import logger, setup_logging, state
-from nmt.options import Option, build, options_of, parse_overrides
+from nmt.log import logger, state
+from nmt.commands import command
+from nmt.options import build
 from nmt.pipeline import PipelineReport, plan_recipe, run_plan
 from nmt.plot import PlotAttentionOptions, PlotCurvesOptions
 from nmt.recipe import STAGES
@@ -48,75 +46,6 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
-COMMAND_OPTIONS: dict[str, type] = {}  # command name -> its options dataclass
-KEYWORD = inspect.Parameter.KEYWORD_ONLY
-COMMON = [  # every command's logging options
-    inspect.Parameter("verbose", KEYWORD, default=0, annotation=Annotated[int, typer.Option(
-        "--verbose", "-v", count=True, help="More detail; tracebacks on errors.")]),
-    inspect.Parameter("quiet", KEYWORD, default=False, annotation=Annotated[bool, typer.Option(
-        "--quiet", "-q", help="Only warnings and errors.")]),
-    inspect.Parameter("log_format", KEYWORD, default="text", annotation=Annotated[Literal["text", "json"], typer.Option(
-        "--log-format", help="Log lines as rich text or JSON lines.")]),
-    inspect.Parameter("context", KEYWORD, annotation=typer.Context),
-]
-
-
-def cli_type(option: Option) -> Any:
-    """What typer parses; nmt.options.coerce then makes the field's type (tuples, KEY=VALUE mappings)."""
-    kind = option.type
-    if typing.get_origin(kind) in (typing.Union, types.UnionType):
-        (kind,) = [arg for arg in typing.get_args(kind) if arg is not type(None)]
-    return {tuple: str, dict: list[str]}.get(typing.get_origin(kind), kind)
-
-
-def parameter(option: Option) -> inspect.Parameter:
-    """The typer parameter of one field: its flags, help with bounds, panel and (shown) default."""
-    meta, kind, help = option.metadata, cli_type(option), option.help_with_bounds
-    if meta.get("argument"):
-        info = typer.Argument(metavar=meta.get("metavar"), help=help, show_default=False)
-    else:
-        flags = option.flags
-        if kind is bool and "flags" not in meta:
-            flags = (f"{flags[0]}/--no-{flags[0][2:]}",)
-        info = typer.Option(*flags, help=help, rich_help_panel=meta.get("panel"), metavar=meta.get("metavar"))
-    default = option.default
-    if kind is str and isinstance(default, tuple):
-        default = ",".join(map(str, default))
-    elif isinstance(default, dict) or option.required:
-        default = inspect.Parameter.empty if option.required else None
-    return inspect.Parameter(option.name, KEYWORD, default=default, annotation=Annotated[Optional[kind], info])
-
-
-def command(options_class: type | None = None, group: typer.Typer = app, name: str | None = None,
-            prefix: str = "") -> Callable[[Callable], Callable]:
-    """Register ``run`` as a command of ``group`` taking ``options_class``'s fields, then run's own parameters.
-
-    ``run`` gets the options given on the command line as a dict (its first argument), then its own.
-    """
-
-    def register(run: Callable) -> Callable:
-        own = list(inspect.signature(run, eval_str=True).parameters.values())[1 if options_class else 0:]
-        fields = options_of(options_class) if options_class else {}
-        params = [parameter(option) for option in fields.values()] + [p.replace(kind=KEYWORD) for p in own] + COMMON
-
-        def invoke(**values: Any) -> None:
-            context = values.pop("context")
-            setup_logging(values.pop("verbose"), values.pop("quiet"), values.pop("log_format"))
-            given = {name: values.pop(name) for name in fields}
-            given = {name: parse_overrides(value) if typing.get_origin(fields[name].type) is dict else value
-                     for name, value in given.items() if context.get_parameter_source(name).name == "COMMANDLINE"}
-            run(*([given] if options_class else []), **values)
-
-        invoke.__signature__ = inspect.Signature(params)
-        invoke.__doc__ = run.__doc__
-        group.command(name or run.__name__)(invoke)
-        if options_class:
-            COMMAND_OPTIONS[prefix + (name or run.__name__)] = options_class
-        return run
-
-    return register
-
-
 def version_callback(value: bool) -> None:
     if value:
         typer.echo(f"nmt {nmt.__version__}")
@@ -129,7 +58,7 @@ def main_callback(version: Annotated[bool, typer.Option("--version", callback=ve
     """Neural machine translation with the Transformer."""
 
 
-@command()
+@command(app)
 def archs(vocab_size: Annotated[int, typer.Option(help="Vocabulary size used for the parameter counts.")] = 37000
           ) -> None:
     """List the registered architectures with their hyper-parameters and parameter counts."""
@@ -138,7 +67,7 @@ def archs(vocab_size: Annotated[int, typer.Option(help="Vocabulary size used for
     print_arch_table(vocab_size)
 
 
-@command(AverageOptions)
+@command(app, AverageOptions)
 def average(given: dict, inputs_flag: Annotated[bool, typer.Option(
         "--inputs", help="Optional, fairseq's spelling: `--inputs a.pt b.pt` is the same as `a.pt b.pt`.")] = False
             ) -> None:
@@ -147,7 +76,7 @@ def average(given: dict, inputs_flag: Annotated[bool, typer.Option(
     average_checkpoints(options.inputs, options.output, options.num_epoch_checkpoints, options.num_update_checkpoints)
 
 
-@command(PreprocessOptions)
+@command(app, PreprocessOptions)
 def preprocess(given: dict) -> None:
     """Train sentencepiece on parallel text and binarize it into a data directory for train and generate."""
     datadir = run_preprocess(build(PreprocessOptions, given, "preprocess"), show_progress=state["progress"])
@@ -155,7 +84,7 @@ def preprocess(given: dict) -> None:
         Console().print(summary_table(datadir))
 
 
-@command(ScoreOptions)
+@command(app, ScoreOptions)
 def score(given: dict) -> None:
     """Score a system output with sacrebleu (BLEU tokenized for the target language, cased) and print the signatures."""
     options = build(ScoreOptions, given, "score")
@@ -163,7 +92,7 @@ def score(given: dict) -> None:
     typer.echo(format_results(results, as_json=options.json_output))
 
 
-@command(TrainConfig)
+@command(app, TrainConfig)
 def train(given: dict, config: Annotated[Optional[Path], typer.Option(
         help="YAML recipe: its `train:` section (keys = these options, with _), top-level `arch:`/`model:` and its "
              "data directory (`data:` or `preprocess: destdir`). Options given here override it.")] = None) -> None:
@@ -177,7 +106,7 @@ def train(given: dict, config: Annotated[Optional[Path], typer.Option(
     run_training(load_train_config(given, config))
 
 
-@command(GenerateOptions)
+@command(app, GenerateOptions)
 def generate(given: dict) -> None:
     """Translate a binarized split or raw text with beam search (defaults: the paper's beam 4, alpha 0.6).
 
@@ -189,7 +118,7 @@ def generate(given: dict) -> None:
         typer.echo(metric.formatted, err=True)
 
 
-@command(ServeOptions)
+@command(app, ServeOptions)
 def serve(given: dict) -> None:
     """Serve translations over HTTP (needs the serve extra of nmt): POST /translate, GET /health, GET /info."""
     from nmt.serving.server import serve as run_server
@@ -202,7 +131,7 @@ plot_app = typer.Typer(help="Draw attention maps and training curves as PNG file
 app.add_typer(plot_app, name="plot")
 
 
-@command(PlotAttentionOptions, plot_app, "attention", "plot ")
+@command(plot_app, PlotAttentionOptions, "attention", "plot ")
 def plot_attention(given: dict) -> None:
     """Heat maps of one layer's attention heads for a sentence (the paper's Figures 3-5)."""
     from nmt.plot import plot_attention as draw
@@ -210,7 +139,7 @@ def plot_attention(given: dict) -> None:
     draw(build(PlotAttentionOptions, given, "plot attention"))
 
 
-@command(PlotCurvesOptions, plot_app, "curves", "plot ")
+@command(plot_app, PlotCurvesOptions, "curves", "plot ")
 def plot_curves(given: dict) -> None:
     """Train/valid loss, valid BLEU, learning rate and tokens/s against updates, from SAVE_DIR/metrics.jsonl."""
     from nmt.plot import plot_curves as draw
@@ -222,7 +151,7 @@ export_app = typer.Typer(help="Export a checkpoint to another inference engine."
 app.add_typer(export_app, name="export")
 
 
-@command(ExportOptions, export_app, "ctranslate2", "export ")
+@command(export_app, ExportOptions, "ctranslate2", "export ")
 def export_ctranslate2(given: dict) -> None:
     """Write a CTranslate2 model directory (needs the ct2 extra of nmt), with the sentencepiece model(s) beside it."""
     from nmt.export.ctranslate2 import export_ctranslate2 as run_export
@@ -230,7 +159,7 @@ def export_ctranslate2(given: dict) -> None:
     run_export(build(ExportOptions, given, "export ctranslate2"))
 
 
-@command()
+@command(app)
 def run(recipe: Annotated[Path, typer.Argument(
             help="YAML recipe with preprocess/train/average/generate/score sections.")],
         stages: Annotated[str, typer.Option(help="Comma-separated stages to run.")] = ",".join(STAGES),
@@ -252,7 +181,7 @@ def print_report(report: PipelineReport) -> None:
         typer.echo(result.formatted)
 
 
-@command()
+@command(app)
 def demo(workdir: Annotated[Path, typer.Option(help="Where the demo writes its data, model and translations.")] =
          Path("nmt-demo"),
          max_update: Annotated[int, typer.Option(min=1, help="Training updates.")] = 300) -> None:

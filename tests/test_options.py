@@ -12,7 +12,8 @@ import typer.rich_utils
 from typer.testing import CliRunner
 
 from conftest import assert_one_line_error, run_cli, run_nmt
-from nmt.cli import COMMAND_OPTIONS, app
+from nmt.cli import app
+from nmt.commands import COMMAND_OPTIONS
 from nmt.errors import NmtError
 from nmt.generation.generator import BatchingOptions, GenerateOptions
 from nmt.generation.search import SearchOptions

@@ -1,0 +1,88 @@
+"""Typer commands generated from options dataclasses: one field, one command-line option.
+
+``@command(app, OptionsClass)`` turns every field of the dataclass (nmt/options.py reads its
+metadata) into an option or argument with its help, bounds, choices, panel and default, then
+appends the command's own parameters and the logging options every command shares. The command
+function receives only the options given on the command line, so the library can merge them over
+a recipe's and the defaults (CLI > recipe > default).
+"""
+
+from __future__ import annotations
+
+import inspect
+import types
+import typing
+from typing import Annotated, Any, Callable, Literal, Optional
+
+import typer
+
+from nmt.log import setup_logging
+from nmt.options import Option, options_of, parse_overrides
+
+COMMAND_OPTIONS: dict[str, type] = {}  # command name -> its options dataclass
+KEYWORD = inspect.Parameter.KEYWORD_ONLY
+COMMON = [  # every command's logging options
+    inspect.Parameter("verbose", KEYWORD, default=0, annotation=Annotated[int, typer.Option(
+        "--verbose", "-v", count=True, help="More detail; tracebacks on errors.")]),
+    inspect.Parameter("quiet", KEYWORD, default=False, annotation=Annotated[bool, typer.Option(
+        "--quiet", "-q", help="Only warnings and errors.")]),
+    inspect.Parameter("log_format", KEYWORD, default="text", annotation=Annotated[Literal["text", "json"], typer.Option(
+        "--log-format", help="Log lines as rich text or JSON lines.")]),
+    inspect.Parameter("context", KEYWORD, annotation=typer.Context),
+]
+
+
+def cli_type(option: Option) -> Any:
+    """What typer parses; nmt.options.coerce then makes the field's type (tuples, KEY=VALUE mappings)."""
+    kind = option.type
+    if typing.get_origin(kind) in (typing.Union, types.UnionType):
+        (kind,) = [arg for arg in typing.get_args(kind) if arg is not type(None)]
+    return {tuple: str, dict: list[str]}.get(typing.get_origin(kind), kind)
+
+
+def parameter(option: Option) -> inspect.Parameter:
+    """The typer parameter of one field: its flags, help with bounds, panel and (shown) default."""
+    meta, kind, help = option.metadata, cli_type(option), option.help_with_bounds
+    if meta.get("argument"):
+        info = typer.Argument(metavar=meta.get("metavar"), help=help, show_default=False)
+    else:
+        flags = option.flags
+        if kind is bool and "flags" not in meta:
+            flags = (f"{flags[0]}/--no-{flags[0][2:]}",)
+        info = typer.Option(*flags, help=help, rich_help_panel=meta.get("panel"), metavar=meta.get("metavar"))
+    default = option.default
+    if kind is str and isinstance(default, tuple):
+        default = ",".join(map(str, default))
+    elif isinstance(default, dict) or option.required:
+        default = inspect.Parameter.empty if option.required else None
+    return inspect.Parameter(option.name, KEYWORD, default=default, annotation=Annotated[Optional[kind], info])
+
+
+def command(group: typer.Typer, options_class: type | None = None, name: str | None = None,
+            prefix: str = "") -> Callable[[Callable], Callable]:
+    """Register ``run`` as a command of ``group`` taking ``options_class``'s fields, then run's own parameters.
+
+    ``run`` gets the options given on the command line as a dict (its first argument), then its own.
+    """
+
+    def register(run: Callable) -> Callable:
+        own = list(inspect.signature(run, eval_str=True).parameters.values())[1 if options_class else 0:]
+        fields = options_of(options_class) if options_class else {}
+        params = [parameter(option) for option in fields.values()] + [p.replace(kind=KEYWORD) for p in own] + COMMON
+
+        def invoke(**values: Any) -> None:
+            context = values.pop("context")
+            setup_logging(values.pop("verbose"), values.pop("quiet"), values.pop("log_format"))
+            given = {name: values.pop(name) for name in fields}
+            given = {name: parse_overrides(value) if typing.get_origin(fields[name].type) is dict else value
+                     for name, value in given.items() if context.get_parameter_source(name).name == "COMMANDLINE"}
+            run(*([given] if options_class else []), **values)
+
+        invoke.__signature__ = inspect.Signature(params)
+        invoke.__doc__ = run.__doc__
+        group.command(name or run.__name__)(invoke)
+        if options_class:
+            COMMAND_OPTIONS[prefix + (name or run.__name__)] = options_class
+        return run
+
+    return register
