@@ -60,7 +60,7 @@ def test_two_processes_equal_one_with_update_freq_two(tiny_data_dir, tmp_path, j
         difference = (b["model"][name] - tensor).abs().max().item()
         assert difference < 2e-6, f"{name} differs by {difference}"
     assert sorted(p.name for p in (tmp_path / "parallel").iterdir()) == \
-        ["checkpoint_1_2.pt", "checkpoint_last.pt", "config.yaml"]
+        ["checkpoint_1_2.pt", "checkpoint_last.pt", "config.yaml", "metrics.jsonl"]
 
 
 def test_bad_input_fails_before_spawning(tiny_data_dir, tmp_path):

@@ -65,7 +65,7 @@ def test_checkpoint_files_and_pruning(tiny_data_dir, tmp_path):
     names = sorted(path.name for path in tmp_path.iterdir())
     # 9 updates per epoch: interval saves at 3, 6, ..., 27 (epoch ends included); the newest 2 remain.
     assert names == ["checkpoint2.pt", "checkpoint3.pt", "checkpoint_3_24.pt", "checkpoint_3_27.pt",
-                     "checkpoint_best.pt", "checkpoint_last.pt", "config.yaml"]
+                     "checkpoint_best.pt", "checkpoint_last.pt", "config.yaml", "metrics.jsonl"]
     last = load_checkpoint(tmp_path / "checkpoint_last.pt")
     assert last["train_state"]["epoch"] == 4 and last["train_state"]["position"] == 0
     assert last["train_config"]["train"]["max_epoch"] == 3 and last["train_config"]["model"]["d_model"] == 64
