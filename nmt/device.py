@@ -55,9 +55,9 @@ def describe_cpu() -> str:
 def resolve_precision(precision: str, device: torch.device) -> tuple[str, str]:
     """The precision to run in, and why: ``auto`` is bf16 where the hardware computes it natively.
 
-    bf16 autocast is fast only on CUDA devices that support it and on CPUs with AVX512_BF16 or
-    AMX; elsewhere (most CPUs today) oneDNN emulates it, slower than fp32. fp16 needs a loss
-    scale and loses range, so it is never chosen automatically.
+    Native bf16 means a CUDA device that supports it, or a CPU with AVX512_BF16 or AMX; without
+    them bf16 matrix products are emulated and were measured slower than fp32 (docs/performance.md
+    names the CPUs). fp16 needs a loss scale and loses range, so it is never chosen automatically.
     """
     if precision != "auto":
         return precision, "asked for"
