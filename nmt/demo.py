@@ -33,6 +33,7 @@ def demo_recipe(workdir: Path, raw: dict[str, Path], max_update: int, max_time: 
             "source_lang": "en", "target_lang": "de",
             "trainpref": str(raw["train"]), "validpref": str(raw["valid"]), "testpref": str(raw["test"]),
             "destdir": str(workdir / "data-bin"), "vocab_size": 400, "workers": 2,
+            "byte_fallback": False,  # the corpus is its own alphabet; 256 byte pieces would leave 400 - 256 for BPE
         },
         "arch": "transformer_tiny",
         "model": {"d_model": 128, "ffn_dim": 256, "heads": 4, "dropout": 0.1},
