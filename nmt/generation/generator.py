@@ -5,9 +5,10 @@ padding; translations come back in input order, and do not depend on the batchin
 sentence's search is independent, and padding is masked). An empty input line (no tokens)
 becomes an empty translation without running the model, so output lines stay aligned with
 input lines. Raw text from a pipe or a terminal is translated as it arrives (see
-streaming.py), each batch written and flushed before more is read. The model runs under ``torch.inference_mode`` with optional autocast (bf16/fp16),
-or on CPU with int8 dynamic quantization of its linear layers, the output projection included
-(given a module of its own for it); attention's matrix products stay fp32 then.
+streaming.py), each batch written and flushed before more is read. The model runs under
+``torch.inference_mode`` with optional autocast (bf16/fp16), or on CPU with int8 dynamic
+quantization of its linear layers, the output projection included (given a module of its own
+for it); attention's matrix products stay fp32 then.
 """
 
 from __future__ import annotations
