@@ -110,3 +110,22 @@ def test_flipped_bytes_are_caught_by_the_checksum_and_old_checkpoints_still_load
     del old["checksums"]  # as written before checksums existed
     torch.save(old, tmp_path / "old.pt")
     assert set(load_checkpoint(tmp_path / "old.pt")) == set(old)
+
+
+def test_a_signal_during_the_write_surfaces_as_stopped(tmp_path, monkeypatch):
+    """A second Ctrl-C inside torch.save reaches the user as Stopped (exit 130), not torch's RuntimeError."""
+    import torch
+
+    from nmt.checkpoint.format import save_checkpoint
+    from nmt.errors import Stopped
+
+    def interrupted_save(obj, handle):
+        try:
+            raise Stopped(2, "stopped at once")
+        except Stopped:
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 64 vs 0")
+
+    monkeypatch.setattr(torch, "save", interrupted_save)
+    with pytest.raises(Stopped):
+        save_checkpoint(tmp_path / "checkpoint_last.pt", {"model": {}})
+    assert list(tmp_path.iterdir()) == []

@@ -26,7 +26,7 @@ from torch import nn
 
 import nmt
 from nmt.data.vocabulary import PAD_ID, Vocabularies
-from nmt.errors import NmtError
+from nmt.errors import NmtError, Stopped
 from nmt.files import atomic_write
 from nmt.models.registry import build_model, config_from_dict
 
@@ -77,7 +77,12 @@ def save_checkpoint(path: str | os.PathLike, checkpoint: dict[str, Any]) -> None
     """Write atomically, with a checksum of each entry's tensors and bytes (``checksums``) for load to verify."""
     sums = {key: checksum(value) for key, value in checkpoint.items() if key != "checksums"}
     with atomic_write(path, "wb") as handle:
-        torch.save({**checkpoint, "checksums": sums}, handle)
+        try:
+            torch.save({**checkpoint, "checksums": sums}, handle)
+        except RuntimeError as exc:  # a second Ctrl-C during the write: torch's zip writer hides it in its cleanup
+            if isinstance(exc.__context__, Stopped):
+                raise exc.__context__ from None
+            raise
 
 
 def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu",
