@@ -20,7 +20,7 @@ from nmt.data.vocabulary import BOS_ID, EOS_ID
 from nmt.errors import NmtError
 from nmt.files import atomic_write
 from nmt.log import logger
-from nmt.models.attention_maps import attention_maps
+from nmt.models.attention_maps import attention_maps, layer_index
 from nmt.options import check_values
 from nmt.training.metrics_file import FILE_NAME as METRICS_FILE, read_metrics
 
@@ -71,14 +71,6 @@ def token_labels(vocab, ids: list[int]) -> list[str]:
     return ["</s>" if i == EOS_ID else vocab.piece(i).replace("\u2581", "_") for i in ids]
 
 
-def pick_layer(layer: int | None, count: int) -> int:
-    """0-based index of a 1-based layer number (default: the penultimate layer)."""
-    chosen = layer if layer is not None else max(count - 1, 1)
-    if not 1 <= chosen <= count:
-        raise NmtError(f"--layer must be between 1 and {count} for this model, got {chosen}")
-    return chosen - 1
-
-
 def plot_attention(options: PlotAttentionOptions) -> Path:
     plt = pyplot()
     from nmt.generation.generator import prepare_model, translate_ids
@@ -89,12 +81,12 @@ def plot_attention(options: PlotAttentionOptions) -> Path:
         raise NmtError("--text is empty: nothing to draw")
     src = torch.tensor([source])
     if options.kind == "encoder":
-        index = pick_layer(options.layer, len(model.encoder_layers))
+        index = layer_index(options.layer, len(model.encoder_layers), "--layer")
         weights = attention_maps(model, src, torch.tensor([[BOS_ID]])).encoder[index][0]
         rows = columns = token_labels(vocabs.source, source)
         title = "encoder self-attention"
     else:
-        index = pick_layer(options.layer, len(model.decoder_layers))
+        index = layer_index(options.layer, len(model.decoder_layers), "--layer")
         target = translate_ids(model, [np.asarray(source)])[0][0].tokens
         weights = attention_maps(model, src, torch.tensor([[BOS_ID] + target[:-1]])).cross[index][0]
         rows, columns = token_labels(vocabs.target, target), token_labels(vocabs.source, source)

@@ -13,11 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from nmt.checkpoint import load_checkpoint
+from nmt.checkpoint import Vocabularies, load_checkpoint, model_state, save_checkpoint
 from nmt.cli import main
 from nmt.data.dataset import DataDir, write_token_array
-from nmt.data.vocabulary import EOS_ID, Vocabulary
+from nmt.data.vocabulary import EOS_ID, PAD_ID, Vocabulary
 from nmt.demo_data import demo_pairs, sample_numbers
+from nmt.models.registry import build_model, get_arch
 from nmt.training.config import TrainConfig, load_train_config
 from nmt.log import logger
 
@@ -59,6 +60,18 @@ def tiny_data_dir(tmp_path_factory) -> Path:
     """300 training and 40 validation EN->DE pairs of the numbers task; vocabulary of 120 pieces."""
     pairs = numbers_pairs(340, seed=0)
     return make_data_dir(tmp_path_factory.mktemp("tiny-data"), {"train": pairs[:300], "valid": pairs[300:]})
+
+
+@pytest.fixture(scope="session")
+def untrained_checkpoint(tiny_data_dir, tmp_path_factory) -> Path:
+    """A deterministic (seed 0), untrained transformer_tiny over tiny_data_dir's vocabulary."""
+    vocab = DataDir.open(tiny_data_dir).vocabulary("en")
+    torch.manual_seed(0)
+    arch = get_arch("transformer_tiny")
+    model = build_model(arch.model_name, arch.config, len(vocab), len(vocab), PAD_ID)
+    path = tmp_path_factory.mktemp("untrained") / "model.pt"
+    save_checkpoint(path, model_state(model, "transformer_tiny", arch.config, Vocabularies("en", "de", vocab, vocab)))
+    return path
 
 
 def run_nmt(*args, stdin: str | None = None, timeout: float = 300) -> subprocess.CompletedProcess:

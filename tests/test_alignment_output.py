@@ -5,14 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
-from nmt.checkpoint import Vocabularies, model_state, save_checkpoint
-from nmt.data.dataset import DataDir
-from nmt.data.vocabulary import PAD_ID
 from nmt.errors import NmtError
 from nmt.generation.generator import GenerateOptions, generate as run_generation
-from nmt.models.registry import build_model, get_arch
 from nmt.options import build
 
 def options(**values) -> GenerateOptions:
@@ -27,14 +22,8 @@ LINES = ["one hundred and twenty three", "", "seven thousand four hundred", "nin
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tiny_data_dir, tmp_path_factory):
-    vocab = DataDir.open(tiny_data_dir).vocabulary("en")
-    torch.manual_seed(0)
-    arch = get_arch("transformer_tiny")
-    model = build_model(arch.model_name, arch.config, len(vocab), len(vocab), PAD_ID)
-    path = tmp_path_factory.mktemp("align") / "model.pt"
-    save_checkpoint(path, model_state(model, "transformer_tiny", arch.config, Vocabularies("en", "de", vocab, vocab)))
-    return path
+def checkpoint(untrained_checkpoint):
+    return untrained_checkpoint
 
 
 @pytest.fixture()

@@ -6,13 +6,8 @@ import subprocess
 import sys
 
 import pytest
-import torch
 
-from nmt.checkpoint import Vocabularies, model_state, save_checkpoint
-from nmt.data.dataset import DataDir
-from nmt.data.vocabulary import PAD_ID
 from nmt.errors import NmtError
-from nmt.models.registry import build_model, get_arch
 from nmt.plot import PlotAttentionOptions, PlotCurvesOptions, plot_attention, plot_curves
 from nmt.training.metrics_file import MetricsFile
 
@@ -21,14 +16,8 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tiny_data_dir, tmp_path_factory):
-    vocab = DataDir.open(tiny_data_dir).vocabulary("en")
-    torch.manual_seed(0)
-    arch = get_arch("transformer_tiny")
-    model = build_model(arch.model_name, arch.config, len(vocab), len(vocab), PAD_ID)
-    path = tmp_path_factory.mktemp("plot") / "model.pt"
-    save_checkpoint(path, model_state(model, "transformer_tiny", arch.config, Vocabularies("en", "de", vocab, vocab)))
-    return path
+def checkpoint(untrained_checkpoint):
+    return untrained_checkpoint
 
 
 def png_size(path) -> tuple[int, int]:

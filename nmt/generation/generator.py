@@ -40,6 +40,7 @@ from nmt.generation.ensemble import Ensemble, split_paths
 from nmt.generation.output import Translation, write_translations
 from nmt.generation.search import Hypothesis, SearchOptions, beam_search
 from nmt.generation.streaming import LineReader, is_stream
+from nmt.models.attention_maps import layer_index
 from nmt.log import logger, stderr_console
 from nmt.options import check_values
 from nmt.scoring import AUTO, LOWERCASE_HELP, TOKENIZE_HELP, BleuTokenizer, MetricOptions, MetricResult, score
@@ -319,13 +320,10 @@ def attach_attention(model: nn.Module, vocabs: Vocabularies, sources: list[np.nd
     ``sources`` are the translations' source ids, in the same order. An ensemble aligns with its first model.
     """
     model = model.models[0] if isinstance(model, Ensemble) else model
-    layers = len(model.decoder_layers)
-    layer = options.alignment_layer if options.alignment_layer is not None else max(layers - 1, 1)
-    if layer > layers:
-        raise NmtError(f"--alignment-layer must be between 1 and {layers} for this model, got {layer}")
+    layer = layer_index(options.alignment_layer, len(model.decoder_layers), "--alignment-layer")
     pairs = [(t, h, source) for t, source in zip(translations, sources) for h in t.hypotheses]
     attentions = word_attentions(model, vocabs, [source for _, _, source in pairs], [h.tokens for _, h, _ in pairs],
-                                 layer - 1, device)
+                                 layer, device)
     for t in translations:
         t.attention = []
     for (t, _, _), attention in zip(pairs, attentions):

@@ -17,6 +17,7 @@ from typing import Iterator
 import torch
 from torch import Tensor, nn
 
+from nmt.errors import NmtError
 from nmt.models.attention import MultiHeadAttention
 
 
@@ -47,6 +48,15 @@ def explicit_attention(module: MultiHeadAttention, query: Tensor, key: Tensor, v
     out = weights.to(value.dtype) @ value
     batch, _, length, _ = out.shape
     return module.out_proj(out.transpose(1, 2).reshape(batch, length, -1)), weights
+
+
+def layer_index(layer: int | None, count: int, option: str) -> int:
+    """0-based index of the 1-based ``layer`` of ``count`` (unset: the penultimate, as fairseq aligns and
+    the paper's figures show); ``option`` names it in the error."""
+    chosen = layer if layer is not None else max(count - 1, 1)
+    if not 1 <= chosen <= count:
+        raise NmtError(f"{option} must be between 1 and {count} for this model, got {chosen}")
+    return chosen - 1
 
 
 def _recorder(into: list[Tensor]):

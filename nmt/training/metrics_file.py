@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 from nmt.files import atomic_write
 
@@ -22,15 +22,19 @@ FILE_NAME = "metrics.jsonl"
 
 def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
     """Every whole record of a metrics file, in order (a torn or foreign line is skipped)."""
-    records = []
     with open(path, encoding="utf-8", errors="replace") as handle:
-        for line in handle:
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(record, dict) and "update" in record:
-                records.append(record)
+        return parse_records(handle)
+
+
+def parse_records(lines: Iterable[str]) -> list[dict[str, Any]]:
+    records = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict) and "update" in record:
+            records.append(record)
     return records
 
 
@@ -39,7 +43,7 @@ class MetricsFile:
         self.path = Path(path)
         if self.path.exists():
             text = self.path.read_text(encoding="utf-8", errors="replace")
-            kept = [r for r in read_metrics(self.path) if r["update"] <= resume_update]
+            kept = [r for r in parse_records(text.splitlines()) if r["update"] <= resume_update]
             rewritten = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in kept)
             if rewritten != text:  # only when updates will be replayed (or a line was torn)
                 with atomic_write(self.path) as handle:
