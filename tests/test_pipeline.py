@@ -1,9 +1,11 @@
 """nmt run and nmt demo's recipe: every stage wired to the next."""
 
+from pathlib import Path
+
 import pytest
 import yaml
 
-from conftest import run_cli, run_nmt
+from conftest import MULTI30K, run_cli, run_nmt
 from nmt.checkpoint import load_checkpoint
 from nmt.demo import demo_recipe
 from nmt.demo_data import write_demo_corpus
@@ -82,3 +84,27 @@ def test_train_config_takes_the_recipes_data_dir(tiny_data_dir, tmp_path, monkey
     assert written["train"]["data"] == str(tiny_data_dir) and written["train"]["seed"] == 5
     assert written["model"]["dropout"] == 0.0
     assert load_checkpoint(save_dir / "checkpoint_last.pt")["train_config"] == written
+
+
+@pytest.mark.slow
+def test_the_multi30k_recipe_starts(tmp_path):
+    """The shipped recipe as it is, but for where it reads and writes and a budget of 2 updates:
+    its vocabulary, arch, model and training settings preprocess the corpus and train."""
+    if not (MULTI30K / "train.en.gz").exists():
+        pytest.skip(f"Multi30k not found at {MULTI30K} (the shared data directory is absent)")
+    recipe = yaml.safe_load((Path(__file__).resolve().parents[1] / "recipes" / "multi30k_en_de.yaml").read_text())
+    for split, prefix in (("trainpref", "train"), ("validpref", "val"), ("testpref", "test_2016_flickr")):
+        recipe["preprocess"][split] = str(MULTI30K / prefix)
+    recipe["preprocess"]["destdir"] = str(tmp_path / "data-bin")
+    recipe["train"].update(save_dir=str(tmp_path / "checkpoints"), max_update=2)
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(recipe), encoding="utf-8")
+
+    report = run_recipe(path, ("preprocess", "train"))
+
+    assert report.results["train"].startswith("2 updates")
+    checkpoint = load_checkpoint(tmp_path / "checkpoints" / "checkpoint_last.pt")
+    run_config = checkpoint["train_config"]
+    assert run_config["arch"] == recipe["arch"] and run_config["model"]["dropout"] == recipe["model"]["dropout"]
+    assert run_config["train"]["lr"] == recipe["train"]["lr"]
+    assert run_config["train"]["precision"] in ("fp32", "bf16")  # `auto`, resolved and stored

@@ -1,0 +1,141 @@
+"""Tune a recipe on its validation split and keep a record of every run in one CSV.
+
+    # screening: train a variant for a short budget, average, decode val, append a row
+    python benchmarks/sweep.py train recipes/multi30k_en_de.yaml --name lr1e-3 --set train.lr=0.001 --max-time 15m
+
+    # decoding: the trained run's averaging window x beam x length penalty, on val
+    python benchmarks/sweep.py decode recipes/multi30k_en_de.yaml --average 5,8,10 --beam 4,6 --lenpen 0.6,1.0,1.4
+
+    # the finalist, once, on the test split (the CSV's `split` column says how often test was scored)
+    python benchmarks/sweep.py decode recipes/multi30k_en_de.yaml --split test
+
+Everything is chosen on ``valid``; ``--split test`` is for the final candidates only. A variant
+is the recipe with ``--set SECTION.KEY=VALUE`` overrides (YAML values) and its own save dir under
+``runs/sweep/NAME``; the preprocessed data directory is shared (preprocess finds it up to date).
+Decoding uses the recipe's ``generate:`` settings unless a list is given. Rows are appended to
+``--csv`` (default ``benchmarks/sweep.csv``), so the file is the record of the whole search.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import itertools
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from nmt.checkpoint.averaging import average
+from nmt.device import describe_cpu, resolve_device, resolve_precision
+from nmt.generation.generator import generate
+from nmt.log import setup_logging
+from nmt.pipeline import Plan, plan_recipe, reference_file
+from nmt.scoring import score_files
+from nmt.training.trainer import train
+
+COLUMNS = ("date", "mode", "name", "overrides", "arch", "precision", "updates", "epochs", "train_minutes",
+           "best_val_loss", "average", "beam", "lenpen", "split", "bleu", "chrf", "cpu")
+
+
+def variant(recipe: Path, overrides: list[str], save_dir: Path | None, max_time: str | None) -> Path:
+    """The recipe with ``SECTION.KEY=VALUE`` overrides applied, written beside the run it describes."""
+    document: dict[str, Any] = yaml.safe_load(recipe.read_text()) or {}
+    for item in overrides:
+        key, _, value = item.partition("=")
+        *sections, name = key.split(".")
+        target = document
+        for part in sections:
+            target = target.setdefault(part, {})
+        target[name] = yaml.safe_load(value)
+    if save_dir is not None:
+        document.setdefault("train", {})["save_dir"] = str(save_dir)
+    if max_time is not None:
+        document.setdefault("train", {})["max_time"] = max_time
+    path = (save_dir or Path(tempfile.mkdtemp())) / "recipe.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    return path
+
+
+def decode(plan: Plan, checkpoint: Path, split: str, beam: int, lenpen: float) -> tuple[float, float]:
+    """Cased sacreBLEU and chrF of ``checkpoint`` on ``split``, decoded with the recipe's other settings."""
+    output = Path(checkpoint).parent / f"sweep-{split}-b{beam}-a{lenpen}.hyp"
+    search = dataclasses.replace(plan.generate.search, beam=beam, lenpen=lenpen)
+    options = dataclasses.replace(plan.generate, path=[str(checkpoint)], data=plan.data, split=split, search=search,
+                                  output=str(output), score_reference=False)
+    generate(options, show_progress=False)
+    bleu, chrf = score_files(output, [reference_file(plan.preprocess, split)], ["bleu", "chrf"])
+    return round(bleu.score, 2), round(chrf.score, 2)
+
+
+def averaged(plan: Plan, count: int) -> Path:
+    """The last ``count`` epoch checkpoints of the run, averaged (0: checkpoint_best.pt)."""
+    save_dir = Path(plan.train.save_dir)
+    if count == 0:
+        return save_dir / "checkpoint_best.pt"
+    output = save_dir / f"sweep-average{count}.pt"
+    average([save_dir], output, num_epoch_checkpoints=count)
+    return output
+
+
+def append(path: Path, rows: list[dict[str, Any]]) -> None:
+    new = not path.exists()
+    with path.open("a", newline="") as handle:
+        writer = csv.DictWriter(handle, COLUMNS)
+        if new:
+            writer.writeheader()
+        writer.writerows(rows)
+
+
+def numbers(text: str | None, kind: type) -> list | None:
+    return [kind(item) for item in text.split(",")] if text else None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("mode", choices=("train", "decode"))
+    parser.add_argument("recipe", type=Path)
+    parser.add_argument("--name", default="recipe", help="the run's name (train: its save dir is runs/sweep/NAME)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    parser.add_argument("--max-time", help="train: the screening budget, e.g. 15m (default: the recipe's)")
+    parser.add_argument("--average", help="decode: epoch checkpoints to average, e.g. 0,5,10 (0: checkpoint_best)")
+    parser.add_argument("--beam", help="decode: beam sizes, e.g. 4,6")
+    parser.add_argument("--lenpen", help="decode: GNMT length penalties, e.g. 0.6,1.0")
+    parser.add_argument("--split", default="valid", help="decode: the split to score (test only for finalists)")
+    parser.add_argument("--csv", type=Path, default=Path(__file__).with_name("sweep.csv"))
+    args = parser.parse_args()
+    setup_logging()
+
+    save_dir = Path("runs/sweep") / args.name if args.mode == "train" else None
+    plan = plan_recipe(variant(args.recipe, args.overrides, save_dir, args.max_time))
+    precision, _ = resolve_precision(plan.train.precision, resolve_device(plan.train.device))
+    row = {"date": time.strftime("%Y-%m-%d %H:%M"), "mode": args.mode, "name": args.name,
+           "overrides": " ".join(args.overrides), "arch": plan.train.arch, "precision": precision,
+           "cpu": describe_cpu()}
+    if args.mode == "train":
+        if plan.preprocess is not None:
+            from nmt.data.preprocess import preprocess
+            preprocess(plan.preprocess, show_progress=False)
+        summary = train(plan.train)
+        row.update(updates=summary.updates, epochs=summary.epoch, train_minutes=round(summary.seconds / 60, 1),
+                   best_val_loss=round(summary.best_valid_loss, 4) if summary.best_valid_loss else "")
+    windows = numbers(args.average, int) or [plan.average.num_epoch_checkpoints if plan.average else 0]
+    beams = numbers(args.beam, int) or [plan.generate.search.beam]
+    lenpens = numbers(args.lenpen, float) or [plan.generate.search.lenpen]
+    rows = []
+    for count in windows:
+        checkpoint = averaged(plan, count)
+        for beam, lenpen in itertools.product(beams, lenpens):
+            bleu, chrf = decode(plan, checkpoint, args.split, beam, lenpen)
+            rows.append({**row, "average": count, "beam": beam, "lenpen": lenpen, "split": args.split,
+                         "bleu": bleu, "chrf": chrf})
+            print(f"{args.name}: average {count}, beam {beam}, lenpen {lenpen}: {args.split} BLEU {bleu} chrF {chrf}")
+    append(args.csv, rows)
+
+
+if __name__ == "__main__":
+    main()
