@@ -63,7 +63,7 @@ def variant(recipe: Path, overrides: list[str], save_dir: Path | None, max_time:
 
 def decode(plan: Plan, checkpoint: Path, split: str, beam: int, lenpen: float) -> tuple[float, float]:
     """Cased sacreBLEU and chrF of ``checkpoint`` on ``split``, decoded with the recipe's other settings."""
-    output = Path(checkpoint).parent / f"sweep-{split}-b{beam}-a{lenpen}.hyp"
+    output = Path(checkpoint).with_suffix(f".{split}-b{beam}-a{lenpen}.hyp")
     search = dataclasses.replace(plan.generate.search, beam=beam, lenpen=lenpen)
     options = dataclasses.replace(plan.generate, path=[str(checkpoint)], data=plan.data, split=split, search=search,
                                   output=str(output), score_reference=False)
