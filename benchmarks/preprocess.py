@@ -4,7 +4,7 @@
 
 Prints a table of lines/s (sentence pairs per second of wall time) for the whole command on the
 train split (sentencepiece training, then reading + checking + encoding + writing in chunks), and
-for the streamed reading, checking and encoding alone (both sides; --workers processes encode).
+for the streamed reading, checking and encoding alone (both sides; --workers sentencepiece threads encode).
 Each figure is the best of --repeats runs. benchmarks/scale.py measures larger corpora.
 """
 

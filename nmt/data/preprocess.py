@@ -3,9 +3,9 @@
 Every input file is found first (nmt/data/corpus.py). The text is then streamed, never held
 whole: sentencepiece trains on a stream of the training text, keeping a sample of at most
 ``input_sentence_size`` sentences; each split is read in chunks of pairs, checked as it goes
-(UTF-8, line counts, empty lines, with the file and line), encoded by ``workers`` processes, and
-appended to its token file. Only compact numpy arrays (a length per sentence) grow with the
-corpus. Everything is written into a temporary directory next to ``destdir`` that is renamed into
+(UTF-8, line counts, empty lines, with the file and line), encoded by ``workers`` sentencepiece
+threads while the next chunk is read, and appended to its token file. Only compact numpy arrays
+(a length per sentence) grow with the corpus. Everything is written into a temporary directory next to ``destdir`` that is renamed into
 place at the end, meta.json last: bad input found late, a crash or Ctrl-C never leaves a
 ``destdir`` that DataDir.open accepts. (A run killed outright may leave a hidden ``.NAME.tmp-*``
 directory beside it, which the next run removes.)
@@ -23,9 +23,9 @@ import os
 import re
 import shutil
 import uuid
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from itertools import chain, islice
+from itertools import chain
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Literal, TypeVar
 
@@ -81,7 +81,7 @@ class PreprocessOptions:
         "help": "Drop training pairs whose longer side has over this many times the tokens of the other "
                 "(0 = off, else at least 1).", "min": 0.0})
     workers: int = field(default=1, metadata={
-        "help": "Processes encoding the text (and sentencepiece threads training the model).", "min": 1})
+        "help": "Sentencepiece threads encoding the text and training the model.", "min": 1})
     force: bool = field(default=False, metadata={"help": "Replace a destdir that holds a different dataset."})
     byte_fallback: bool = field(default=True, metadata={
         "help": "Train sentencepiece with byte fallback: a character outside the vocabulary is encoded as its "
@@ -248,34 +248,21 @@ class EncodedSide:
     lengths: np.ndarray
 
 
-def encode_lines(vocab: Vocabulary, lines: list[str]) -> EncodedSide:
+def encode_lines(vocab: Vocabulary, lines: list[str], threads: int = 1) -> EncodedSide:
     """Encode straight into a compact numpy array (Python lists of ids would take ~20x the RAM)."""
-    ids = vocab.encode_batch(lines)
+    ids = vocab.encode_batch(lines, num_threads=threads)
     lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
     tokens = np.fromiter(chain.from_iterable(ids), dtype=smallest_dtype(len(vocab)), count=int(lengths.sum()))
     return EncodedSide(tokens, lengths)
-
-
-_worker_vocabs: tuple[Vocabulary, Vocabulary] | None = None  # (source, target), in each encoding process
-
-
-def _load_worker_vocabs(source_proto: bytes, target_proto: bytes) -> None:
-    global _worker_vocabs
-    _worker_vocabs = (Vocabulary(source_proto), Vocabulary(target_proto))
-
-
-def _encode_chunk(chunk: tuple[list[str], list[str]]) -> tuple[EncodedSide, EncodedSide]:
-    source, target = _worker_vocabs
-    return encode_lines(source, chunk[0]), encode_lines(target, chunk[1])
 
 
 Item = TypeVar("Item")
 Result = TypeVar("Result")
 
 
-def ordered_map(function: Callable[[Item], Result], items: Iterable[Item], pool: ProcessPoolExecutor,
+def ordered_map(function: Callable[[Item], Result], items: Iterable[Item], pool: Executor,
                 ahead: int) -> Iterator[Result]:
-    """``map`` in a pool of processes, in order, with at most ``ahead`` items in flight (bounded memory)."""
+    """``map`` in a pool, in order, with at most ``ahead`` items in flight (bounded memory)."""
     pending: collections.deque = collections.deque()
     try:
         for item in items:
@@ -291,17 +278,15 @@ def ordered_map(function: Callable[[Item], Result], items: Iterable[Item], pool:
 
 def encoded_chunks(split: SplitFiles, vocabs: tuple[Vocabulary, Vocabulary], workers: int,
                    chunk_lines: int) -> Iterator[tuple[EncodedSide, EncodedSide]]:
-    """The split's chunks of pairs, read and checked here and encoded by ``workers`` processes
-    (in this one when the split is a single chunk: starting processes would cost more)."""
-    chunks = read_chunks(split, chunk_lines)
-    first_two = list(islice(chunks, 2))
-    chunks = chain(first_two, chunks)
-    if workers == 1 or len(first_two) < 2:
-        yield from (tuple(encode_lines(vocab, lines) for vocab, lines in zip(vocabs, chunk)) for chunk in chunks)
-        return
-    with ProcessPoolExecutor(workers, initializer=_load_worker_vocabs,
-                             initargs=tuple(vocab.model_proto for vocab in vocabs)) as pool:
-        yield from ordered_map(_encode_chunk, chunks, pool, ahead=2 * workers)
+    """The split's chunks of pairs, read and checked here and encoded by sentencepiece's own
+    ``workers`` threads in a second thread, so the next chunk is read while one is encoded (no
+    processes: the text and the ids never have to be copied between them)."""
+
+    def encode(chunk: tuple[list[str], list[str]]) -> tuple[EncodedSide, EncodedSide]:
+        return encode_lines(vocabs[0], chunk[0], workers), encode_lines(vocabs[1], chunk[1], workers)
+
+    with ThreadPoolExecutor(1) as pool:
+        yield from ordered_map(encode, read_chunks(split, chunk_lines), pool, ahead=2)
 
 
 def drop_reasons(source_lengths: np.ndarray, target_lengths: np.ndarray, max_len: int,
