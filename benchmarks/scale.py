@@ -120,7 +120,7 @@ def startup(data_dir: str, max_tokens: int) -> dict[str, float]:
         composed = time.perf_counter()
         trainer.train_step(first)
         done = time.perf_counter()
-    return {"pairs": len(trainer.train_set), "batches": len(trainer.batches),
+    return {"pairs": len(trainer.data.train_set), "batches": len(trainer.data.batches),
             "open_and_batch_list": data_ready - started, "epoch_batches": composed - built,
             "first_update": done - composed, "total": done - data_ready,  # the trainer: open -> first update
             "baseline_mb": baseline, "data_peak_mb": data_peak,
