@@ -106,8 +106,7 @@ def fairseq_train(fairseq_bin: Path, data: Path, work: Path, args: argparse.Name
     timed = [record for record in records if int(record["num_updates"]) > args.warmup]
     if not timed:
         sys.exit(f"no per-update wps in fairseq's log:\n{output[-3000:]}")
-    return {"tokens_per_second": statistics.median(float(r["wps"]) for r in timed),
-            "tokens_per_batch": statistics.median(float(r["wpb"]) for r in timed), "peak_rss": peak}
+    return {"tokens_per_second": statistics.median(float(r["wps"]) for r in timed), "peak_rss": peak}
 
 
 def nmt_train(data: Path, args: argparse.Namespace) -> dict[str, float]:
@@ -119,8 +118,8 @@ def nmt_train(data: Path, args: argparse.Namespace) -> dict[str, float]:
     config = TrainConfig(data=str(data), arch="transformer_small", save_dir=str(data / "unused"),
                          max_tokens=args.max_tokens, precision=args.precision, lr=1.5e-3, warmup_updates=800)
     run = measure_in_subprocess(config, args.warmup, args.updates, args.threads)
-    return {"tokens_per_second": run["tokens_per_second"], "tokens_per_batch": float("nan"),
-            "peak_rss": run["peak_rss"] * 1024, "precision": run["precision"]}
+    return {"tokens_per_second": run["tokens_per_second"], "peak_rss": run["peak_rss"] * 1024,
+            "precision": run["precision"]}
 
 
 def compare_training(args: argparse.Namespace, console: Console) -> None:

@@ -41,8 +41,8 @@ COLUMNS = ("date", "mode", "name", "overrides", "arch", "precision", "updates", 
            "best_val_loss", "average", "beam", "lenpen", "split", "bleu", "chrf", "cpu")
 
 
-def variant(recipe: Path, overrides: list[str], save_dir: Path | None, max_time: str | None) -> Path:
-    """The recipe with ``SECTION.KEY=VALUE`` overrides applied, written beside the run it describes."""
+def variant(recipe: Path, overrides: list[str], save_dir: Path | None, max_time: str | None) -> dict[str, Any]:
+    """The recipe's document with ``SECTION.KEY=VALUE`` overrides applied."""
     document: dict[str, Any] = yaml.safe_load(recipe.read_text()) or {}
     for item in overrides:
         key, _, value = item.partition("=")
@@ -55,10 +55,19 @@ def variant(recipe: Path, overrides: list[str], save_dir: Path | None, max_time:
         document.setdefault("train", {})["save_dir"] = str(save_dir)
     if max_time is not None:
         document.setdefault("train", {})["max_time"] = max_time
-    path = (save_dir or Path(tempfile.mkdtemp())) / "recipe.yaml"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(document, sort_keys=False))
-    return path
+    return document
+
+
+def plan_variant(document: dict[str, Any], save_dir: Path | None) -> Plan:
+    """Plan the variant; a training variant's recipe stays in its save dir as the record of the run."""
+    if save_dir is None:
+        with tempfile.TemporaryDirectory() as scratch:
+            path = Path(scratch) / "recipe.yaml"
+            path.write_text(yaml.safe_dump(document, sort_keys=False))
+            return plan_recipe(path)
+    save_dir.mkdir(parents=True, exist_ok=True)
+    (save_dir / "recipe.yaml").write_text(yaml.safe_dump(document, sort_keys=False))
+    return plan_recipe(save_dir / "recipe.yaml")
 
 
 def decode(plan: Plan, checkpoint: Path, split: str, beam: int, lenpen: float) -> tuple[float, float]:
@@ -111,7 +120,7 @@ def main() -> None:
     setup_logging()
 
     save_dir = Path("runs/sweep") / args.name if args.mode == "train" else None
-    plan = plan_recipe(variant(args.recipe, args.overrides, save_dir, args.max_time))
+    plan = plan_variant(variant(args.recipe, args.overrides, save_dir, args.max_time), save_dir)
     precision, _ = resolve_precision(plan.train.precision, resolve_device(plan.train.device))
     row = {"date": time.strftime("%Y-%m-%d %H:%M"), "mode": args.mode, "name": args.name,
            "overrides": " ".join(args.overrides), "arch": plan.train.arch, "precision": precision,

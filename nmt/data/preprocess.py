@@ -5,8 +5,8 @@ whole: sentencepiece trains on a stream of the training text, keeping a sample o
 ``input_sentence_size`` sentences; each split is read in chunks of pairs, checked as it goes
 (UTF-8, line counts, empty lines, with the file and line), encoded by ``workers`` sentencepiece
 threads while the next chunk is read, and appended to its token file. Only compact numpy arrays
-(a length per sentence) grow with the corpus. Everything is written into a temporary directory next to ``destdir`` that is renamed into
-place at the end, meta.json last: bad input found late, a crash or Ctrl-C never leaves a
+(a length per sentence) grow with the corpus. Everything is written into a temporary directory
+next to ``destdir`` that is renamed into place at the end, meta.json last: bad input found late, a crash or Ctrl-C never leaves a
 ``destdir`` that DataDir.open accepts. (A run killed outright may leave a hidden ``.NAME.tmp-*``
 directory beside it, which the next run removes.)
 
