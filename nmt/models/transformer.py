@@ -259,6 +259,12 @@ def transformer_small() -> TransformerConfig:
     return TransformerConfig(encoder_layers=3, decoder_layers=3, d_model=256, ffn_dim=1024, heads=4, dropout=0.1)
 
 
+@register_arch("transformer", "transformer_multi30k")
+def transformer_multi30k() -> TransformerConfig:
+    """Narrow and deep for ~30k sentence pairs: the shape Wu et al. (2021) use on Multi30k."""
+    return TransformerConfig(encoder_layers=4, decoder_layers=4, d_model=128, ffn_dim=256, heads=4, dropout=0.3)
+
+
 @register_arch("transformer", "transformer_tiny")
 def transformer_tiny() -> TransformerConfig:
     """For tests and the demo: trains in seconds on a CPU."""
