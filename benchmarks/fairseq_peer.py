@@ -40,8 +40,11 @@ from rich.table import Table
 
 from nmt.data.vocabulary import Vocabulary
 from nmt.device import describe_cpu
+from nmt.training.config import TrainConfig
 
-MULTI30K = Path(os.environ.get("NMT_MULTI30K", Path(__file__).resolve().parents[2] / "shared/data/multi30k"))
+sys.path.insert(0, str(Path(__file__).parent))
+from train_speed import MULTI30K, build_multi30k, measure_in_subprocess  # noqa: E402  (a sibling script)
+
 SHAPE = ["--arch", "transformer", "--encoder-layers", "3", "--decoder-layers", "3", "--encoder-embed-dim", "256",
          "--decoder-embed-dim", "256", "--encoder-ffn-embed-dim", "1024", "--decoder-ffn-embed-dim", "1024",
          "--encoder-attention-heads", "4", "--decoder-attention-heads", "4", "--share-all-embeddings",
@@ -110,11 +113,6 @@ def fairseq_train(fairseq_bin: Path, data: Path, work: Path, args: argparse.Name
 
 
 def nmt_train(data: Path, args: argparse.Namespace) -> dict[str, float]:
-    sys.path.insert(0, str(Path(__file__).parent))
-    from train_speed import measure_in_subprocess
-
-    from nmt.training.config import TrainConfig
-
     config = TrainConfig(data=str(data), arch="transformer_small", save_dir=str(data / "unused"),
                          max_tokens=args.max_tokens, precision=args.precision, lr=1.5e-3, warmup_updates=800)
     run = measure_in_subprocess(config, args.warmup, args.updates, args.threads)
@@ -125,11 +123,7 @@ def nmt_train(data: Path, args: argparse.Namespace) -> dict[str, float]:
 def compare_training(args: argparse.Namespace, console: Console) -> None:
     with tempfile.TemporaryDirectory(prefix="nmt-fairseq-") as scratch:
         work = Path(scratch)
-        nmt_data = work / "nmt-bin"
-        subprocess.run([sys.executable, "-m", "nmt", "preprocess", "--source-lang", "en", "--target-lang", "de",
-                        "--trainpref", str(MULTI30K / "train"), "--validpref", str(MULTI30K / "val"),
-                        "--destdir", str(nmt_data), "--vocab-size", str(args.vocab_size), "--workers", "1",
-                        "--quiet"], check=True)
+        nmt_data = Path(build_multi30k(work, args.vocab_size))
         vocab = Vocabulary.load(nmt_data / "spm.model")
         fairseq_bin_data = fairseq_data(args.fairseq_bin, vocab, work)
         table = Table(title=f"training, transformer_small shape, Multi30k, max_tokens {args.max_tokens}, "

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
+import os
 import resource
 import sys
 import tempfile
@@ -35,15 +36,15 @@ from nmt.training.distributed import DistributedContext
 from nmt.training.iterator import EpochIterator
 from nmt.training.trainer import Trainer, train
 
-MULTI30K = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
+MULTI30K = Path(os.environ.get("NMT_MULTI30K", Path(__file__).resolve().parents[2] / "shared/data/multi30k"))
 
 
-def build_multi30k(directory: Path) -> str:
+def build_multi30k(directory: Path, vocab_size: int = 8000) -> str:
     if not MULTI30K.is_dir():
-        sys.exit(f"Multi30k not found at {MULTI30K}")
+        sys.exit(f"Multi30k not found at {MULTI30K} (set NMT_MULTI30K)")
     options = PreprocessOptions(source_lang="en", target_lang="de", destdir=str(directory / "multi30k"),
-                                trainpref=str(MULTI30K / "train"), validpref=str(MULTI30K / "val"), vocab_size=8000,
-                                workers=2)
+                                trainpref=str(MULTI30K / "train"), validpref=str(MULTI30K / "val"),
+                                vocab_size=vocab_size, workers=2)
     return str(preprocess(options, show_progress=False).path)
 
 
