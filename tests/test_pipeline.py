@@ -10,6 +10,7 @@ from nmt.checkpoint import load_checkpoint
 from nmt.demo import demo_recipe
 from nmt.demo_data import write_demo_corpus
 from nmt.errors import NmtError
+from nmt.models.registry import get_arch
 from nmt.pipeline import run_recipe
 
 
@@ -105,6 +106,8 @@ def test_the_multi30k_recipe_starts(tmp_path):
     assert report.results["train"].startswith("2 updates")
     checkpoint = load_checkpoint(tmp_path / "checkpoints" / "checkpoint_last.pt")
     run_config = checkpoint["train_config"]
-    assert run_config["arch"] == recipe["arch"] and run_config["model"]["dropout"] == recipe["model"]["dropout"]
+    arch = get_arch(recipe["arch"])
+    expected_dropout = recipe.get("model", {}).get("dropout", arch.config.dropout)  # the recipe's, else the arch's
+    assert run_config["arch"] == recipe["arch"] and run_config["model"]["dropout"] == expected_dropout
     assert run_config["train"]["lr"] == recipe["train"]["lr"]
     assert run_config["train"]["precision"] in ("fp32", "bf16")  # `auto`, resolved and stored
