@@ -104,9 +104,12 @@ def assert_one_line_error(stderr: str | subprocess.CompletedProcess, *expected: 
 
 
 def tiny_config(data_dir, save_dir, **options) -> TrainConfig:
-    """transformer_tiny on the tiny numbers task: 300 pairs, 9 batches of <= 1000 tokens per epoch."""
+    """transformer_tiny on the tiny numbers task: 300 pairs, 9 batches of <= 1000 tokens per epoch.
+
+    On the CPU in fp32 unless a test asks otherwise: tests that compare numbers (resume, gradient
+    accumulation, several processes) must not change with the machine's GPU or bf16 instructions."""
     values = {"data": str(data_dir), "arch": "transformer_tiny", "save_dir": str(save_dir), "max_tokens": 1000,
-              "lr": 3e-3, "warmup_updates": 10, "log_interval": 5}
+              "lr": 3e-3, "warmup_updates": 10, "log_interval": 5, "device": "cpu", "precision": "fp32"}
     values.update(options)
     return load_train_config(values)
 

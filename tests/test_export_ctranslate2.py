@@ -169,7 +169,7 @@ def test_cli_int8_export_loads_and_translates(trained, exported, tmp_path, monke
 def test_cli_generate_from_a_checkpoint_equals_nmts_output(trained, monkeypatch, capsys):
     text = "".join(s + "\n" for s, _ in numbers_pairs(15, 3))
     outputs = [run_cli(monkeypatch, capsys, "generate", "-i", "-", "--path", str(trained), "--lenpen", "0",
-                       "--engine", engine, stdin=text)[1] for engine in ("nmt", "ctranslate2")]
+                       "--precision", "fp32", "--engine", engine, stdin=text)[1] for engine in ("nmt", "ctranslate2")]
     assert len(outputs[0].splitlines()) == 15 and outputs[1] == outputs[0]
 
 

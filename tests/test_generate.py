@@ -14,7 +14,7 @@ from nmt.checkpoint import Vocabularies, model_state, save_checkpoint
 from nmt.data.dataset import DataDir
 from nmt.data.vocabulary import EOS_ID, PAD_ID
 from nmt.errors import NmtError
-from nmt.generation.generator import GenerateOptions, generate, prepare_model, translate_ids
+from nmt.generation.generator import GenerateOptions, generate, inference_device, prepare_model, translate_ids
 from nmt.options import build
 from nmt.models.registry import build_model, get_arch, resolve_config
 from nmt.scoring import MetricOptions, score
@@ -189,14 +189,23 @@ def test_sampling_is_reproducible_through_generate(checkpoint, tmp_path):
 
 
 def test_int8_quantization_runs_and_mostly_agrees(checkpoint, data_dir):
-    fp32 = generate(options(checkpoint, data=str(data_dir), output="/dev/null"))
-    int8 = generate(options(checkpoint, data=str(data_dir), quantize="int8", output="/dev/null"))
+    fp32 = generate(options(checkpoint, data=str(data_dir), precision="fp32", output="/dev/null"))
+    int8 = generate(options(checkpoint, data=str(data_dir), quantize="int8", output="/dev/null"))  # precision auto
     model, _ = prepare_model(checkpoint, torch.device("cpu"), "int8")
     quantized = [m for m in model.modules() if isinstance(m, torch.ao.nn.quantized.dynamic.Linear)]
     assert len(quantized) == 2 * (4 + 2) + 2 * (4 + 4 + 2) + 1  # every linear layer of both stacks
     assert model.output_layer in quantized  # the output projection too
     agree = sum(a == b for a, b in zip(best_tokens(fp32), best_tokens(int8)))
     assert agree >= len(fp32.translations) // 2
+
+
+def test_int8_decodes_on_the_cpu_in_fp32_whatever_auto_would_pick():
+    # auto resolves to bf16 on CPUs with avx512_bf16: int8 layers cannot take bf16 inputs.
+    assert inference_device("auto", "auto", "int8")[:2] == (torch.device("cpu"), "fp32")
+    with pytest.raises(NmtError, match="int8 computes in fp32"):
+        inference_device("auto", "bf16", "int8")
+    with pytest.raises(NmtError, match="int8 is for CPU"):
+        inference_device("cuda", "auto", "int8")
 
 
 def test_bf16_generation_runs_on_cpu(checkpoint, data_dir):

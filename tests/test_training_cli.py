@@ -19,7 +19,7 @@ from conftest import assert_one_line_error, assert_same_weights, run_nmt, tiny_c
 pytestmark = pytest.mark.slow  # training in other processes
 
 TINY = ["--arch", "transformer_tiny", "--max-tokens", "1000", "--lr", "3e-3", "--warmup-updates", "10",
-        "--log-interval", "5"]
+        "--log-interval", "5", "--device", "cpu", "--precision", "fp32"]  # as tiny_config: resumed by it
 
 
 def start_nmt(*args: str) -> subprocess.Popen:

@@ -43,6 +43,7 @@ from nmt.data.vocabulary import BOS_ID, EOS_ID, PAD_ID
 from nmt.errors import NmtError
 from nmt.export.ctranslate2 import ExportOptions, export_ctranslate2, import_ctranslate2, load_vocabularies
 from nmt.generation.search import Hypothesis, max_lengths
+from nmt.log import logger
 
 if TYPE_CHECKING:
     import ctranslate2
@@ -56,10 +57,16 @@ def check_options(options: GenerateOptions) -> None:
                        "--lenpen 0); GNMT's ((5+|Y|)/6)^alpha cannot be expressed in CTranslate2")
 
 
-def compute_type(options: GenerateOptions) -> str:
+def compute_type(options: GenerateOptions, device: torch.device) -> tuple[str, str]:
+    """CTranslate2's compute type for ``--quantize`` / ``--precision``, and why. ``auto`` asks
+    CTranslate2 itself, whose kernels decide: it refuses bfloat16 on CPUs where nmt's autocast runs it."""
     if options.quantize == "int8":
-        return "int8"
-    return {"bf16": "bfloat16", "fp16": "float16"}.get(options.precision, "default")
+        return "int8", "--quantize int8"
+    if options.precision == "auto":
+        if "bfloat16" in import_ctranslate2().get_supported_compute_types(device.type):
+            return "bfloat16", f"CTranslate2 runs bfloat16 on this {device.type}"
+        return "default", f"CTranslate2 has no bfloat16 on this {device.type}: the export's own type"
+    return {"bf16": "bfloat16", "fp16": "float16"}.get(options.precision, "default"), f"--precision {options.precision}"
 
 
 def load_ctranslate2(options: GenerateOptions, device: torch.device) -> tuple[TranslateSources, Vocabularies]:
@@ -67,7 +74,9 @@ def load_ctranslate2(options: GenerateOptions, device: torch.device) -> tuple[Tr
     check_options(options)
     if len(options.path) != 1 or ":" in options.path[0] and not Path(options.path[0]).exists():
         raise NmtError("--engine ctranslate2 decodes with one model: give one --path (ensembles need --engine nmt)")
-    translator, vocabs = open_translator(Path(options.path[0]), device, compute_type(options))
+    compute, reason = compute_type(options, device)
+    logger.info("CTranslate2 compute type: %s (%s)", compute, reason)
+    translator, vocabs = open_translator(Path(options.path[0]), device, compute)
     return lambda sources, progress: translate_ids_ctranslate2(translator, vocabs, sources, options, progress), vocabs
 
 

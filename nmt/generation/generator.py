@@ -89,7 +89,7 @@ class GenerateOptions:
         "min": 1})
     print_attention: str | None = field(default=None, metadata={
         "help": "Write each best translation's word-level soft attention to this JSON-lines file."})
-    device: str = field(default="cpu", metadata={"help": "cpu, cuda, cuda:N or auto (the GPU when there is one)."})
+    device: str = field(default="auto", metadata={"help": "auto (the GPU when there is one), cpu, cuda or cuda:N."})
     precision: Precision = field(default="auto", metadata={
         "help": "Autocast precision; auto: bf16 where the hardware runs it natively (bf16 GPUs, CPUs with "
                 "avx512_bf16 or amx_bf16), else fp32."})
@@ -112,8 +112,7 @@ class GenerateOptions:
         check_values(self)
         if (self.data is None) == (self.input is None):
             raise NmtError("give either DATA_DIR (with --split) or --input FILE|-")
-        if self.quantize == "int8" and self.device != "cpu":
-            raise NmtError("--quantize int8 is for CPU inference (dynamic quantization); use --precision on GPU")
+        inference_device(self.device, self.precision, self.quantize, self.engine)  # a bad combination fails here
         if self.alignment_layer is not None and not (self.print_alignment or self.print_attention):
             raise NmtError("--alignment-layer applies with --print-alignment or --print-attention")
         if self.engine == "ctranslate2" and (self.print_alignment or self.print_attention):
@@ -129,6 +128,24 @@ class GenerateResult:
     scores: list[MetricResult]  # BLEU against the reference, with --score-reference
     seconds: float  # translation time, loading excluded
     output_tokens: int  # tokens of the best hypotheses, EOS included
+
+
+def inference_device(device: str, precision: str, quantize: str, engine: str = "nmt") -> tuple[torch.device, str, str]:
+    """Where and in which precision to decode, and why. int8 (dynamic quantization) runs on the CPU
+    and computes in fp32, so ``auto`` resolves to cpu/fp32 for it and bf16/fp16 are refused.
+    CTranslate2 resolves ``auto`` itself (its kernels, not torch's, decide what runs natively)."""
+    if quantize == "int8":
+        if device not in ("cpu", "auto"):
+            raise NmtError("--quantize int8 is for CPU inference (dynamic quantization); use --precision on GPU")
+        if precision not in ("auto", "fp32"):
+            raise NmtError(f"--quantize int8 computes in fp32: give --precision fp32 or auto, not {precision}")
+        return torch.device("cpu"), "fp32", "int8 layers compute in fp32"
+    resolved = resolve_device(device)
+    if engine == "ctranslate2":
+        return resolved, precision, "CTranslate2 chooses its compute type"
+    precision, reason = resolve_precision(precision, resolved)
+    autocast(resolved, precision)  # an impossible precision fails before the model is loaded
+    return resolved, precision, reason
 
 
 def prepare_model(checkpoint_path: str | Path | list[str], device: torch.device, quantize: str = "none"
@@ -342,10 +359,8 @@ def generate(options: GenerateOptions, show_progress: bool = True) -> GenerateRe
 
     Raw text from a pipe or terminal to stdout is translated as it arrives (``buffer_size``
     lines at a time, or what is waiting); files are read whole and batched by length."""
-    device = resolve_device(options.device)
-    precision, reason = resolve_precision(options.precision, device)
+    device, precision, reason = inference_device(options.device, options.precision, options.quantize, options.engine)
     options = dataclasses.replace(options, precision=precision)
-    autocast(device, precision)  # an impossible precision fails before the model is loaded
     engine = load_engine(options, device)
     vocabs = engine.vocabs
     start = time.perf_counter()

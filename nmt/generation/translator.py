@@ -20,9 +20,9 @@ import torch
 from torch import nn
 
 from nmt.checkpoint import Vocabularies
-from nmt.device import autocast, resolve_device, resolve_precision
 from nmt.errors import NmtError
-from nmt.generation.generator import BatchingOptions, GenerateOptions, encode_sources, prepare_model, translate_ids
+from nmt.generation.generator import (BatchingOptions, GenerateOptions, encode_sources, inference_device, prepare_model,
+                                     translate_ids)
 from nmt.generation.search import Hypothesis, SearchOptions
 from nmt.log import logger
 from nmt.options import build, options_of
@@ -52,15 +52,11 @@ class Translator:
     def from_checkpoint(cls, path: str | Path, device: str = "auto", precision: str = GenerateOptions.precision,
                         quantize: str | None = None) -> Translator:
         """Load a checkpoint (``a.pt:b.pt`` for an ensemble) for ``device`` (auto, cpu, cuda, cuda:N)."""
-        resolved = resolve_device(device)
-        precision, reason = resolve_precision(precision, resolved)
-        autocast(resolved, precision)  # an impossible precision fails before the model is loaded
-        logger.debug("precision: %s (%s)", precision, reason)
         quantize = quantize or "none"
         if quantize not in ("none", "int8"):
             raise NmtError(f"unknown quantization {quantize!r}; use int8 or None")
-        if quantize == "int8" and resolved.type != "cpu":
-            raise NmtError("int8 quantization is for CPU inference; use precision on GPU")
+        resolved, precision, reason = inference_device(device, precision, quantize)
+        logger.debug("precision: %s (%s)", precision, reason)
         model, vocabs = prepare_model(str(path), resolved, quantize)
         return cls(model, vocabs, resolved, precision, quantize, str(path))
 

@@ -50,7 +50,7 @@ class ServeOptions:
                                               "max": 65535})
     api_key: str | None = field(default=None, metadata={
         "help": f"Require this key on every request (Authorization: Bearer KEY or X-API-Key); env {API_KEY_ENV}."})
-    device: str = field(default=GenerateOptions.device, metadata={"help": "cpu, cuda, cuda:N or auto."})
+    device: str = field(default=GenerateOptions.device, metadata={"help": "auto (the GPU when there is one), cpu, cuda or cuda:N."})
     precision: Precision = field(default=GenerateOptions.precision, metadata={"help": "Autocast precision."})
     quantize: Literal["none", "int8"] = field(default=GenerateOptions.quantize, metadata={
         "help": "CPU only: int8 dynamic quantization."})
