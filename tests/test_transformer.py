@@ -170,3 +170,23 @@ def test_bf16_autocast_runs_on_cpu():
         logits = model(random_tokens(2, 5), random_tokens(2, 4))
     assert logits.dtype == torch.bfloat16
     assert torch.isfinite(logits.float()).all()
+
+
+def test_bf16_decoding_on_cpu_caches_and_attends_in_fp32():
+    """torch's CPU attention kernel is slow in bf16 for one query: the decoding steps keep their
+    keys and values in fp32 and attend in fp32, while the projections stay bf16."""
+    from nmt.device import autocast
+
+    model = make_model()
+    src = random_tokens(2, 7)
+    prev = torch.cat([torch.full((2, 1), BOS_ID), random_tokens(2, 4, seed=2)], dim=1)
+    with torch.inference_mode(), autocast(torch.device("cpu"), "bf16"):
+        encoder_out = model.encode(src)
+        cache = model.new_cache()
+        steps = torch.cat([model.decode(prev[:, t:t + 1], encoder_out, cache) for t in range(prev.size(1))], dim=1)
+    assert all(k.dtype == v.dtype == torch.float32 for k, v in encoder_out.memory)
+    assert all(buffer.dtype == torch.float32 for layer in cache.layers for buffer in layer.buffers)
+    assert steps.dtype == torch.bfloat16  # the output projection still computes in bf16
+    with torch.inference_mode():
+        exact = model.decode(prev, model.encode(src))
+    torch.testing.assert_close(steps.float(), exact, rtol=0, atol=0.1)

@@ -44,9 +44,12 @@ class MultiHeadAttention(nn.Module):
         ``mask`` is boolean, broadcastable to (B, H, T, S), True where attention is allowed.
         """
         q = self.split_heads(self.q_proj(query))
-        with sdpa_kernel(CUDA_BACKENDS) if q.is_cuda else contextlib.nullcontext():
-            out = F.scaled_dot_product_attention(q, key, value, attn_mask=mask, is_causal=is_causal,
-                                                 dropout_p=self.dropout if self.training else 0.0)
+        if q.device.type == "cpu" and q.size(2) == 1 and q.dtype == torch.bfloat16:
+            out = one_query_attention_fp32(q, key, value, mask)
+        else:
+            with sdpa_kernel(CUDA_BACKENDS) if q.is_cuda else contextlib.nullcontext():
+                out = F.scaled_dot_product_attention(q, key, value, attn_mask=mask, is_causal=is_causal,
+                                                     dropout_p=self.dropout if self.training else 0.0)
         batch, _, length, _ = out.shape
         return self.out_proj(out.transpose(1, 2).reshape(batch, length, -1))
 
@@ -56,3 +59,15 @@ def causal_mask(new: int, past: int, device: torch.device) -> Tensor:
     rows = torch.arange(new, device=device)[:, None] + past
     cols = torch.arange(past + new, device=device)[None, :]
     return cols <= rows
+
+
+def one_query_attention_fp32(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None) -> Tensor:
+    """Attention of one new position (a decoding step) on CPU under bf16, computed in fp32.
+
+    torch's CPU attention kernel is about twice as slow in bf16 as in fp32 for a single query
+    (docs/performance.md); keys and values cached in fp32 (the decoder cache and the encoder's
+    memory do that on CPU) make the fp32 call free of casts but the query's.
+    """
+    with torch.autocast("cpu", enabled=False):
+        out = F.scaled_dot_product_attention(query.float(), key.float(), value.float(), attn_mask=mask)
+    return out.to(query.dtype)

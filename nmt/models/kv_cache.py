@@ -38,12 +38,18 @@ class KeyValueCache:
         """Room for at least ``needed`` positions, doubling so that growth costs O(1) per step."""
         capacity = max(needed, 2 * self.buffers[0].size(0) if self.buffers else 16)
         rows, heads, _, head_dim = like.shape
-        fresh = tuple(like.new_empty(capacity, rows, heads, head_dim) for _ in range(2))
+        fresh = tuple(like.new_empty(capacity, rows, heads, head_dim, dtype=self.dtype(like)) for _ in range(2))
         if self.buffers is not None:
             for old, new in zip(self.buffers, fresh):
                 new[:self.length] = old[:self.length]
         self.buffers = fresh
-        self.spares = tuple(like.new_empty(capacity, rows, heads, head_dim) for _ in range(2))
+        self.spares = tuple(like.new_empty(capacity, rows, heads, head_dim, dtype=self.dtype(like)) for _ in range(2))
+
+    @staticmethod
+    def dtype(like: Tensor) -> torch.dtype:
+        """fp32 on CPU whatever the projections compute in: one-query attention runs in fp32 there
+        (nmt.models.attention.one_query_attention_fp32), so bf16 keys are widened once, when written."""
+        return torch.float32 if like.device.type == "cpu" else like.dtype
 
     def reorder(self, indices: Tensor) -> None:
         """Row i becomes old row ``indices[i]``: the surviving beams' origins."""

@@ -207,6 +207,8 @@ class Transformer(nn.Module):
             x = layer(x, key_mask)
         states = self.encoder_norm(x)
         memory = tuple(layer.cross_attn.project_kv(states) for layer in self.decoder_layers)
+        if not self.training and states.device.type == "cpu":  # decoding steps attend in fp32 on CPU (see
+            memory = tuple((k.float(), v.float()) for k, v in memory)  # one_query_attention_fp32): widen once
         return EncoderOut(states, padding_mask, memory)
 
     def decode(self, prev_output_tokens: Tensor, encoder_out: EncoderOut, cache: DecoderCache | None = None) -> Tensor:
