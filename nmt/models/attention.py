@@ -44,12 +44,13 @@ class MultiHeadAttention(nn.Module):
         ``mask`` is boolean, broadcastable to (B, H, T, S), True where attention is allowed.
         """
         q = self.split_heads(self.q_proj(query))
-        if q.device.type == "cpu" and q.size(2) == 1 and q.dtype == torch.bfloat16:
-            out = one_query_attention_fp32(q, key, value, mask)
+        dropout = self.dropout if self.training else 0.0
+        if q.device.type == "cpu" and q.dtype == torch.bfloat16:
+            out = cpu_attention_in_fp32(q, key, value, mask, is_causal, dropout)
         else:
             with sdpa_kernel(CUDA_BACKENDS) if q.is_cuda else contextlib.nullcontext():
                 out = F.scaled_dot_product_attention(q, key, value, attn_mask=mask, is_causal=is_causal,
-                                                     dropout_p=self.dropout if self.training else 0.0)
+                                                     dropout_p=dropout)
         batch, _, length, _ = out.shape
         return self.out_proj(out.transpose(1, 2).reshape(batch, length, -1))
 
@@ -61,13 +62,16 @@ def causal_mask(new: int, past: int, device: torch.device) -> Tensor:
     return cols <= rows
 
 
-def one_query_attention_fp32(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None) -> Tensor:
-    """Attention of one new position (a decoding step) on CPU under bf16, computed in fp32.
+def cpu_attention_in_fp32(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None, is_causal: bool,
+                          dropout: float) -> Tensor:
+    """Attention on CPU under bf16, computed in fp32; the projections around it stay bf16.
 
-    torch's CPU attention kernel is about twice as slow in bf16 as in fp32 for a single query
-    (docs/performance.md); keys and values cached in fp32 (the decoder cache and the encoder's
-    memory do that on CPU) make the fp32 call free of casts but the query's.
+    torch's CPU attention kernel is much slower in bf16 than in fp32 on CPUs with avx512_bf16:
+    5x in training's backward pass and 2x for decoding's one-query steps (docs/performance.md),
+    far more than the casts of queries, keys and values cost. The decoder cache and the encoder's
+    keys/values for decoding are kept in fp32 on CPU, so that decoding casts only the query.
     """
     with torch.autocast("cpu", enabled=False):
-        out = F.scaled_dot_product_attention(query.float(), key.float(), value.float(), attn_mask=mask)
+        out = F.scaled_dot_product_attention(query.float(), key.float(), value.float(), attn_mask=mask,
+                                             is_causal=is_causal, dropout_p=dropout)
     return out.to(query.dtype)

@@ -48,7 +48,7 @@ class KeyValueCache:
     @staticmethod
     def dtype(like: Tensor) -> torch.dtype:
         """fp32 on CPU whatever the projections compute in: one-query attention runs in fp32 there
-        (nmt.models.attention.one_query_attention_fp32), so bf16 keys are widened once, when written."""
+        (nmt.models.attention.cpu_attention_in_fp32), so bf16 keys are widened once, when written."""
         return torch.float32 if like.device.type == "cpu" else like.dtype
 
     def reorder(self, indices: Tensor) -> None:

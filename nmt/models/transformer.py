@@ -208,7 +208,7 @@ class Transformer(nn.Module):
         states = self.encoder_norm(x)
         memory = tuple(layer.cross_attn.project_kv(states) for layer in self.decoder_layers)
         if not self.training and states.device.type == "cpu":  # decoding steps attend in fp32 on CPU (see
-            memory = tuple((k.float(), v.float()) for k, v in memory)  # one_query_attention_fp32): widen once
+            memory = tuple((k.float(), v.float()) for k, v in memory)  # cpu_attention_in_fp32): widen once
         return EncoderOut(states, padding_mask, memory)
 
     def decode(self, prev_output_tokens: Tensor, encoder_out: EncoderOut, cache: DecoderCache | None = None) -> Tensor:
