@@ -214,3 +214,22 @@ def test_bf16_training_on_cpu_attends_in_fp32(monkeypatch):
     logits.float().sum().backward()
     assert seen and all(dtypes == (torch.float32,) * 3 for dtypes in seen)
     assert model.encoder_layers[0].self_attn.q_proj.weight.grad is not None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_dropout_drops_p_and_rescales_the_rest(dtype):
+    from nmt.models.transformer import Dropout
+
+    torch.manual_seed(0)
+    dropout = Dropout(0.3)
+    x = torch.ones(400, 500, dtype=dtype, requires_grad=True)
+    y = dropout(x)
+    dropped = (y == 0).float().mean().item()
+    assert abs(dropped - 0.3) < 0.005
+    kept = y[y != 0].float()
+    torch.testing.assert_close(kept, torch.full_like(kept, 1 / 0.7), rtol=4e-3, atol=0)
+    assert y.dtype == dtype
+    y.float().sum().backward()
+    assert torch.equal(x.grad != 0, y != 0)  # the gradient flows through the kept positions only
+    assert torch.equal(dropout.eval()(x), x)
+    assert torch.equal(Dropout(0.0).train()(x), x)
