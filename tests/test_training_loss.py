@@ -4,61 +4,114 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import nmt.training.loss as loss_module
 from nmt.training.loss import label_smoothed_cross_entropy
 
 PAD = 0
 
 
+def reference(states, weight, target, epsilon):
+    """autograd through F.cross_entropy over the whole logits matrix: what the fused loss replaces."""
+    logits = F.linear(states, weight).float().reshape(-1, weight.size(0))
+    loss = F.cross_entropy(logits, target.reshape(-1), ignore_index=PAD, label_smoothing=epsilon, reduction="sum")
+    nll = F.cross_entropy(logits, target.reshape(-1), ignore_index=PAD, reduction="sum")
+    return loss, nll
+
+
 def test_matches_a_hand_computed_value():
     # One real token over a vocabulary of 3 with logits (0, ln 2, ln 5): p = (1/8, 2/8, 5/8).
-    logits = torch.log(torch.tensor([[[1.0, 2.0, 5.0]]]))
+    states = torch.ones(1, 1, 1)
+    weight = torch.log(torch.tensor([[1.0], [2.0], [5.0]]))
     target = torch.tensor([[2]])
     epsilon = 0.1
     # q = 0.9 on token 2 plus 0.1/3 on every token: loss = -sum q log p.
     expected = -(0.9 * math.log(5 / 8) + (0.1 / 3) * (math.log(1 / 8) + math.log(2 / 8) + math.log(5 / 8)))
-    loss, nll = label_smoothed_cross_entropy(logits, target, epsilon, ignore_index=PAD)
+    loss, nll = label_smoothed_cross_entropy(states, weight, target, epsilon, ignore_index=PAD)
     assert loss.item() == pytest.approx(expected, rel=1e-6)
     assert nll.item() == pytest.approx(-math.log(5 / 8), rel=1e-6)
 
 
 def test_padding_is_ignored_and_agrees_with_torch():
     torch.manual_seed(0)
-    logits = torch.randn(2, 4, 7)
+    states, weight = torch.randn(2, 4, 5), torch.randn(7, 5)
     target = torch.tensor([[3, 4, 5, PAD], [6, PAD, PAD, PAD]])
-    loss, nll = label_smoothed_cross_entropy(logits, target, 0.1, ignore_index=PAD)
-    reference = F.cross_entropy(logits.view(-1, 7), target.view(-1), ignore_index=PAD, label_smoothing=0.1,
-                                reduction="sum")
-    assert loss.item() == pytest.approx(reference.item(), rel=1e-6)
-    assert nll.item() == pytest.approx(F.cross_entropy(logits.view(-1, 7), target.view(-1), ignore_index=PAD,
-                                                       reduction="sum").item(), rel=1e-6)
-    # Changing the logits at padding positions changes nothing.
-    changed = logits.clone()
+    loss, nll = label_smoothed_cross_entropy(states, weight, target, 0.1, ignore_index=PAD)
+    expected_loss, expected_nll = reference(states, weight, target, 0.1)
+    assert loss.item() == pytest.approx(expected_loss.item(), rel=1e-6)
+    assert nll.item() == pytest.approx(expected_nll.item(), rel=1e-6)
+    # Changing the states at padding positions changes nothing.
+    changed = states.clone()
     changed[0, 3] += 100.0
     changed[1, 1:] -= 50.0
-    assert label_smoothed_cross_entropy(changed, target, 0.1, PAD)[0].item() == pytest.approx(loss.item(), rel=1e-6)
+    assert label_smoothed_cross_entropy(changed, weight, target, 0.1, PAD)[0].item() == pytest.approx(loss.item(),
+                                                                                                        rel=1e-6)
 
 
-def test_no_smoothing_is_plain_cross_entropy_and_bf16_logits_are_computed_in_float32():
+@pytest.mark.parametrize("chunk_rows", [1, 3, 1000])
+@pytest.mark.parametrize("epsilon", [0.0, 0.1])
+def test_hand_written_gradients_equal_autograd_whatever_the_chunking(monkeypatch, epsilon, chunk_rows):
+    vocabulary = 13
+    monkeypatch.setattr(loss_module, "CHUNK_ELEMENTS", chunk_rows * vocabulary)
+    torch.manual_seed(2)
+    states, weight = torch.randn(2, 5, 4, dtype=torch.float64), torch.randn(vocabulary, 4, dtype=torch.float64)
+    target = torch.randint(1, vocabulary, (2, 5))
+    target[1, 3:] = PAD
+    ours = states.clone().requires_grad_(), weight.clone().requires_grad_()
+    loss, nll = label_smoothed_cross_entropy(*ours, target, epsilon, PAD)
+    (loss * 3.0).backward()
+    theirs = states.clone().requires_grad_(), weight.clone().requires_grad_()
+    expected_loss, expected_nll = reference(*theirs, target, epsilon)
+    (expected_loss * 3.0).backward()
+    close = dict(rtol=1e-5, atol=1e-6)  # log-probabilities are computed in float32
+    torch.testing.assert_close(loss, expected_loss, **close)
+    torch.testing.assert_close(nll, expected_nll, **close)
+    torch.testing.assert_close(ours[0].grad, theirs[0].grad, **close)
+    torch.testing.assert_close(ours[1].grad, theirs[1].grad, **close)
+    assert torch.count_nonzero(ours[0].grad[1, 3:]) == 0  # padding gets no gradient
+
+
+def test_a_weight_used_twice_gets_both_gradients():
+    """Tied embeddings: the output projection is also the embedding, and both uses reach its gradient."""
+    torch.manual_seed(3)
+    embedding = torch.randn(9, 4, requires_grad=True)
+    tokens = torch.tensor([[1, 2, 3]])
+    target = torch.tensor([[2, 3, 4]])
+    states = torch.tanh(F.embedding(tokens, embedding))
+    label_smoothed_cross_entropy(states, embedding, target, 0.1, PAD)[0].backward()
+    ours = embedding.grad.clone()
+    embedding.grad = None
+    states = torch.tanh(F.embedding(tokens, embedding))
+    reference(states, embedding, target, 0.1)[0].backward()
+    torch.testing.assert_close(ours, embedding.grad)
+
+
+def test_bf16_autocast_projects_in_bf16_and_sums_in_float32():
     torch.manual_seed(1)
-    logits = torch.randn(3, 5, 11).to(torch.bfloat16)
+    states, weight = torch.randn(3, 5, 8), torch.randn(11, 8)
     target = torch.randint(1, 11, (3, 5))
-    loss, nll = label_smoothed_cross_entropy(logits, target, 0.0, PAD)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss, nll = label_smoothed_cross_entropy(states, weight, target, 0.0, PAD)
     assert loss.dtype == torch.float32
     assert loss.item() == pytest.approx(nll.item())
-    assert loss.item() == pytest.approx(F.cross_entropy(logits.float().view(-1, 11), target.view(-1),
-                                                        reduction="sum").item(), rel=1e-5)
+    expected = F.cross_entropy(F.linear(states.bfloat16(), weight.bfloat16()).float().view(-1, 11), target.view(-1),
+                               reduction="sum")
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
+    # Gradients come back in the inputs' dtypes.
+    states.requires_grad_()
+    weight.requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        label_smoothed_cross_entropy(states, weight, target, 0.1, PAD)[0].backward()
+    assert states.grad.dtype == weight.grad.dtype == torch.float32
 
 
-@pytest.mark.parametrize("epsilon", [0.0, 0.1])
-def test_hand_written_gradient_equals_autograd(epsilon):
-    torch.manual_seed(2)
-    logits = torch.randn(2, 5, 13, dtype=torch.float64)
-    target = torch.randint(1, 13, (2, 5))
-    target[1, 3:] = PAD
-    ours = logits.clone().requires_grad_()
-    (label_smoothed_cross_entropy(ours, target, epsilon, PAD)[0] * 3.0).backward()
-    reference = logits.clone().requires_grad_()
-    (F.cross_entropy(reference.view(-1, 13), target.view(-1), ignore_index=PAD, label_smoothing=epsilon,
-                     reduction="sum") * 3.0).backward()
-    torch.testing.assert_close(ours.grad, reference.grad)
-    assert torch.count_nonzero(ours.grad[1, 3:]) == 0  # padding gets no gradient
+def test_without_grad_no_gradient_is_computed(monkeypatch):
+    computed = []
+    original = loss_module._chunked_loss
+    monkeypatch.setattr(loss_module, "_chunked_loss", lambda *args, with_grad: computed.append(with_grad) or
+                        original(*args, with_grad=with_grad))
+    states, weight = torch.randn(2, 3, 4, requires_grad=True), torch.randn(6, 4, requires_grad=True)
+    target = torch.randint(1, 6, (2, 3))
+    with torch.no_grad():
+        label_smoothed_cross_entropy(states, weight, target, 0.1, PAD)
+    label_smoothed_cross_entropy(states, weight, target, 0.1, PAD)
+    assert computed == [False, True]

@@ -147,20 +147,20 @@ def test_out_of_memory_batches_are_skipped_then_fatal(tiny_data_dir, tmp_path, m
     forward = Transformer.forward
     calls = {"n": 0}
 
-    def sometimes_out_of_memory(self, *args):
+    def sometimes_out_of_memory(self, *args, **kwargs):
         calls["n"] += 1
         if self.training and calls["n"] == 2:
             raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
-        return forward(self, *args)
+        return forward(self, *args, **kwargs)
 
     monkeypatch.setattr(Transformer, "forward", sometimes_out_of_memory)
     summary = train(tiny_config(tiny_data_dir, tmp_path / "once", max_update=4))
     assert summary.updates == 4 and any("out of memory at update 2" in m for m in messages)
 
-    def always_out_of_memory(self, *args):
+    def always_out_of_memory(self, *args, **kwargs):
         if self.training:
             raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
-        return forward(self, *args)
+        return forward(self, *args, **kwargs)
 
     monkeypatch.setattr(Transformer, "forward", always_out_of_memory)
     with pytest.raises(NmtError, match="out of memory on 10 updates; lower --max-tokens"):

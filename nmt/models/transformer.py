@@ -233,11 +233,13 @@ class Transformer(nn.Module):
             memory = tuple((k.float(), v.float()) for k, v in memory)  # cpu_attention_in_fp32): widen once
         return EncoderOut(states, padding_mask, memory)
 
-    def decode(self, prev_output_tokens: Tensor, encoder_out: EncoderOut, cache: DecoderCache | None = None) -> Tensor:
-        """Logits for each given target position.
+    def decode(self, prev_output_tokens: Tensor, encoder_out: EncoderOut, cache: DecoderCache | None = None,
+               features_only: bool = False) -> Tensor:
+        """Logits for each given target position (or, features_only, the states they are projected from).
 
         Without a cache, ``prev_output_tokens`` is the whole (teacher-forced) prefix. With one,
-        it holds only the new tokens, which continue the positions already cached.
+        it holds only the new tokens, which continue the positions already cached. Training asks for
+        the states: its loss projects them itself (nmt/training/loss.py).
         """
         offset = cache.length if cache is not None else 0
         x = self._embed(self.tgt_embed, prev_output_tokens, offset)
@@ -245,10 +247,12 @@ class Transformer(nn.Module):
         for i, layer in enumerate(self.decoder_layers):
             x = layer(x, encoder_out.memory[i], memory_mask, cache.layers[i] if cache is not None else None)
         x = self.decoder_norm(x)
+        if features_only:
+            return x
         return self.output_layer(x) if self.output_layer is not None else F.linear(x, self.output_weight())
 
-    def forward(self, src_tokens: Tensor, prev_output_tokens: Tensor) -> Tensor:
-        return self.decode(prev_output_tokens, self.encode(src_tokens))
+    def forward(self, src_tokens: Tensor, prev_output_tokens: Tensor, features_only: bool = False) -> Tensor:
+        return self.decode(prev_output_tokens, self.encode(src_tokens), features_only=features_only)
 
     def new_cache(self) -> DecoderCache:
         return DecoderCache(len(self.decoder_layers))

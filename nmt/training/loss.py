@@ -1,4 +1,5 @@
-"""Label-smoothed cross-entropy (Szegedy et al., 2016), the paper's training loss.
+"""Label-smoothed cross-entropy (Szegedy et al., 2016), the paper's training loss, fused with the
+output projection.
 
 The target distribution puts ``1 - epsilon`` on the reference token and spreads ``epsilon``
 uniformly over the whole vocabulary (as ``F.cross_entropy(label_smoothing=...)`` does). Padding
@@ -6,9 +7,13 @@ positions contribute nothing. Losses are summed, not averaged: the trainer divid
 of target tokens in the whole update (all accumulation steps and all ranks), so gradients do not
 depend on how an update is split into batches.
 
-The gradient is written by hand: with respect to the logits it is ``softmax - q`` (q the smoothed
-target) at every real position, one pass over the (tokens x vocabulary) matrix where autograd's
-chain through log-softmax, gather, mean and where took six (on CPU a third of the loss's time).
+The loss takes the decoder's last hidden states and the output projection, not logits: the
+(tokens x vocabulary) logits never exist whole. Only real (non-padding) positions are projected,
+a few hundred at a time, and each chunk's gradient, ``softmax - q`` with respect to its logits, is
+turned into gradients for the states and the projection at once. A whole-batch logits matrix (112
+MB for 3,500 tokens x 8,000 pieces in fp32) was allocated, filled and walked over by log-softmax,
+its gradient and the loss several times per update; chunks stay in cache, and the projection skips
+padding (docs/performance.md has the figures).
 """
 
 from __future__ import annotations
@@ -16,38 +21,77 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+CHUNK_ELEMENTS = 2 ** 23  # logits per chunk (32 MiB in fp32): rows = CHUNK_ELEMENTS // vocabulary
 
-class LabelSmoothedCrossEntropy(torch.autograd.Function):
+
+def _compute_dtype(states: Tensor) -> torch.dtype:
+    """The dtype autocast would run the projection in (the trainer and validation run under it)."""
+    device = states.device.type
+    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else states.dtype
+
+
+def _chunked_loss(states: Tensor, weight: Tensor, target: Tensor, epsilon: float,
+                  with_grad: bool) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
+    """Summed (loss, nll) over the rows of ``states`` (N, d), and, with_grad, d loss / d states and weight."""
+    dtype = _compute_dtype(states)
+    states, weight = states.to(dtype), weight.to(dtype)
+    vocabulary = weight.size(0)
+    rows = max(1, CHUNK_ELEMENTS // vocabulary)
+    loss = torch.zeros((), dtype=torch.float32, device=states.device)
+    nll = torch.zeros_like(loss)
+    grad_states = torch.empty_like(states) if with_grad else None
+    grad_weight = torch.zeros_like(weight, dtype=torch.float32) if with_grad else None
+    for start in range(0, states.size(0), rows):
+        chunk, chunk_target = states[start:start + rows], target[start:start + rows].unsqueeze(1)
+        lprobs = torch.log_softmax((chunk @ weight.t()).float(), dim=-1)
+        chunk_nll = -lprobs.gather(1, chunk_target)
+        smooth = -lprobs.mean(dim=-1, keepdim=True)  # cross-entropy against the uniform distribution
+        loss += ((1.0 - epsilon) * chunk_nll + epsilon * smooth).sum()
+        nll += chunk_nll.sum()
+        if with_grad:
+            grad = lprobs.exp_().sub_(epsilon / vocabulary)  # softmax - epsilon/V, in place of lprobs
+            grad.scatter_add_(1, chunk_target, torch.full_like(chunk_nll, epsilon - 1.0))
+            grad = grad.to(dtype)
+            torch.mm(grad, weight, out=grad_states[start:start + rows])
+            if dtype == torch.float32:
+                grad_weight.addmm_(grad.t(), chunk)
+            else:
+                grad_weight += (grad.t() @ chunk).float()
+    return loss, nll, grad_states, grad_weight
+
+
+class ProjectedLabelSmoothedCrossEntropy(torch.autograd.Function):
+    """Gradients computed in the forward pass (chunk by chunk) and scaled by the loss's gradient in backward."""
+
     @staticmethod
-    def forward(ctx, logits: Tensor, target: Tensor, epsilon: float, ignore_index: int) -> tuple[Tensor, Tensor]:
-        lprobs = torch.log_softmax(logits.float(), dim=-1)
-        keep = target.ne(ignore_index)
-        nll = -lprobs.gather(1, target.unsqueeze(1)).squeeze(1)
-        smooth = -lprobs.mean(dim=-1)  # cross-entropy against the uniform distribution
-        zero = torch.zeros((), dtype=lprobs.dtype, device=lprobs.device)
-        loss = torch.where(keep, (1.0 - epsilon) * nll + epsilon * smooth, zero).sum()
-        nll = torch.where(keep, nll, zero).sum()
-        ctx.save_for_backward(lprobs, target, keep)
-        ctx.epsilon, ctx.logits_dtype = epsilon, logits.dtype
+    def forward(ctx, states: Tensor, weight: Tensor, target: Tensor, epsilon: float) -> tuple[Tensor, Tensor]:
+        loss, nll, grad_states, grad_weight = _chunked_loss(states, weight, target, epsilon, with_grad=True)
+        ctx.save_for_backward(grad_states, grad_weight)
+        ctx.states_dtype, ctx.weight_dtype = states.dtype, weight.dtype
         ctx.mark_non_differentiable(nll)  # reported, never trained on
         return loss, nll
 
     @staticmethod
-    def backward(ctx, grad_loss: Tensor, _grad_nll: Tensor) -> tuple[Tensor, None, None, None]:
-        lprobs, target, keep = ctx.saved_tensors
-        epsilon = ctx.epsilon
-        grad = lprobs.exp().sub_(epsilon / lprobs.size(-1))  # softmax - epsilon/V
-        grad.scatter_add_(1, target.unsqueeze(1), torch.full_like(grad[:, :1], epsilon - 1.0))
-        grad.mul_((keep.to(grad.dtype) * grad_loss).unsqueeze(1))
-        return grad.to(ctx.logits_dtype), None, None, None
+    def backward(ctx, grad_loss: Tensor, _grad_nll: Tensor) -> tuple[Tensor, Tensor, None, None]:
+        grad_states, grad_weight = ctx.saved_tensors
+        return ((grad_states * grad_loss).to(ctx.states_dtype), (grad_weight * grad_loss).to(ctx.weight_dtype),
+                None, None)
 
 
-def label_smoothed_cross_entropy(logits: Tensor, target: Tensor, epsilon: float,
+def label_smoothed_cross_entropy(states: Tensor, weight: Tensor, target: Tensor, epsilon: float,
                                  ignore_index: int) -> tuple[Tensor, Tensor]:
-    """Summed (smoothed loss, negative log-likelihood) over non-padding target tokens, in nats.
+    """Summed (smoothed loss, negative log-likelihood) in nats over non-padding target tokens.
 
-    logits (B, T, V) in any precision (computed in float32), target (B, T). Only the loss has a
-    gradient; the nll is for reports.
+    states (B, T, d): the decoder's output before the projection; weight (V, d): the output
+    projection (logits = states @ weight.T); target (B, T). Logits are computed in the autocast
+    dtype when autocast is on, log-probabilities in float32. Only the loss has a gradient (with
+    respect to states and weight); the nll is for reports.
     """
-    return LabelSmoothedCrossEntropy.apply(logits.reshape(-1, logits.size(-1)), target.reshape(-1), epsilon,
-                                           ignore_index)
+    keep = target.reshape(-1).ne(ignore_index).nonzero().squeeze(1)
+    rows = states.reshape(-1, states.size(-1)).index_select(0, keep)
+    real_target = target.reshape(-1).index_select(0, keep)
+    if torch.is_grad_enabled() and (states.requires_grad or weight.requires_grad):
+        loss, nll = ProjectedLabelSmoothedCrossEntropy.apply(rows, weight, real_target, epsilon)
+    else:
+        loss, nll, _, _ = _chunked_loss(rows, weight, real_target, epsilon, with_grad=False)
+    return loss, nll

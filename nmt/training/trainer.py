@@ -203,8 +203,9 @@ class Trainer:
                 sync = i == len(update.batches) - 1 or not self.context.is_distributed
                 with contextlib.nullcontext() if sync else self.network.no_sync():
                     with autocast(self.device, self.config.precision):
-                        logits = self.network(batch.source, batch.prev_output)
-                    loss, nll = label_smoothed_cross_entropy(logits, batch.target, self.config.label_smoothing, PAD_ID)
+                        states = self.network(batch.source, batch.prev_output, features_only=True)
+                        loss, nll = label_smoothed_cross_entropy(states, self.model.output_weight(), batch.target,
+                                                                 self.config.label_smoothing, PAD_ID)
                     self.scaler.scale(loss * scale).backward()
                 sums += torch.stack([loss.detach(), nll.detach(), batch.target.ne(PAD_ID).sum().to(loss.dtype),
                                      torch.tensor(float(len(batch)), device=self.device)])

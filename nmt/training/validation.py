@@ -38,8 +38,9 @@ def validation_loss(model: nn.Module, dataset: ParallelDataset, batches: list[np
     for batch in sharded_batches(dataset, batches, context.world_size, context.rank, prefetch, device.type == "cuda"):
         batch = batch.to(device)
         with autocast(device, precision):
-            logits = model(batch.source, batch.prev_output)
-        loss, nll = label_smoothed_cross_entropy(logits, batch.target, label_smoothing, PAD_ID)
+            states = model(batch.source, batch.prev_output, features_only=True)
+            loss, nll = label_smoothed_cross_entropy(states, model.output_weight(), batch.target, label_smoothing,
+                                                     PAD_ID)
         sums += torch.stack([loss, nll, batch.target.ne(PAD_ID).sum().to(loss.dtype)])
     loss_sum, nll_sum, tokens = all_reduce_sum(sums, context).tolist()
     return {"loss": loss_sum / tokens, "nll": nll_sum / tokens, "ppl": perplexity(nll_sum / tokens)}
