@@ -186,6 +186,10 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=0, help="translate only the first N test sentences")
     parser.add_argument("--vocab-size", type=int, default=10000, help="vocabulary of the random model")
     parser.add_argument("--beam", type=int, default=4)
+    parser.add_argument("--lenpen", type=float, default=0.6, help="length penalty alpha (GNMT's for nmt, "
+                        "fairseq's for CTranslate2)")
+    parser.add_argument("--stop", choices=("exact", "finished"), default="exact",
+                        help="nmt's stopping rule (generate --stop; finished is CTranslate2's)")
     parser.add_argument("--max-tokens", type=int, default=8000)
     parser.add_argument("--threads", default="1,2", help="comma-separated torch thread counts")
     parser.add_argument("--settings", default="fp32,bf16,int8" + (",ct2-float32,ct2-int8" if HAVE_CT2 else ""),
@@ -211,7 +215,8 @@ def main() -> None:
         path = args.path or random_checkpoint(args.data, args.vocab_size, Path(tmp))
         model_name = str(args.path) if args.path else f"random transformer_small, vocab {args.vocab_size}"
         length_rule = dict(max_len_a=1.0, max_len_b=50) if args.path else dict(max_len_a=1.0, max_len_b=2)
-        table = Table(title=f"nmt generate, beam {args.beam}, Multi30k test_2016_flickr ({len(lines):,} sentences), "
+        table = Table(title=f"nmt generate, beam {args.beam}, lenpen {args.lenpen:g}, stop {args.stop}, "
+                            f"Multi30k test_2016_flickr ({len(lines):,} sentences), "
                             f"{model_name}, max length {length_rule['max_len_a']:g}*src+{length_rule['max_len_b']}, "
                             f"{describe_cpu()}, torch {torch.__version__}")
         columns = ["setting", "threads", "seconds", "CPU seconds", "sentences/s", "sentences/CPU-s", "tokens/s",
@@ -224,7 +229,9 @@ def main() -> None:
         for threads in (int(t) for t in args.threads.split(",")):
             torch.set_num_threads(threads)
             for name in settings:
-                search = dict(beam=args.beam, max_tokens=args.max_tokens, **length_rule)
+                search = dict(beam=args.beam, lenpen=args.lenpen, max_tokens=args.max_tokens, **length_rule)
+                if args.stop != "exact":  # older checkouts (--before) have no stop option
+                    search["stop"] = args.stop
                 timings = [(name, lambda: time_translation(make_translator(name, Path(path), search, Path(tmp)),
                                                            lines, args.repeats))]
                 if args.before and name in SETTINGS:

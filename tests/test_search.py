@@ -236,6 +236,27 @@ def test_finished_hypotheses_wait_until_no_alive_one_can_beat_them():
     assert hyps[0].tokens == exhaustive_best(table, [4], 5, 0.6)[0]
 
 
+def test_stop_finished_ends_a_sentence_at_beam_finished_hypotheses():
+    """fairseq's and CTranslate2's rule: on the table above the search ends with "4 EOS" and
+    "4 4 EOS", where the exact search goes on to find "5 6 6 6 EOS"."""
+    rules = {(): {4: 0.5, 5: 0.45}, (4,): {EOS_ID: 0.6, 4: 0.38}, (4, 4): {EOS_ID: 0.99}, (5,): {6: 0.999},
+             (5, 6): {6: 0.999}, (5, 6, 6): {6: 0.999}, (5, 6, 6, 6): {EOS_ID: 0.999}}
+    found = {stop: search(scripted_table(rules), [4], beam=2, nbest=2, lenpen=0.6, max_len_a=0.0, max_len_b=10,
+                          stop=stop) for stop in ("exact", "finished")}
+    assert [h.tokens for h in found["exact"]] == [[5, 6, 6, 6, EOS_ID], [4, EOS_ID]]
+    assert [h.tokens for h in found["finished"]] == [[4, EOS_ID], [4, 4, EOS_ID]]
+
+
+def test_is_done_with_stop_finished_needs_only_beam_finished_hypotheses():
+    options = SearchOptions(beam=2, lenpen=0.6, stop="finished")
+    two = [[Hypothesis([4, EOS_ID], -1.0), Hypothesis([5, EOS_ID], -2.0)]]
+    one = [two[0][:1]]
+    alive_could_win = torch.tensor([[-0.01, float("-inf")]])
+    limit = torch.tensor([10])
+    assert is_done(two, torch.tensor([0]), alive_could_win, limit, 3, options)[0]
+    assert not is_done(one, torch.tensor([0]), alive_could_win, limit, 3, options)[0]
+
+
 def test_positional_scores_sum_to_the_unnormalized_score():
     table = random_table(1)
     for hyp in search(table, [4, 5], beam=3, nbest=3, lenpen=0.6):

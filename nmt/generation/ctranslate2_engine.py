@@ -13,7 +13,8 @@ Where the outputs can differ from nmt's own decoder (with the same weights, in f
   ((5+|Y|)/6)^alpha cannot be expressed, so ``--lenpen-style gnmt`` is refused unless alpha is 0.
 - Stopping: CTranslate2 ends a sentence once ``beam`` hypotheses have ended (or, with alpha 0, once
   the best one has); nmt searches on while an unfinished hypothesis could still win. With alpha 0
-  the best hypothesis is the same; with alpha != 0, and for ``--nbest`` > 1, some can differ.
+  the best hypothesis is the same; with alpha != 0, and for ``--nbest`` > 1, some can differ
+  (``--stop finished`` gives nmt CTranslate2's rule).
   ``--beam 1`` is plain greedy in CTranslate2; in nmt it too keeps a spare candidate when alpha != 0.
 - The max length: nmt ends a hypothesis that reaches it with EOS (scored); CTranslate2 stops it
   there, and EOS is appended here without a score.

@@ -40,6 +40,10 @@ class SearchOptions:
     no_repeat_ngram_size: int = field(default=0, metadata={"help": "Never repeat an n-gram of this size (0 = off).",
                                                            "min": 0})
     nbest: int = field(default=1, metadata={"help": "Hypotheses to output per sentence, at most --beam.", "min": 1})
+    stop: Literal["exact", "finished"] = field(default="exact", metadata={
+        "help": "When a sentence's search ends. exact: once no unfinished hypothesis can beat its --beam finished "
+                "ones; finished: as soon as --beam hypotheses have finished (fairseq's and CTranslate2's rule; "
+                "faster with a positive --lenpen, and can return another translation)."})
     sampling: bool = field(default=False, metadata={"help": "Sample instead of searching."})
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature (positive)."})
     topk: int = field(default=0, metadata={"help": "Sample from the k likeliest tokens (0 = all).", "min": 0})
@@ -249,8 +253,10 @@ def is_done(finished: list[list[Hypothesis]], alive_ids: Tensor, alive_scores: T
 
     Log-probabilities only fall as a hypothesis grows, and the penalty grows with length, so an
     alive hypothesis's best reachable score is its current score divided by the penalty at the
-    longest length it may still reach (or at the next step when alpha < 0). Sampling stops at
-    ``beam`` samples; every search stops at the max length or when no hypothesis is left alive.
+    longest length it may still reach (or at the next step when alpha < 0). With a positive alpha
+    that bound stays loose for long, and ``stop="finished"`` ends the sentence as soon as ``beam``
+    hypotheses have finished instead. Sampling stops at ``beam`` samples; every search stops at
+    the max length or when no hypothesis is left alive.
     """
     ids = alive_ids.tolist()
     best_alive = alive_scores.max(dim=1).values.double().cpu()
@@ -259,6 +265,6 @@ def is_done(finished: list[list[Hypothesis]], alive_ids: Tensor, alive_scores: T
     worst = torch.tensor([min((h.score for h in finished[i]), default=NEG_INF) for i in ids], dtype=torch.float64)
     longest = limits + 1 if options.lenpen >= 0 else torch.full_like(limits, step + 2)
     bound = best_alive / length_penalty(longest, options.lenpen, options.lenpen_style).double()
-    beaten = torch.ones_like(full) if options.sampling else bound <= worst
+    beaten = torch.ones_like(full) if options.sampling or options.stop == "finished" else bound <= worst
     done = ~torch.isfinite(best_alive) | (limits <= step) | (full & beaten)
     return done.to(alive_ids.device)

@@ -37,7 +37,7 @@ API_KEY_ENV = "NMT_API_KEY"
 MAX_LEN_A, MAX_LEN_B = 4.0, 512  # output length limits: a request cannot make the server decode for ever
 # What a request may set: the deterministic search options (sampling would depend on the batch).
 REQUEST_OPTIONS = ("beam", "lenpen", "lenpen_style", "max_len_a", "max_len_b", "min_len", "no_repeat_ngram_size",
-                   "nbest")
+                   "nbest", "stop")
 
 
 @dataclass(frozen=True)
