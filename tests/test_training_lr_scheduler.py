@@ -3,7 +3,9 @@ import math
 import pytest
 import torch
 
-from nmt.training.lr_scheduler import InverseSqrtSchedule
+from nmt.errors import NmtError
+from nmt.training.config import TrainConfig
+from nmt.training.lr_scheduler import BudgetDecaySchedule, InverseSqrtSchedule, make_schedule, set_lr
 
 
 @pytest.mark.parametrize("step", [1, 10, 1000, 3999, 4000, 4001, 10_000, 100_000])
@@ -37,5 +39,36 @@ def test_set_lr_writes_every_param_group():
     optimizer = torch.optim.AdamW([{"params": [torch.zeros(1, requires_grad=True)]},
                                    {"params": [torch.zeros(1, requires_grad=True)]}], lr=1.0)
     schedule = InverseSqrtSchedule(10, 64, peak_lr=1e-3)
-    assert schedule.set_lr(optimizer, 5) == pytest.approx(5e-4)
+    assert set_lr(schedule, optimizer, 5) == pytest.approx(5e-4)
     assert [group["lr"] for group in optimizer.param_groups] == [pytest.approx(5e-4)] * 2
+
+
+@pytest.mark.parametrize("kind,middle", [("linear", 0.5), ("cosine", 0.5)])
+def test_budget_decay_warms_up_then_reaches_zero_at_the_end_of_max_update(kind, middle):
+    schedule = BudgetDecaySchedule(kind, warmup_updates=10, peak_lr=1e-3, max_update=100, max_seconds=None)
+    assert schedule.lr_at(5) == pytest.approx(1e-3 * 0.5 * (1 - 4 / 100 if kind == "linear" else
+                                                             0.5 * (1 + math.cos(math.pi * 4 / 100))))
+    assert schedule.lr_at(51) == pytest.approx(1e-3 * middle)  # half the budget spent before update 51
+    assert schedule.lr_at(100) == pytest.approx(1e-3 / 100 if kind == "linear" else
+                                                1e-3 * 0.5 * (1 + math.cos(math.pi * 99 / 100)))
+    lrs = [schedule.lr_at(step) for step in range(10, 101)]
+    assert lrs == sorted(lrs, reverse=True)  # decays monotonically after the warm-up
+
+
+def test_budget_decay_follows_the_share_of_max_time_spent():
+    schedule = BudgetDecaySchedule("linear", warmup_updates=1, peak_lr=2e-3, max_update=None, max_seconds=600.0)
+    assert schedule.lr_at(7, elapsed=0.0) == pytest.approx(2e-3)
+    assert schedule.lr_at(7, elapsed=150.0) == pytest.approx(1.5e-3)
+    assert schedule.lr_at(7, elapsed=900.0) == 0.0  # past the budget: never negative
+    both = BudgetDecaySchedule("linear", 1, 2e-3, max_update=1000, max_seconds=600.0)
+    assert both.lr_at(501, elapsed=150.0) == pytest.approx(1e-3)  # the larger share: half the updates
+
+
+def test_make_schedule_defaults_the_peak_to_the_papers_and_needs_a_budget():
+    schedule = make_schedule("cosine", 4000, 512, None, max_update=100_000, max_seconds=None)
+    peak = InverseSqrtSchedule(4000, 512).lr_at(4000)
+    assert schedule.lr_at(4000) == pytest.approx(peak * 0.5 * (1 + math.cos(math.pi * 3999 / 100_000)), rel=1e-9)
+    assert isinstance(make_schedule("inverse_sqrt", 4000, 512, None, None, None), InverseSqrtSchedule)
+    with pytest.raises(NmtError, match="give --max-update or --max-time"):
+        TrainConfig(data="d", lr_schedule="linear", max_tokens=100)
+    TrainConfig(data="d", lr_schedule="linear", max_tokens=100, max_time="10m")  # a budget: fine

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 from nmt.data.batching import Batch
@@ -108,3 +109,24 @@ def test_uneven_shares_and_inexact_resumes_are_counted():
 def test_the_log_says_losses_are_in_nats(tiny_data_dir, tmp_path, messages):
     train(tiny_config(tiny_data_dir, tmp_path, max_update=1))
     assert any("losses in nats per target token (fairseq logs base 2)" in m for m in messages)
+
+
+def test_a_time_budgeted_decay_follows_the_training_time_every_process_agrees_on(tiny_data_dir, tmp_path,
+                                                                                  monkeypatch):
+    """--lr-schedule linear with --max-time: each update's rate comes from the training time agreed
+    after the update before (25 s of a 100 s budget per update here), and the run ends annealed."""
+    clock = {"seconds": 0.0}
+    monkeypatch.setattr(Trainer, "elapsed", lambda self: clock["seconds"])
+    applied = []
+    step = torch.optim.AdamW.step
+
+    def timed_step(self, *args, **kwargs):
+        applied.append(self.param_groups[0]["lr"])
+        clock["seconds"] += 25.0
+        return step(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", timed_step)
+    summary = train(tiny_config(tiny_data_dir, tmp_path, lr_schedule="linear", warmup_updates=1, lr=1e-3,
+                                max_time="100s", valid_subset=None))
+    assert summary.updates == 4
+    assert applied == [pytest.approx(1e-3 * share) for share in (1.0, 0.75, 0.5, 0.25)]

@@ -68,6 +68,9 @@ class TrainConfig:
         "help": "Peak learning rate (fairseq's form, e.g. 7e-4); without it, the paper's d_model^-0.5 formula.",
         "panel": OPTIM})
     warmup_updates: int = field(default=4000, metadata={"help": "Linear warm-up updates.", "panel": OPTIM, "min": 1})
+    lr_schedule: Literal["inverse_sqrt", "linear", "cosine"] = field(default="inverse_sqrt", metadata={
+        "help": "After the warm-up: inverse_sqrt (the paper's), or linear/cosine decay to 0 at the end of "
+                "--max-update or --max-time (the share of either spent so far).", "panel": OPTIM})
     adam_betas: tuple[float, float] = field(default=(0.9, 0.98), metadata={
         "help": "Adam betas, e.g. '0.9,0.98'.", "panel": OPTIM})
     adam_eps: float = field(default=1e-9, metadata={"help": "Adam epsilon.", "panel": OPTIM, "min": 0.0})
@@ -141,6 +144,9 @@ class TrainConfig:
         if self.max_tokens is None and self.max_sentences is None:
             raise NmtError("give --max-tokens or --max-sentences")
         self.max_time_seconds  # noqa: B018  (parses, or raises a clear error)
+        if self.lr_schedule != "inverse_sqrt" and not self.max_update and self.max_time is None:
+            raise NmtError(f"--lr-schedule {self.lr_schedule} decays to 0 at the end of the budget: give "
+                           "--max-update or --max-time")
 
     def validate(self) -> None:
         """What a run needs beyond valid values: a data directory."""

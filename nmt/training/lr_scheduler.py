@@ -1,4 +1,4 @@
-"""The inverse square-root learning-rate schedule, in the paper's form and in fairseq's.
+"""Learning-rate schedules: the paper's inverse square root (in its form and fairseq's), and decays to 0 over a budget.
 
 Paper (section 5.3): ``lr = d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)``: linear warm-up
 for ``warmup`` steps, then decay with the inverse square root of the step.
@@ -7,14 +7,45 @@ fairseq's ``--lr`` form names the peak instead: ``lr = peak * step / warmup`` du
 then ``peak * sqrt(warmup / step)``. The two are the same curve when
 ``peak = d_model^-0.5 * warmup^-0.5`` (7.0e-4 for transformer_base with 4000 warm-up steps).
 
-``step`` counts updates from 1: the first update uses ``lr_at(1)``. The schedule has no state of
-its own: it is a function of the update count, which checkpoints hold.
+``step`` counts updates from 1: the first update uses ``lr_at(1)``. The schedules have no state
+of their own: they are functions of the update count and the training time, which checkpoints hold.
+
+``BudgetDecaySchedule`` warms up the same way, then anneals to zero at the end of the training
+budget (linearly or along a half cosine), as fairseq's ``polynomial_decay`` and ``cosine`` do over
+a fixed number of updates. Its budget can also be ``--max-time``: the share of the time spent so
+far then says where on the curve an update is, so a time-limited run ends annealed whatever the
+machine's speed (and is not bit-exact across a resume, as the update count it reaches is not).
 """
 
 from __future__ import annotations
 
 import math
+from typing import Protocol
+
 from torch.optim import Optimizer
+
+from nmt.errors import NmtError
+
+
+class Schedule(Protocol):
+    def lr_at(self, step: int, elapsed: float = 0.0) -> float: ...
+
+
+def set_lr(schedule: Schedule, optimizer: Optimizer, step: int, elapsed: float = 0.0) -> float:
+    """Set the learning rate for update number ``step`` (after ``elapsed`` training seconds) and return it."""
+    lr = schedule.lr_at(step, elapsed)
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    return lr
+
+
+def make_schedule(kind: str, warmup_updates: int, d_model: int, peak_lr: float | None,
+                  max_update: int | None, max_seconds: float | None) -> Schedule:
+    """The schedule ``--lr-schedule`` names; without ``--lr``, the peak is the paper's for this d_model."""
+    if kind == "inverse_sqrt":
+        return InverseSqrtSchedule(warmup_updates, d_model, peak_lr)
+    peak = peak_lr if peak_lr is not None else d_model ** -0.5 * warmup_updates ** -0.5
+    return BudgetDecaySchedule(kind, warmup_updates, peak, max_update, max_seconds)
 
 
 class InverseSqrtSchedule:
@@ -25,7 +56,7 @@ class InverseSqrtSchedule:
         self.d_model = d_model
         self.peak_lr = peak_lr
 
-    def lr_at(self, step: int) -> float:
+    def lr_at(self, step: int, elapsed: float = 0.0) -> float:
         step = max(step, 1)
         if self.peak_lr is None:
             return self.d_model ** -0.5 * min(step ** -0.5, step * self.warmup_updates ** -1.5)
@@ -33,9 +64,29 @@ class InverseSqrtSchedule:
             return self.peak_lr * step / self.warmup_updates
         return self.peak_lr * math.sqrt(self.warmup_updates / step)
 
-    def set_lr(self, optimizer: Optimizer, step: int) -> float:
-        """Set the learning rate for update number ``step`` and return it."""
-        lr = self.lr_at(step)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        return lr
+
+class BudgetDecaySchedule:
+    """``peak * min(step / warmup, 1) * decay(spent)``, ``spent`` the share of the budget used before
+    this update (of ``max_update`` updates or ``max_seconds`` of training, the larger share when
+    both are set): decay is ``1 - spent`` (linear) or ``(1 + cos(pi * spent)) / 2`` (cosine)."""
+
+    def __init__(self, kind: str, warmup_updates: int, peak_lr: float, max_update: int | None,
+                 max_seconds: float | None):
+        if kind not in ("linear", "cosine"):
+            raise ValueError(f"unknown decay {kind!r}")
+        if not max_update and not max_seconds:
+            raise NmtError(f"--lr-schedule {kind} decays to 0 at the end of the budget: give --max-update or "
+                           "--max-time")
+        self.kind, self.warmup_updates, self.peak_lr = kind, warmup_updates, peak_lr
+        self.max_update, self.max_seconds = max_update, max_seconds
+
+    def spent(self, step: int, elapsed: float) -> float:
+        shares = [(step - 1) / self.max_update if self.max_update else 0.0,
+                  elapsed / self.max_seconds if self.max_seconds else 0.0]
+        return min(max(shares), 1.0)
+
+    def lr_at(self, step: int, elapsed: float = 0.0) -> float:
+        step = max(step, 1)
+        spent = self.spent(step, elapsed)
+        decay = 1.0 - spent if self.kind == "linear" else 0.5 * (1.0 + math.cos(math.pi * spent))
+        return self.peak_lr * min(step / self.warmup_updates, 1.0) * decay

@@ -38,7 +38,7 @@ from nmt.training.distributed import (DistributedContext, StopRequest, all_reduc
 from nmt.training.inputs import check_inputs
 from nmt.training.iterator import EpochIterator, Update
 from nmt.training.loss import label_smoothed_cross_entropy
-from nmt.training.lr_scheduler import InverseSqrtSchedule
+from nmt.training.lr_scheduler import make_schedule, set_lr
 from nmt.training.metrics_file import FILE_NAME as METRICS_FILE, MetricsFile
 from nmt.training.progress import Display, Meter, StepResult, summary_table
 from nmt.training.validation import record_validation, validation_bleu, validation_loss
@@ -125,8 +125,9 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=0.0, betas=config.adam_betas,
                                            eps=config.adam_eps, weight_decay=config.weight_decay,
                                            fused=True)  # one kernel for all parameters: 5x faster on CPU
-        self.scheduler = InverseSqrtSchedule(config.warmup_updates, getattr(self.model_config, "d_model", 0),
-                                             config.lr)
+        self.scheduler = make_schedule(config.lr_schedule, config.warmup_updates,
+                                       getattr(self.model_config, "d_model", 0), config.lr, config.max_update,
+                                       config.max_time_seconds)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=config.precision == "fp16")
         self.save_dir = Path(config.save_dir)
         self.state = TrainState()
@@ -192,7 +193,7 @@ class Trainer:
     def train_step(self, update: Update) -> StepResult:
         """Forward/backward over the update's batches and one optimizer step: this process's sums."""
         self.network.train()
-        self.scheduler.set_lr(self.optimizer, self.state.update + 1)
+        set_lr(self.scheduler, self.optimizer, self.state.update + 1, self.state.elapsed)
         self.optimizer.zero_grad(set_to_none=True)
         scale = self.context.world_size / max(update.num_tokens, 1)  # DDP averages over processes; undo that
         sums = torch.zeros(4, device=self.device)
@@ -245,13 +246,15 @@ class Trainer:
         if self.out_of_memory >= MAX_OOM_SKIPS:
             raise NmtError(f"out of memory on {self.out_of_memory} updates; lower --max-tokens")
 
-    def agree(self, step: StepResult, interrupted: bool, time_up: bool) -> tuple[StepResult, bool, bool]:
-        """Sum the step over all processes, and share the stop flags, so that every process stops together."""
-        values = [step.loss, step.nll, step.tokens, step.sentences, float(interrupted), float(time_up)]
-        loss, nll, tokens, sentences, interrupted, time_up = all_reduce_sum(
+    def agree(self, step: StepResult, interrupted: bool, time_up: bool) -> tuple[StepResult, bool, bool, float]:
+        """Sum the step over all processes, and share the stop flags and the main process's training
+        time (the learning rate may depend on it), so that every process acts alike."""
+        elapsed = self.elapsed() if self.context.is_main else 0.0
+        values = [step.loss, step.nll, step.tokens, step.sentences, float(interrupted), float(time_up), elapsed]
+        loss, nll, tokens, sentences, interrupted, time_up, elapsed = all_reduce_sum(
             torch.tensor(values, dtype=torch.float64, device=self.device), self.context).tolist()
         return dataclasses.replace(step, loss=loss, nll=nll, tokens=tokens, sentences=sentences), bool(interrupted), \
-            bool(time_up)
+            bool(time_up), elapsed
 
     # -- validation ------------------------------------------------------------------------------------
 
@@ -346,7 +349,7 @@ class Trainer:
                 step = self.train_step(update)
                 # Every process must agree to stop at the same update: the flags travel with the sums.
                 time_up = context.is_main and max_time is not None and self.elapsed() >= max_time
-                step, interrupted, time_up = self.agree(step, interrupt.requested, time_up)
+                step, interrupted, time_up, state.elapsed = self.agree(step, interrupt.requested, time_up)
                 state.position = update.position
                 stepped = step.skipped is None
                 state.update += stepped
