@@ -47,13 +47,14 @@ def test_padding_is_ignored_and_agrees_with_torch():
                                                                                                         rel=1e-6)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("chunk_rows", [1, 3, 1000])
 @pytest.mark.parametrize("epsilon", [0.0, 0.1])
-def test_hand_written_gradients_equal_autograd_whatever_the_chunking(monkeypatch, epsilon, chunk_rows):
+def test_hand_written_gradients_equal_autograd_whatever_the_chunking(monkeypatch, epsilon, chunk_rows, dtype):
     vocabulary = 13
     monkeypatch.setattr(loss_module, "CHUNK_ELEMENTS", chunk_rows * vocabulary)
     torch.manual_seed(2)
-    states, weight = torch.randn(2, 5, 4, dtype=torch.float64), torch.randn(vocabulary, 4, dtype=torch.float64)
+    states, weight = torch.randn(2, 5, 4, dtype=dtype), torch.randn(vocabulary, 4, dtype=dtype)
     target = torch.randint(1, vocabulary, (2, 5))
     target[1, 3:] = PAD
     ours = states.clone().requires_grad_(), weight.clone().requires_grad_()
@@ -115,3 +116,11 @@ def test_without_grad_no_gradient_is_computed(monkeypatch):
         label_smoothed_cross_entropy(states, weight, target, 0.1, PAD)
     label_smoothed_cross_entropy(states, weight, target, 0.1, PAD)
     assert computed == [False, True]
+
+
+def test_all_padding_gives_zero_loss_and_zero_gradients():
+    states, weight = torch.randn(2, 3, 4, requires_grad=True), torch.randn(6, 4, requires_grad=True)
+    loss, nll = label_smoothed_cross_entropy(states, weight, torch.full((2, 3), PAD), 0.1, PAD)
+    loss.backward()
+    assert loss.item() == nll.item() == 0.0
+    assert torch.count_nonzero(states.grad) == 0 and torch.count_nonzero(weight.grad) == 0

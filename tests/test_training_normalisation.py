@@ -130,3 +130,15 @@ def test_a_time_budgeted_decay_follows_the_training_time_every_process_agrees_on
                                 max_time="100s", valid_subset=None))
     assert summary.updates == 4
     assert applied == [pytest.approx(1e-3 * share) for share in (1.0, 0.75, 0.5, 0.25)]
+
+
+def test_saving_keeps_the_agreed_training_time_and_the_checkpoint_has_the_own_clock(tiny_data_dir, tmp_path,
+                                                                                    monkeypatch):
+    """Every process's learning rate reads state.elapsed, the main process's time as agree() shared it:
+    a save must not put a process's own clock there (DDP replicas would drift apart)."""
+    trainer = trainer_for(tiny_data_dir, tmp_path)
+    monkeypatch.setattr(Trainer, "elapsed", lambda self: 99.0)
+    trainer.state.elapsed = 50.0
+    trainer.save([])
+    assert trainer.state.elapsed == 50.0
+    assert trainer.checkpoint()["train_state"]["elapsed"] == 99.0

@@ -85,6 +85,8 @@ class Dropout(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         if not self.training or self.p == 0.0:
             return x
+        if x.device.type != "cpu":  # elsewhere torch's fused kernel is the fast one (and keeps a 1-byte mask)
+            return F.dropout(x, self.p, training=True)
         scaled_keep = torch.rand_like(x, dtype=torch.float32).ge_(self.p).mul_(1.0 / (1.0 - self.p))
         return x * scaled_keep.to(x.dtype)
 

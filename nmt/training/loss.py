@@ -74,7 +74,8 @@ class ProjectedLabelSmoothedCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_loss: Tensor, _grad_nll: Tensor) -> tuple[Tensor, Tensor, None, None]:
         grad_states, grad_weight = ctx.saved_tensors
-        return ((grad_states * grad_loss).to(ctx.states_dtype), (grad_weight * grad_loss).to(ctx.weight_dtype),
+        # Widened before scaling: an fp16 loss scale times fp16 gradients could overflow.
+        return (grad_states.to(ctx.states_dtype) * grad_loss, grad_weight.to(ctx.weight_dtype) * grad_loss,
                 None, None)
 
 

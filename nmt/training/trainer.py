@@ -173,14 +173,14 @@ class Trainer:
 
     def checkpoint(self) -> dict[str, Any]:
         """A training checkpoint: the model's, plus what resuming needs (the schedule is a function
-        of the update count, so it has no state of its own)."""
+        of the update count and the training time, so it has no state of its own)."""
+        state = dataclasses.replace(self.state, elapsed=self.elapsed())
         return model_state(self.model, self.config.arch, self.model_config, self.vocabs,
                            optimizer=self.optimizer.state_dict(), scaler=self.scaler.state_dict(),
-                           rng=ckpt.rng_state(), train_state=dataclasses.asdict(self.state),
+                           rng=ckpt.rng_state(), train_state=dataclasses.asdict(state),
                            train_config=config_to_dict(self.config, self.model_config))
 
     def save(self, names: list[str]) -> None:
-        self.state.elapsed = self.elapsed()
         if self.context.is_main and names:
             ckpt.write_checkpoints(self.save_dir, self.checkpoint(), names)
             ckpt.prune_checkpoints(self.save_dir, self.config.keep_last_epochs, self.config.keep_interval_updates)
