@@ -43,31 +43,31 @@ def test_set_lr_writes_every_param_group():
     assert [group["lr"] for group in optimizer.param_groups] == [pytest.approx(5e-4)] * 2
 
 
-@pytest.mark.parametrize("kind,middle", [("linear", 0.5), ("cosine", 0.5)])
-def test_budget_decay_warms_up_then_reaches_zero_at_the_end_of_max_update(kind, middle):
+@pytest.mark.parametrize("kind", ["linear", "cosine"])
+def test_budget_decay_warms_up_to_the_peak_then_reaches_zero_at_the_end_of_max_update(kind):
     schedule = BudgetDecaySchedule(kind, warmup_updates=10, peak_lr=1e-3, max_update=100, max_seconds=None)
-    assert schedule.lr_at(5) == pytest.approx(1e-3 * 0.5 * (1 - 4 / 100 if kind == "linear" else
-                                                             0.5 * (1 + math.cos(math.pi * 4 / 100))))
-    assert schedule.lr_at(51) == pytest.approx(1e-3 * middle)  # half the budget spent before update 51
-    assert schedule.lr_at(100) == pytest.approx(1e-3 / 100 if kind == "linear" else
-                                                1e-3 * 0.5 * (1 + math.cos(math.pi * 99 / 100)))
+    assert schedule.lr_at(5) == pytest.approx(0.5e-3)  # warm-up, as the paper's
+    assert schedule.lr_at(10) == schedule.lr_at(11) == pytest.approx(1e-3)  # the peak, then the decay starts
+    assert schedule.lr_at(56) == pytest.approx(0.5e-3)  # half the 90 updates after the warm-up spent
+    assert schedule.lr_at(100) == pytest.approx(1e-3 / 90 if kind == "linear" else
+                                                1e-3 * 0.5 * (1 + math.cos(math.pi * 89 / 90)))
     lrs = [schedule.lr_at(step) for step in range(10, 101)]
-    assert lrs == sorted(lrs, reverse=True)  # decays monotonically after the warm-up
+    assert lrs == sorted(lrs, reverse=True) and lrs[-1] > 0.0  # decays monotonically; the last update still learns
 
 
-def test_budget_decay_follows_the_share_of_max_time_spent():
+def test_budget_decay_follows_the_share_of_max_time_spent_after_the_warm_up():
     schedule = BudgetDecaySchedule("linear", warmup_updates=1, peak_lr=2e-3, max_update=None, max_seconds=600.0)
     assert schedule.lr_at(7, elapsed=0.0) == pytest.approx(2e-3)
     assert schedule.lr_at(7, elapsed=150.0) == pytest.approx(1.5e-3)
+    assert schedule.lr_at(7, elapsed=150.0, warmup_elapsed=100.0) == pytest.approx(1.8e-3)  # 50 of 500 s
     assert schedule.lr_at(7, elapsed=900.0) == 0.0  # past the budget: never negative
-    both = BudgetDecaySchedule("linear", 1, 2e-3, max_update=1000, max_seconds=600.0)
-    assert both.lr_at(501, elapsed=150.0) == pytest.approx(1e-3)  # the larger share: half the updates
+    both = BudgetDecaySchedule("linear", 1, 2e-3, max_update=1001, max_seconds=600.0)
+    assert both.lr_at(502, elapsed=150.0) == pytest.approx(1e-3)  # the larger share: half the updates
 
 
 def test_make_schedule_defaults_the_peak_to_the_papers_and_needs_a_budget():
     schedule = make_schedule("cosine", 4000, 512, None, max_update=100_000, max_seconds=None)
-    peak = InverseSqrtSchedule(4000, 512).lr_at(4000)
-    assert schedule.lr_at(4000) == pytest.approx(peak * 0.5 * (1 + math.cos(math.pi * 3999 / 100_000)), rel=1e-9)
+    assert schedule.lr_at(4000) == pytest.approx(InverseSqrtSchedule(4000, 512).lr_at(4000), rel=1e-12)
     assert isinstance(make_schedule("inverse_sqrt", 4000, 512, None, None, None), InverseSqrtSchedule)
     with pytest.raises(NmtError, match="give --max-update or --max-time"):
         TrainConfig(data="d", lr_schedule="linear", max_tokens=100)

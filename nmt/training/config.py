@@ -69,8 +69,8 @@ class TrainConfig:
         "panel": OPTIM})
     warmup_updates: int = field(default=4000, metadata={"help": "Linear warm-up updates.", "panel": OPTIM, "min": 1})
     lr_schedule: Literal["inverse_sqrt", "linear", "cosine"] = field(default="inverse_sqrt", metadata={
-        "help": "After the warm-up: inverse_sqrt (the paper's), or linear/cosine decay to 0 at the end of "
-                "--max-update or --max-time (the share of either spent so far).", "panel": OPTIM})
+        "help": "After the warm-up: inverse_sqrt (the paper's), or linear/cosine decay from the peak to 0 at the "
+                "end of --max-update or --max-time (the share of either spent after the warm-up).", "panel": OPTIM})
     adam_betas: tuple[float, float] = field(default=(0.9, 0.98), metadata={
         "help": "Adam betas, e.g. '0.9,0.98'.", "panel": OPTIM})
     adam_eps: float = field(default=1e-9, metadata={"help": "Adam epsilon.", "panel": OPTIM, "min": 0.0})

@@ -10,11 +10,12 @@ then ``peak * sqrt(warmup / step)``. The two are the same curve when
 ``step`` counts updates from 1: the first update uses ``lr_at(1)``. The schedules have no state
 of their own: they are functions of the update count and the training time, which checkpoints hold.
 
-``BudgetDecaySchedule`` warms up the same way, then anneals to zero at the end of the training
-budget (linearly or along a half cosine), as fairseq's ``polynomial_decay`` and ``cosine`` do over
-a fixed number of updates. Its budget can also be ``--max-time``: the share of the time spent so
-far then says where on the curve an update is, so a time-limited run ends annealed whatever the
-machine's speed (and is not bit-exact across a resume, as the update count it reaches is not).
+``BudgetDecaySchedule`` warms up the same way to the peak, then anneals from it to zero at the end
+of the training budget (linearly or along a half cosine), as fairseq's ``polynomial_decay`` and
+``cosine`` do over a fixed number of updates. Its budget can also be ``--max-time``: the share of
+the time after the warm-up spent so far then says where on the curve an update is, so a
+time-limited run ends annealed whatever the machine's speed (and is not bit-exact across a
+resume, as the update count it reaches is not).
 """
 
 from __future__ import annotations
@@ -28,12 +29,14 @@ from nmt.errors import NmtError
 
 
 class Schedule(Protocol):
-    def lr_at(self, step: int, elapsed: float = 0.0) -> float: ...
+    def lr_at(self, step: int, elapsed: float = 0.0, warmup_elapsed: float = 0.0) -> float: ...
 
 
-def set_lr(schedule: Schedule, optimizer: Optimizer, step: int, elapsed: float = 0.0) -> float:
-    """Set the learning rate for update number ``step`` (after ``elapsed`` training seconds) and return it."""
-    lr = schedule.lr_at(step, elapsed)
+def set_lr(schedule: Schedule, optimizer: Optimizer, step: int, elapsed: float = 0.0,
+           warmup_elapsed: float = 0.0) -> float:
+    """Set the learning rate for update number ``step`` and return it; ``elapsed``: the training
+    seconds before it, ``warmup_elapsed``: those the warm-up took (for a time-budgeted decay)."""
+    lr = schedule.lr_at(step, elapsed, warmup_elapsed)
     for group in optimizer.param_groups:
         group["lr"] = lr
     return lr
@@ -56,7 +59,7 @@ class InverseSqrtSchedule:
         self.d_model = d_model
         self.peak_lr = peak_lr
 
-    def lr_at(self, step: int, elapsed: float = 0.0) -> float:
+    def lr_at(self, step: int, elapsed: float = 0.0, warmup_elapsed: float = 0.0) -> float:
         step = max(step, 1)
         if self.peak_lr is None:
             return self.d_model ** -0.5 * min(step ** -0.5, step * self.warmup_updates ** -1.5)
@@ -66,9 +69,10 @@ class InverseSqrtSchedule:
 
 
 class BudgetDecaySchedule:
-    """``peak * min(step / warmup, 1) * decay(spent)``, ``spent`` the share of the budget used before
-    this update (of ``max_update`` updates or ``max_seconds`` of training, the larger share when
-    both are set): decay is ``1 - spent`` (linear) or ``(1 + cos(pi * spent)) / 2`` (cosine)."""
+    """Linear warm-up to ``peak``, then ``peak * decay(spent)``: ``spent`` is the share of the budget
+    after the warm-up used before this update (of ``max_update`` updates or ``max_seconds`` of
+    training, the larger share when both are set); decay is ``1 - spent`` (linear) or
+    ``(1 + cos(pi * spent)) / 2`` (cosine)."""
 
     def __init__(self, kind: str, warmup_updates: int, peak_lr: float, max_update: int | None,
                  max_seconds: float | None):
@@ -80,13 +84,18 @@ class BudgetDecaySchedule:
         self.kind, self.warmup_updates, self.peak_lr = kind, warmup_updates, peak_lr
         self.max_update, self.max_seconds = max_update, max_seconds
 
-    def spent(self, step: int, elapsed: float) -> float:
-        shares = [(step - 1) / self.max_update if self.max_update else 0.0,
-                  elapsed / self.max_seconds if self.max_seconds else 0.0]
+    def spent(self, step: int, elapsed: float, warmup_elapsed: float) -> float:
+        shares = [0.0]
+        if self.max_update:
+            shares.append((step - 1 - self.warmup_updates) / max(self.max_update - self.warmup_updates, 1))
+        if self.max_seconds:
+            shares.append((elapsed - warmup_elapsed) / max(self.max_seconds - warmup_elapsed, 1e-9))
         return min(max(shares), 1.0)
 
-    def lr_at(self, step: int, elapsed: float = 0.0) -> float:
+    def lr_at(self, step: int, elapsed: float = 0.0, warmup_elapsed: float = 0.0) -> float:
         step = max(step, 1)
-        spent = self.spent(step, elapsed)
+        if step <= self.warmup_updates:
+            return self.peak_lr * step / self.warmup_updates
+        spent = self.spent(step, elapsed, warmup_elapsed)
         decay = 1.0 - spent if self.kind == "linear" else 0.5 * (1.0 + math.cos(math.pi * spent))
-        return self.peak_lr * min(step / self.warmup_updates, 1.0) * decay
+        return self.peak_lr * decay

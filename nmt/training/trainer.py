@@ -57,6 +57,7 @@ class TrainState:
     best_valid_bleu: float | None = None  # with --eval-bleu
     bad_validations: int = 0  # validations since the best one (for --patience)
     elapsed: float = 0.0  # training seconds over all runs (for --max-time)
+    warmup_elapsed: float = 0.0  # training seconds when the warm-up ended (for a time-budgeted decay)
 
 
 @dataclass
@@ -193,7 +194,7 @@ class Trainer:
     def train_step(self, update: Update) -> StepResult:
         """Forward/backward over the update's batches and one optimizer step: this process's sums."""
         self.network.train()
-        set_lr(self.scheduler, self.optimizer, self.state.update + 1, self.state.elapsed)
+        set_lr(self.scheduler, self.optimizer, self.state.update + 1, self.state.elapsed, self.state.warmup_elapsed)
         self.optimizer.zero_grad(set_to_none=True)
         scale = self.context.world_size / max(update.num_tokens, 1)  # DDP averages over processes; undo that
         sums = torch.zeros(4, device=self.device)
@@ -353,6 +354,8 @@ class Trainer:
                 state.position = update.position
                 stepped = step.skipped is None
                 state.update += stepped
+                if stepped and state.update == config.warmup_updates:
+                    state.warmup_elapsed = state.elapsed
                 for meter in (interval, run_meter):
                     meter.add(step)
                 lr = self.optimizer.param_groups[0]["lr"]
