@@ -73,9 +73,9 @@ def sinusoidal_positions(length: int, dim: int) -> Tensor:
 class Dropout(nn.Module):
     """Inverted dropout whose mask comes from ``torch.rand_like``.
 
-    ``nn.Dropout`` draws its mask with ``bernoulli_``, which on CPU took 10-15 ms per call on a
-    (4,096 x 256) activation against 4-7 ms for ``rand_like`` (docs/performance.md): with dropout
-    after every sub-layer that was 10-15% of a training update. Same distribution, another draw.
+    ``nn.Dropout`` draws its mask with ``bernoulli_``, which on one CPU took 20 ms per (4,096 x 256)
+    activation against 8.5 ms for ``rand_like`` (about 3% of a training update there; the CPU and
+    command are in docs/performance.md). Same distribution, another draw.
     """
 
     def __init__(self, p: float):

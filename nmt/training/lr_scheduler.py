@@ -25,7 +25,6 @@ from typing import Protocol
 
 from torch.optim import Optimizer
 
-from nmt.errors import NmtError
 
 
 class Schedule(Protocol):
@@ -78,9 +77,8 @@ class BudgetDecaySchedule:
                  max_seconds: float | None):
         if kind not in ("linear", "cosine"):
             raise ValueError(f"unknown decay {kind!r}")
-        if not max_update and not max_seconds:
-            raise NmtError(f"--lr-schedule {kind} decays to 0 at the end of the budget: give --max-update or "
-                           "--max-time")
+        if not max_update and not max_seconds:  # TrainConfig refuses this with a one-line error first
+            raise ValueError(f"a {kind} decay needs max_update or max_seconds")
         self.kind, self.warmup_updates, self.peak_lr = kind, warmup_updates, peak_lr
         self.max_update, self.max_seconds = max_update, max_seconds
 

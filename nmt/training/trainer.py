@@ -247,15 +247,15 @@ class Trainer:
         if self.out_of_memory >= MAX_OOM_SKIPS:
             raise NmtError(f"out of memory on {self.out_of_memory} updates; lower --max-tokens")
 
-    def agree(self, step: StepResult, interrupted: bool, time_up: bool) -> tuple[StepResult, bool, bool, float]:
-        """Sum the step over all processes, and share the stop flags and the main process's training
-        time (the learning rate may depend on it), so that every process acts alike."""
+    def agree(self, step: StepResult, interrupted: bool) -> tuple[StepResult, bool, float]:
+        """Sum the step over all processes, and share the interrupt flag and the main process's training
+        time (--max-time and the learning rate read it), so that every process acts alike."""
         elapsed = self.elapsed() if self.context.is_main else 0.0
-        values = [step.loss, step.nll, step.tokens, step.sentences, float(interrupted), float(time_up), elapsed]
-        loss, nll, tokens, sentences, interrupted, time_up, elapsed = all_reduce_sum(
+        values = [step.loss, step.nll, step.tokens, step.sentences, float(interrupted), elapsed]
+        loss, nll, tokens, sentences, interrupted, elapsed = all_reduce_sum(
             torch.tensor(values, dtype=torch.float64, device=self.device), self.context).tolist()
         return dataclasses.replace(step, loss=loss, nll=nll, tokens=tokens, sentences=sentences), bool(interrupted), \
-            bool(time_up), elapsed
+            elapsed
 
     # -- validation ------------------------------------------------------------------------------------
 
@@ -348,9 +348,9 @@ class Trainer:
         with self.display.epoch(state.epoch, total, total - epoch.num_updates(state.position)):
             for update in epoch:
                 step = self.train_step(update)
-                # Every process must agree to stop at the same update: the flags travel with the sums.
-                time_up = context.is_main and max_time is not None and self.elapsed() >= max_time
-                step, interrupted, time_up, state.elapsed = self.agree(step, interrupt.requested, time_up)
+                # Every process must agree to stop at the same update: the flag and the time travel with the sums.
+                step, interrupted, state.elapsed = self.agree(step, interrupt.requested)
+                time_up = max_time is not None and state.elapsed >= max_time
                 state.position = update.position
                 stepped = step.skipped is None
                 state.update += stepped
