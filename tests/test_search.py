@@ -49,8 +49,10 @@ class ToyDecoder:
     def decode(self, new_tokens: torch.Tensor, source: torch.Tensor, cache: ToyCache) -> torch.Tensor:
         assert new_tokens.size(1) == 1, "beam search feeds one new token per step"
         cache.prefix = new_tokens if cache.prefix is None else torch.cat([cache.prefix, new_tokens], dim=1)
+        assert len(new_tokens) % len(source) == 0, "each sentence has the same number of rows"
+        sources = source.repeat_interleave(len(new_tokens) // len(source), dim=0)  # its beams, one after another
         rows = [self.table(tuple(s[s.ne(PAD_ID)].tolist()), tuple(p[1:].tolist()))
-                for s, p in zip(source, cache.prefix)]
+                for s, p in zip(sources, cache.prefix)]
         return torch.stack(rows)[:, None, :]
 
 

@@ -81,6 +81,26 @@ def test_cache_reorder_follows_beam_indices():
     assert cache.length == 4
 
 
+def test_rows_grouped_per_sentence_read_their_own_source():
+    """Beam search keeps one encoder row per sentence for its k beams (k consecutive decoder rows):
+    that must equal decoding with each sentence's encoder output copied k times."""
+    model = make_model()
+    src = random_tokens(2, 6)
+    src[0, 4:] = PAD_ID
+    prev = torch.cat([torch.full((6, 1), BOS_ID), random_tokens(6, 3, seed=4)], dim=1)  # 3 rows per sentence
+    encoder_out = model.encode(src)
+    copied = model.reorder_encoder_out(encoder_out, torch.tensor([0, 0, 0, 1, 1, 1]))
+    with torch.no_grad():
+        grouped, cache = [], model.new_cache()
+        for t in range(prev.size(1)):
+            grouped.append(model.decode(prev[:, t:t + 1], encoder_out, cache))
+    torch.testing.assert_close(torch.cat(grouped, dim=1), model.decode(prev, copied), rtol=0, atol=1e-5)
+    other = model.decode(prev, model.reorder_encoder_out(encoder_out, torch.tensor([1, 1, 1, 0, 0, 0])))
+    assert not torch.allclose(other, model.decode(prev, copied), atol=1e-3)  # the sentences do differ
+    with pytest.raises(ValueError, match="same number of rows"):
+        model.decode(prev[:5], encoder_out)
+
+
 def test_three_way_tying_is_one_tensor():
     model = make_model()
     assert model.src_embed.weight is model.tgt_embed.weight

@@ -8,7 +8,7 @@ candidates that end in EOS among the first ``beam`` are finished, scored with th
 penalty; the first ``beam`` others stay alive (a sampled line that ended stays dead). A sentence
 is done once it has ``beam`` finished hypotheses and no alive one can still beat the worst of
 them; done sentences leave the batch, and the decoder cache is reordered to follow the
-surviving beams."""
+surviving beams. The encoder output keeps one row per sentence, which its beams share."""
 
 from __future__ import annotations
 
@@ -161,10 +161,7 @@ def beam_search(model: SearchableModel, source: Tensor, options: SearchOptions, 
     # Beam search starts from one row per sentence (its beams would all be the same prefix, BOS)
     # and widens to `beam` rows after the first step; sampling draws `beam` lines from the start.
     width = beam if options.sampling else 1  # rows per sentence now
-    encoder_out = model.encode(source)
-    if width > 1:
-        expand = torch.arange(sentences, device=device).repeat_interleave(width)
-        encoder_out = model.reorder_encoder_out(encoder_out, expand)
+    encoder_out = model.encode(source)  # one row per sentence, shared by its `width` decoder rows
     cache = model.new_cache()
 
     tokens = torch.full((sentences * width, 1), BOS_ID, dtype=torch.long, device=device)
@@ -206,14 +203,13 @@ def beam_search(model: SearchableModel, source: Tensor, options: SearchOptions, 
             still = (~done).nonzero(as_tuple=True)[0]
             keep_rows, keep_tokens, scores = keep_rows[still], keep_tokens[still], scores[still]
             alive_ids = alive_ids[still]
+            encoder_out = model.reorder_encoder_out(encoder_out, still)
         order = keep_rows.reshape(-1)
         step_scores = logprobs[order, keep_tokens.reshape(-1)]
         tokens = torch.cat([tokens[order], keep_tokens.reshape(-1, 1)], dim=1)
         token_scores = torch.cat([token_scores[order], step_scores.unsqueeze(1)], dim=1)
         cache.reorder(order)
-        if done.any() or width != beam:  # rows follow their sentence; beams of one sentence share its source
-            encoder_out = model.reorder_encoder_out(encoder_out, order)
-            width = beam
+        width = beam
 
     return [sorted(hyps, key=lambda h: -h.score)[: options.nbest] for hyps in finished]
 

@@ -23,12 +23,14 @@ class SearchableModel(Protocol):
         """The encoder output for a padded batch of sources (batch, length), one row per sentence."""
 
     def reorder_encoder_out(self, encoder_out: Any, indices: Tensor) -> Any:
-        """Encoder rows for new decoder rows: row i becomes old row ``indices[i]``. Search calls it
-        only when rows change sentence (widening to the beam, sentences leaving); the beams of one
-        sentence share its row's content, so moving beams within a sentence needs no call."""
+        """The encoder output of some sentences: row i becomes old row ``indices[i]``. Search calls it
+        when sentences leave the batch; beams move within their sentence, which needs no call."""
 
     def new_cache(self) -> DecoderState:
         """An empty decoder state for incremental decoding."""
 
     def decode(self, prev_output_tokens: Tensor, encoder_out: Any, cache: DecoderState) -> Tensor:
-        """Logits (rows, new, vocab) for the new tokens (rows, new), continuing ``cache`` and updating it."""
+        """Logits (rows, new, vocab) for the new tokens (rows, new), continuing ``cache`` and updating it.
+
+        ``rows`` is k times the encoder output's sentences, k consecutive rows per sentence (its beams,
+        1 at beam search's first step), so that the encoder output is never copied per beam."""

@@ -164,8 +164,15 @@ class DecoderLayer(nn.Module):
                 return self.self_attn(h, k, v, is_causal=True)
             return self.self_attn(h, k, v, mask=causal_mask(new, past, h.device))
 
+        def cross_attend(h: Tensor) -> Tensor:
+            # Rows come in groups, one group per source sentence (its beams): each group's queries
+            # attend to its source's keys together, which are stored once, not once per beam.
+            rows, new, dim = h.shape
+            grouped = h.reshape(memory[0].size(0), -1, dim)
+            return self.cross_attn(grouped, *memory, mask=memory_mask).view(rows, new, dim)
+
         x = self.self_block(x, self_attend)
-        x = self.cross_block(x, lambda h: self.cross_attn(h, *memory, mask=memory_mask))
+        x = self.cross_block(x, cross_attend)
         return self.ffn_block(x, self.ffn)
 
 
@@ -240,9 +247,13 @@ class Transformer(nn.Module):
         """Logits for each given target position (or, features_only, the states they are projected from).
 
         Without a cache, ``prev_output_tokens`` is the whole (teacher-forced) prefix. With one,
-        it holds only the new tokens, which continue the positions already cached. Training asks for
-        the states: its loss projects them itself (nmt/training/loss.py).
+        it holds only the new tokens, which continue the positions already cached. Its rows may be
+        k times the encoder's: k consecutive rows per sentence (beam search's beams). Training asks
+        for the states: its loss projects them itself (nmt/training/loss.py).
         """
+        if prev_output_tokens.size(0) % encoder_out.states.size(0):
+            raise ValueError(f"{prev_output_tokens.size(0)} decoder rows for {encoder_out.states.size(0)} "
+                             "sentences: each sentence needs the same number of rows")
         offset = cache.length if cache is not None else 0
         x = self._embed(self.tgt_embed, prev_output_tokens, offset)
         memory_mask = ~encoder_out.padding_mask[:, None, None, :]
