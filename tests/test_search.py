@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from nmt.data.vocabulary import BOS_ID, EOS_ID, PAD_ID, UNK_ID
-from nmt.generation.search import (Hypothesis, SearchOptions, beam_search, constrain, is_done, length_penalty,
+from nmt.generation.search import (NEG_INF, Hypothesis, SearchOptions, beam_search, constrain, is_done, length_penalty,
                                    max_lengths, select_top)
 from nmt.models.registry import build_model, get_arch, resolve_config
 
@@ -150,11 +150,34 @@ def test_no_repeat_ngram_bans_exactly_the_repeating_token():
 
 
 def test_select_top_returns_best_continuations_with_their_beams():
-    scores = torch.full((1, 2, 4), -10.0)
-    scores[0, 1, 3], scores[0, 0, 2], scores[0, 1, 0] = -1.0, -2.0, -3.0
-    best, beams, tokens = select_top(scores, beam=2)
-    assert best[0, :3].tolist() == [-1.0, -2.0, -3.0]
+    logprobs = torch.full((2, 4), -10.0)
+    logprobs[1, 3], logprobs[0, 2], logprobs[1, 0] = -1.0, -2.5, -3.0
+    best, beams, tokens = select_top(torch.tensor([[0.0, -0.5]]), logprobs, beam=2)
+    assert best[0].tolist() == [-1.5, -2.5, -3.5, -10.0]
     assert beams[0, :3].tolist() == [1, 0, 1] and tokens[0, :3].tolist() == [3, 2, 0]
+
+
+@pytest.mark.parametrize("vocab", [7, 64, 200, 8000])
+@pytest.mark.parametrize("width", [1, 3])
+def test_select_top_equals_ranking_every_continuation(vocab, width):
+    """The block search finds the same continuations as summing and ranking all of them, also with
+    banned (-inf) tokens, the best ones crowded into one row or one block, and a short last block."""
+    generator = torch.Generator().manual_seed(vocab + width)
+    beam, sentences = 4, 5
+    scores = torch.randn(sentences, width, generator=generator)
+    logprobs = torch.randn(sentences * width, vocab, generator=generator).log_softmax(dim=1)
+    logprobs[:, :2] = NEG_INF
+    logprobs[0, -5:] += 20.0  # sentence 0's best continuations all in one row's last block
+    scores[1, -1] = NEG_INF  # a dead row
+    best, beams, tokens = select_top(scores, logprobs, beam)
+    everything = (scores.unsqueeze(2) + logprobs.view(sentences, width, vocab)).view(sentences, -1)
+    expected = everything.topk(min(2 * beam, width * vocab), dim=1)
+    count = expected.values.size(1)
+    assert torch.equal(best[:, :count], expected.values)
+    finite = torch.isfinite(expected.values)  # which of several dead (-inf) candidates comes first does not matter
+    assert torch.equal((beams[:, :count] * vocab + tokens[:, :count])[finite], expected.indices[finite])
+    assert torch.isinf(best[:, count:]).all()
+    assert ((tokens >= 0) & (tokens < vocab)).all()
 
 
 def test_is_done_only_when_no_alive_hypothesis_can_beat_the_worst_finished():
