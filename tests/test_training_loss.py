@@ -105,17 +105,21 @@ def test_bf16_autocast_projects_in_bf16_and_sums_in_float32():
     assert states.grad.dtype == weight.grad.dtype == torch.float32
 
 
-def test_without_grad_no_gradient_is_computed(monkeypatch):
+def test_only_the_gradients_asked_for_are_computed(monkeypatch):
     computed = []
     original = loss_module._chunked_loss
-    monkeypatch.setattr(loss_module, "_chunked_loss", lambda *args, with_grad: computed.append(with_grad) or
-                        original(*args, with_grad=with_grad))
+    monkeypatch.setattr(loss_module, "_chunked_loss", lambda *args: computed.append(args[4:]) or original(*args))
     states, weight = torch.randn(2, 3, 4, requires_grad=True), torch.randn(6, 4, requires_grad=True)
     target = torch.randint(1, 6, (2, 3))
     with torch.no_grad():
         label_smoothed_cross_entropy(states, weight, target, 0.1, PAD)
     label_smoothed_cross_entropy(states, weight, target, 0.1, PAD)
-    assert computed == [False, True]
+    frozen = weight.detach()  # a frozen output projection: no weight gradient is made for it
+    loss, _ = label_smoothed_cross_entropy(states, frozen, target, 0.1, PAD)
+    loss.backward()
+    assert computed == [(), (True, True), (True, False)]
+    expected = torch.autograd.grad(reference(states, frozen, target, 0.1)[0], states)[0]
+    torch.testing.assert_close(states.grad, expected)
 
 
 def test_all_padding_gives_zero_loss_and_zero_gradients():

@@ -30,17 +30,18 @@ def _compute_dtype(states: Tensor) -> torch.dtype:
     return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else states.dtype
 
 
-def _chunked_loss(states: Tensor, weight: Tensor, target: Tensor, epsilon: float,
-                  with_grad: bool) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
-    """Summed (loss, nll) over the rows of ``states`` (N, d), and, with_grad, d loss / d states and weight."""
+def _chunked_loss(states: Tensor, weight: Tensor, target: Tensor, epsilon: float, states_grad: bool = False,
+                  weight_grad: bool = False) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
+    """Summed (loss, nll) over the rows of ``states`` (N, d), and the gradients asked for: d loss / d states,
+    d loss / d weight (a frozen projection costs no weight gradient)."""
     dtype = _compute_dtype(states)
     states, weight = states.to(dtype), weight.to(dtype)
     vocabulary = weight.size(0)
     rows = max(1, CHUNK_ELEMENTS // vocabulary)
     loss = torch.zeros((), dtype=torch.float32, device=states.device)
     nll = torch.zeros_like(loss)
-    grad_states = torch.empty_like(states) if with_grad else None
-    grad_weight = torch.zeros_like(weight, dtype=torch.float32) if with_grad else None
+    grad_states = torch.empty_like(states) if states_grad else None
+    grad_weight = torch.zeros_like(weight, dtype=torch.float32) if weight_grad else None
     for start in range(0, states.size(0), rows):
         chunk, chunk_target = states[start:start + rows], target[start:start + rows].unsqueeze(1)
         lprobs = torch.log_softmax((chunk @ weight.t()).float(), dim=-1)
@@ -48,14 +49,15 @@ def _chunked_loss(states: Tensor, weight: Tensor, target: Tensor, epsilon: float
         smooth = -lprobs.mean(dim=-1, keepdim=True)  # cross-entropy against the uniform distribution
         loss += ((1.0 - epsilon) * chunk_nll + epsilon * smooth).sum()
         nll += chunk_nll.sum()
-        if with_grad:
+        if states_grad or weight_grad:
             grad = lprobs.exp_().sub_(epsilon / vocabulary)  # softmax - epsilon/V, in place of lprobs
             grad.scatter_add_(1, chunk_target, torch.full_like(chunk_nll, epsilon - 1.0))
             grad = grad.to(dtype)
-            torch.mm(grad, weight, out=grad_states[start:start + rows])
-            if dtype == torch.float32:
+            if states_grad:
+                torch.mm(grad, weight, out=grad_states[start:start + rows])
+            if weight_grad and dtype == torch.float32:
                 grad_weight.addmm_(grad.t(), chunk)
-            else:
+            elif weight_grad:
                 grad_weight += (grad.t() @ chunk).float()
     return loss, nll, grad_states, grad_weight
 
@@ -65,7 +67,7 @@ class ProjectedLabelSmoothedCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, states: Tensor, weight: Tensor, target: Tensor, epsilon: float) -> tuple[Tensor, Tensor]:
-        loss, nll, grad_states, grad_weight = _chunked_loss(states, weight, target, epsilon, with_grad=True)
+        loss, nll, grad_states, grad_weight = _chunked_loss(states, weight, target, epsilon, *ctx.needs_input_grad[:2])
         ctx.save_for_backward(grad_states, grad_weight)
         ctx.states_dtype, ctx.weight_dtype = states.dtype, weight.dtype
         ctx.mark_non_differentiable(nll)  # reported, never trained on
@@ -75,8 +77,8 @@ class ProjectedLabelSmoothedCrossEntropy(torch.autograd.Function):
     def backward(ctx, grad_loss: Tensor, _grad_nll: Tensor) -> tuple[Tensor, Tensor, None, None]:
         grad_states, grad_weight = ctx.saved_tensors
         # Widened before scaling: an fp16 loss scale times fp16 gradients could overflow.
-        return (grad_states.to(ctx.states_dtype) * grad_loss, grad_weight.to(ctx.weight_dtype) * grad_loss,
-                None, None)
+        return (None if grad_states is None else grad_states.to(ctx.states_dtype) * grad_loss,
+                None if grad_weight is None else grad_weight.to(ctx.weight_dtype) * grad_loss, None, None)
 
 
 def label_smoothed_cross_entropy(states: Tensor, weight: Tensor, target: Tensor, epsilon: float,
@@ -94,5 +96,5 @@ def label_smoothed_cross_entropy(states: Tensor, weight: Tensor, target: Tensor,
     if torch.is_grad_enabled() and (states.requires_grad or weight.requires_grad):
         loss, nll = ProjectedLabelSmoothedCrossEntropy.apply(rows, weight, real_target, epsilon)
     else:
-        loss, nll, _, _ = _chunked_loss(rows, weight, real_target, epsilon, with_grad=False)
+        loss, nll, _, _ = _chunked_loss(rows, weight, real_target, epsilon)
     return loss, nll
