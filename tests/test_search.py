@@ -35,6 +35,7 @@ class ToyDecoder:
 
     def __init__(self, table: Table):
         self.table = table
+        self.calls: list[tuple[int, int]] = []  # (decoder rows, encoder rows) of each step
 
     def encode(self, source: torch.Tensor) -> torch.Tensor:
         return source
@@ -50,6 +51,7 @@ class ToyDecoder:
         assert new_tokens.size(1) == 1, "beam search feeds one new token per step"
         cache.prefix = new_tokens if cache.prefix is None else torch.cat([cache.prefix, new_tokens], dim=1)
         assert len(new_tokens) % len(source) == 0, "each sentence has the same number of rows"
+        self.calls.append((len(new_tokens), len(source)))
         sources = source.repeat_interleave(len(new_tokens) // len(source), dim=0)  # its beams, one after another
         rows = [self.table(tuple(s[s.ne(PAD_ID)].tolist()), tuple(p[1:].tolist()))
                 for s, p in zip(sources, cache.prefix)]
@@ -325,6 +327,19 @@ def test_batched_search_equals_one_sentence_at_a_time_on_a_toy_decoder():
     alone = [beam_search(decoder, sources(row), options)[0] for row in rows]
     assert [[(h.tokens, h.score) for h in hyps] for hyps in batched] == \
         [[(h.tokens, h.score) for h in hyps] for hyps in alone]
+
+
+@pytest.mark.parametrize("sampling", [False, True])
+def test_the_encoder_output_keeps_one_row_per_alive_sentence(sampling):
+    """Beams share their sentence's encoder row (never copied per beam), and sentences that are
+    done leave both the decoder rows and the encoder output."""
+    decoder = ToyDecoder(random_table(5, sharpness=1.0))
+    options = SearchOptions(beam=3, nbest=3, max_len_b=6, sampling=sampling)
+    beam_search(decoder, sources([4, 5, 6, 4, 5, 6, 4], [4], [6, 5, 4]), options, torch.Generator().manual_seed(1))
+    widths = [rows // sentences for rows, sentences in decoder.calls]
+    assert widths == [1 if not sampling else 3] + [3] * (len(widths) - 1)
+    sentences = [sentences for _, sentences in decoder.calls]
+    assert sentences[0] == 3 and sentences[-1] < 3 and sentences == sorted(sentences, reverse=True)
 
 
 # --- sampling shares the loop ------------------------------------------------------------------

@@ -117,9 +117,12 @@ def test_only_the_gradients_asked_for_are_computed(monkeypatch):
     frozen = weight.detach()  # a frozen output projection: no weight gradient is made for it
     loss, _ = label_smoothed_cross_entropy(states, frozen, target, 0.1, PAD)
     loss.backward()
-    assert computed == [(), (True, True), (True, False)]
-    expected = torch.autograd.grad(reference(states, frozen, target, 0.1)[0], states)[0]
-    torch.testing.assert_close(states.grad, expected)
+    fixed_states = states.detach()  # and frozen inputs: no states gradient
+    label_smoothed_cross_entropy(fixed_states, weight, target, 0.1, PAD)[0].backward()
+    assert computed == [(), (True, True), (True, False), (False, True)]
+    torch.testing.assert_close(states.grad, torch.autograd.grad(reference(states, frozen, target, 0.1)[0], states)[0])
+    torch.testing.assert_close(weight.grad, torch.autograd.grad(reference(fixed_states, weight, target, 0.1)[0],
+                                                                weight)[0])
 
 
 def test_all_padding_gives_zero_loss_and_zero_gradients():

@@ -95,6 +95,7 @@ def test_rows_grouped_per_sentence_read_their_own_source():
         for t in range(prev.size(1)):
             grouped.append(model.decode(prev[:, t:t + 1], encoder_out, cache))
     torch.testing.assert_close(torch.cat(grouped, dim=1), model.decode(prev, copied), rtol=0, atol=1e-5)
+    torch.testing.assert_close(model.decode(prev, encoder_out), model.decode(prev, copied), rtol=0, atol=1e-5)
     other = model.decode(prev, model.reorder_encoder_out(encoder_out, torch.tensor([1, 1, 1, 0, 0, 0])))
     assert not torch.allclose(other, model.decode(prev, copied), atol=1e-3)  # the sentences do differ
     with pytest.raises(ValueError, match="same number of rows"):

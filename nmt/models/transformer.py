@@ -168,7 +168,8 @@ class DecoderLayer(nn.Module):
             # Rows come in groups, one group per source sentence (its beams): each group's queries
             # attend to its source's keys together, which are stored once, not once per beam.
             rows, new, dim = h.shape
-            grouped = h.reshape(memory[0].size(0), -1, dim)
+            sentences = memory[0].size(0)
+            grouped = h.reshape(sentences, rows // sentences * new, dim)
             return self.cross_attn(grouped, *memory, mask=memory_mask).view(rows, new, dim)
 
         x = self.self_block(x, self_attend)
@@ -272,7 +273,7 @@ class Transformer(nn.Module):
 
     @staticmethod
     def reorder_encoder_out(encoder_out: EncoderOut, indices: Tensor) -> EncoderOut:
-        """Rows for other sentences (beam search: when the batch is expanded and when sentences leave)."""
+        """Rows for other sentences (beam search: when sentences leave the batch)."""
         states, padding_mask, memory = encoder_out
         return EncoderOut(states.index_select(0, indices), padding_mask.index_select(0, indices),
                           tuple((k.index_select(0, indices), v.index_select(0, indices)) for k, v in memory))
