@@ -97,14 +97,15 @@ def nmt_translator(path: Path, options: GenerateOptions) -> Translator:
 
 def ct2_translator(path: Path, options: GenerateOptions, quantization: str, workdir: Path) -> Translator:
     """The model exported to CTranslate2 (once per weight type, into ``workdir``), decoded as
-    `--engine ctranslate2` does, with torch's thread count."""
+    `--engine ctranslate2` does, with torch's thread count (shared among --workers, its inter_threads)."""
     from nmt.export.ctranslate2 import ExportOptions, export_ctranslate2
     from nmt.generation.ctranslate2_engine import open_translator, translate_ids_ctranslate2
 
     directory = workdir / f"ct2-{quantization}"
     if not directory.exists():
         export_ctranslate2(ExportOptions(str(path), str(directory), quantization))
-    translator, vocabs = open_translator(directory, torch.device("cpu"), "default")  # computes in the stored type
+    translator, vocabs = open_translator(directory, torch.device("cpu"), "default",  # computes in the stored type
+                                         options.batching.workers)
     options = dataclasses.replace(options, search=dataclasses.replace(options.search, lenpen_style="fairseq"))
 
     def translate(lines: list[str]) -> list[list[int]]:
@@ -192,6 +193,8 @@ def main() -> None:
                         help="nmt's stopping rule (generate --stop; finished is CTranslate2's)")
     parser.add_argument("--max-tokens", type=int, default=8000)
     parser.add_argument("--threads", default="1,2", help="comma-separated torch thread counts")
+    parser.add_argument("--workers", type=int, default=1, help="batches decoded at once, sharing the threads "
+                        "(generate --workers; CTranslate2's inter_threads)")
     parser.add_argument("--settings", default="fp32,bf16,int8" + (",ct2-float32,ct2-int8" if HAVE_CT2 else ""),
                         help=f"comma-separated, from {', '.join([*SETTINGS, *CT2_SETTINGS])}")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per setting; the table shows the median")
@@ -216,6 +219,7 @@ def main() -> None:
         model_name = str(args.path) if args.path else f"random transformer_small, vocab {args.vocab_size}"
         length_rule = dict(max_len_a=1.0, max_len_b=50) if args.path else dict(max_len_a=1.0, max_len_b=2)
         table = Table(title=f"nmt generate, beam {args.beam}, lenpen {args.lenpen:g}, stop {args.stop}, "
+                            f"{args.workers} worker(s), "
                             f"Multi30k test_2016_flickr ({len(lines):,} sentences), "
                             f"{model_name}, max length {length_rule['max_len_a']:g}*src+{length_rule['max_len_b']}, "
                             f"{describe_cpu()}, torch {torch.__version__}")
@@ -232,6 +236,8 @@ def main() -> None:
                 search = dict(beam=args.beam, lenpen=args.lenpen, max_tokens=args.max_tokens, **length_rule)
                 if args.stop != "exact":  # older checkouts (--before) have no stop option
                     search["stop"] = args.stop
+                if args.workers != 1:  # nor workers
+                    search["workers"] = args.workers
                 timings = [(name, lambda: time_translation(make_translator(name, Path(path), search, Path(tmp)),
                                                            lines, args.repeats))]
                 if args.before and name in SETTINGS:

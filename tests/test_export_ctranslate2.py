@@ -55,19 +55,22 @@ def options_of_generate(**values) -> GenerateOptions:
 def ct2_hypotheses(exported, sources, options):
     from nmt.generation.ctranslate2_engine import open_translator, translate_ids_ctranslate2
 
-    translator, vocabs = open_translator(exported, torch.device("cpu"), "default")
+    translator, vocabs = open_translator(exported, torch.device("cpu"), "default", options.batching.workers)
     return translate_ids_ctranslate2(translator, vocabs, sources, options)
 
 
 @needs_ct2
-@pytest.mark.parametrize("beam", [1, 4])
-def test_greedy_and_beam_outputs_equal_nmts_own(trained, exported, sources, beam):
+@pytest.mark.parametrize("beam,workers", [(1, 1), (4, 1), (4, 2)])
+def test_greedy_and_beam_outputs_equal_nmts_own(trained, exported, sources, beam, workers):
     options = options_of_generate(beam=beam, lenpen=0.0, max_tokens=2000)
     model, _ = prepare_model(trained, torch.device("cpu"))
     ours = [hyps[0].tokens for hyps in translate_ids(model, sources, options.search, options.batching)]
-    theirs = [hyps[0].tokens for hyps in ct2_hypotheses(exported, sources, options)]
+    # workers: several batches at once on both sides (CTranslate2's inter_threads)
+    parallel = options_of_generate(beam=beam, lenpen=0.0, max_tokens=200, workers=workers)
+    theirs = [hyps[0].tokens for hyps in ct2_hypotheses(exported, sources, parallel)]
     assert len(set(map(tuple, ours))) > 20  # varied translations, not one degenerate output
     assert theirs == ours
+    assert [hyps[0].tokens for hyps in translate_ids(model, sources, parallel.search, parallel.batching)] == ours
 
 
 @needs_ct2

@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ from nmt.checkpoint import Vocabularies, model_state, save_checkpoint
 from nmt.data.dataset import DataDir
 from nmt.data.vocabulary import EOS_ID, PAD_ID
 from nmt.errors import NmtError
+import nmt.generation.generator as generator_module
 from nmt.generation.generator import GenerateOptions, generate, inference_device, prepare_model, translate_ids
 from nmt.options import build
 from nmt.models.registry import build_model, get_arch, resolve_config
@@ -103,6 +105,38 @@ def test_hypotheses_do_not_depend_on_batching_or_input_order(data_dir, checkpoin
     assert run(identity, max_tokens=100) == alone
     assert run(shuffled, batch_size=7, max_tokens=None) == alone  # other neighbours, other padding
     assert run(identity[::-1], batch_size=64, max_tokens=None) == alone
+    assert run(shuffled, batch_size=5, max_tokens=None, workers=3) == alone  # batches on three threads at once
+
+
+def test_workers_run_batches_at_the_same_time_with_their_share_of_the_threads(checkpoint, data_dir, monkeypatch):
+    model, _ = prepare_model(checkpoint, torch.device("cpu"))
+    split = DataDir.open(data_dir).split("test")
+    sources = [split.source[i] for i in range(len(split))]
+    seen, lock, both_running = [], threading.Lock(), threading.Barrier(2, timeout=30)
+    search = generator_module.beam_search
+
+    def watched(*args, **kwargs):
+        with lock:
+            seen.append((threading.get_ident(), torch.is_inference_mode_enabled()))
+            first_two = len(seen) <= 2
+        if first_two:
+            both_running.wait()  # the first two batches are in flight together, or this times out
+        return search(*args, **kwargs)
+
+    set_threads = []
+    monkeypatch.setattr(generator_module, "beam_search", watched)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 4)  # as if the process had 4 threads: 2 per worker
+    monkeypatch.setattr(torch, "set_num_threads", set_threads.append)
+    chosen = options(checkpoint, beam=2, max_len_b=4, batch_size=4, max_tokens=None, workers=2)
+    translate_ids(model, sources, chosen.search, chosen.batching)
+    assert len(seen) >= 3 and set_threads == [2] * len(seen)
+    assert len({thread for thread, _ in seen}) == 2 and threading.get_ident() not in {t for t, _ in seen}
+    assert all(inference for _, inference in seen)  # inference mode is per thread: each worker enters it
+
+
+def test_workers_refuse_sampling(checkpoint):
+    with pytest.raises(NmtError, match="--workers > 1 cannot be used with --sampling"):
+        options(checkpoint, sampling=True, workers=2)
 
 
 def test_raw_input_translations_match_one_sentence_runs(checkpoint, tmp_path):

@@ -44,6 +44,7 @@ from nmt.data.vocabulary import BOS_ID, EOS_ID, PAD_ID
 from nmt.errors import NmtError
 from nmt.export.ctranslate2 import ExportOptions, export_ctranslate2, import_ctranslate2, load_vocabularies
 from nmt.generation.search import Hypothesis, max_lengths
+from nmt.generation.workers import map_in_workers, threads_per_worker
 from nmt.log import logger
 
 if TYPE_CHECKING:
@@ -77,20 +78,23 @@ def load_ctranslate2(options: GenerateOptions, device: torch.device) -> tuple[Tr
         raise NmtError("--engine ctranslate2 decodes with one model: give one --path (ensembles need --engine nmt)")
     compute, reason = compute_type(options, device)
     logger.info("CTranslate2 compute type: %s (%s)", compute, reason)
-    translator, vocabs = open_translator(Path(options.path[0]), device, compute)
+    translator, vocabs = open_translator(Path(options.path[0]), device, compute, options.batching.workers)
     return lambda sources, progress: translate_ids_ctranslate2(translator, vocabs, sources, options, progress), vocabs
 
 
-def open_translator(path: Path, device: torch.device, compute: str) -> tuple[ctranslate2.Translator, Vocabularies]:
+def open_translator(path: Path, device: torch.device, compute: str, workers: int = 1
+                    ) -> tuple[ctranslate2.Translator, Vocabularies]:
     """An exported directory as it is; a checkpoint is exported to a temporary directory first
-    (the translator reads its files into memory, so the directory can go right after)."""
+    (the translator reads its files into memory, so the directory can go right after). ``workers``
+    batches run at once (CTranslate2's inter_threads), sharing torch's thread count."""
     ctranslate2 = import_ctranslate2()
     with tempfile.TemporaryDirectory(prefix="nmt-ct2-") as tmp:
         directory = path if path.is_dir() else export_ctranslate2(ExportOptions(str(path), str(Path(tmp) / "model")))
         vocabs = load_vocabularies(directory)
         try:
             translator = ctranslate2.Translator(str(directory), device=device.type, device_index=device.index or 0,
-                                                compute_type=compute, intra_threads=torch.get_num_threads())
+                                                compute_type=compute, inter_threads=workers,
+                                                intra_threads=threads_per_worker(workers))
         except (RuntimeError, ValueError) as exc:
             raise NmtError(f"CTranslate2 cannot run {path}: {str(exc).strip().splitlines()[0]}") from exc
     return translator, vocabs
@@ -112,16 +116,23 @@ def translate_ids_ctranslate2(translator: ctranslate2.Translator, vocabs: Vocabu
     task = progress.add_task("translating", total=len(sources), completed=len(sources) - len(todo)) \
         if progress else None
     output_tokens = 0
+    batches = []  # (source indices, their max length): one translate_batch call each
     for limit in np.unique(limits):
         group = todo[limits == limit]
-        for positions in batch_by_size(lengths[limits == limit], None, max_tokens, options.batching.batch_size):
-            indices = group[positions]
-            batch = [[vocabs.source.piece(i) for i in sources[index][:-1]] for index in indices]
-            for index, hyps in zip(indices.tolist(), decode_batch(translator, vocabs, batch, int(limit), options)):
-                results[index] = hyps
-            if progress:
-                output_tokens += sum(len(results[i][0].tokens) for i in indices)
-                progress.update(task, advance=len(indices), tokens=output_tokens)
+        batches += [(group[positions], int(limit))
+                    for positions in batch_by_size(lengths[limits == limit], None, max_tokens, options.batching.batch_size)]
+
+    def decode(batch: tuple[np.ndarray, int]) -> list[list[Hypothesis]]:
+        indices, limit = batch
+        pieces = [[vocabs.source.piece(i) for i in sources[index][:-1]] for index in indices]
+        return decode_batch(translator, vocabs, pieces, limit, options)
+
+    for (indices, _), hypotheses in zip(batches, map_in_workers(decode, batches, options.batching.workers)):
+        for index, hyps in zip(indices.tolist(), hypotheses):
+            results[index] = hyps
+        if progress:
+            output_tokens += sum(len(results[i][0].tokens) for i in indices)
+            progress.update(task, advance=len(indices), tokens=output_tokens)
     return results
 
 

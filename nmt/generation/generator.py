@@ -40,6 +40,7 @@ from nmt.generation.ensemble import Ensemble, split_paths
 from nmt.generation.output import Translation, write_translations
 from nmt.generation.search import Hypothesis, SearchOptions, beam_search
 from nmt.generation.streaming import LineReader, is_stream
+from nmt.generation.workers import map_in_workers
 from nmt.models.attention_maps import layer_index
 from nmt.log import logger, stderr_console
 from nmt.options import check_values
@@ -52,6 +53,9 @@ class BatchingOptions:
 
     max_tokens: int | None = field(default=8000, metadata={"help": "Source tokens x beam per batch.", "min": 1})
     batch_size: int | None = field(default=None, metadata={"help": "Sentences per batch at most.", "min": 1})
+    workers: int = field(default=1, metadata={
+        "help": "Batches decoded at the same time, each on its own thread, sharing the CPU threads (CTranslate2's "
+                "inter_threads). Not with --sampling.", "min": 1})
 
     def __post_init__(self) -> None:
         check_values(self)
@@ -117,6 +121,7 @@ class GenerateOptions:
             raise NmtError("--alignment-layer applies with --print-alignment or --print-attention")
         if self.engine == "ctranslate2" and (self.print_alignment or self.print_attention):
             raise NmtError("--print-alignment and --print-attention need --engine nmt (attention weights)")
+        check_workers(self.search, self.batching)
         if self.score_reference and self.data is None:
             raise NmtError("--score-reference needs a binarized split (DATA_DIR --split); "
                            "for raw input use `nmt score --ref FILE` on the output")
@@ -128,6 +133,13 @@ class GenerateResult:
     scores: list[MetricResult]  # BLEU against the reference, with --score-reference
     seconds: float  # translation time, loading excluded
     output_tokens: int  # tokens of the best hypotheses, EOS included
+
+
+def check_workers(search: SearchOptions, batching: BatchingOptions) -> None:
+    """Sampling draws from one random generator: batches on several threads would make the draws
+    depend on the threads' timing."""
+    if batching.workers > 1 and search.sampling:
+        raise NmtError("--workers > 1 cannot be used with --sampling: the draws would depend on the threads' timing")
 
 
 def inference_device(device: str, precision: str, quantize: str, engine: str = "nmt") -> tuple[torch.device, str, str]:
@@ -204,18 +216,23 @@ def translate_ids(model: nn.Module, sources: list[np.ndarray], search: SearchOpt
     max_tokens = None if batching.max_tokens is None else max(batching.max_tokens // search.beam,
                                                               int(lengths.max(initial=1)))
     generator = torch.Generator(device=device).manual_seed(search.seed) if search.sampling else None
+    check_workers(search, batching)
     skipped = len(sources) - len(todo)
     task = progress.add_task("translating", total=len(sources), completed=skipped) if progress else None
     output_tokens = 0
-    with torch.inference_mode(), autocast(device, precision):
-        for batch_positions in batch_by_size(lengths, None, max_tokens, batching.batch_size):
-            indices = todo[batch_positions]
+
+    def search_batch(indices: np.ndarray) -> list[list[Hypothesis]]:
+        with torch.inference_mode(), autocast(device, precision):  # both are per thread
             batch = collate(indices, [sources[i] for i in indices]).to(device)
-            for index, hyps in zip(indices.tolist(), beam_search(model, batch.source, search, generator)):
-                results[index] = hyps
-            if progress:
-                output_tokens += sum(len(results[i][0].tokens) for i in indices)
-                progress.update(task, advance=len(indices), tokens=output_tokens)
+            return beam_search(model, batch.source, search, generator)
+
+    batches = [todo[positions] for positions in batch_by_size(lengths, None, max_tokens, batching.batch_size)]
+    for indices, hypotheses in zip(batches, map_in_workers(search_batch, batches, batching.workers)):
+        for index, hyps in zip(indices.tolist(), hypotheses):
+            results[index] = hyps
+        if progress:
+            output_tokens += sum(len(results[i][0].tokens) for i in indices)
+            progress.update(task, advance=len(indices), tokens=output_tokens)
     return results
 
 

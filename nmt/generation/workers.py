@@ -1,0 +1,39 @@
+"""Decoding several batches at once, each on a thread of its own (``--workers``).
+
+One beam-search step is a handful of matrix products and many small operations; with two
+intra-op threads on one batch the small ones barely speed up, while two batches on one thread
+each keep both cores busy (CTranslate2's ``inter_threads``, Marian's CPU workers). The model is
+shared: torch releases the GIL inside its kernels and inference reads the weights only. The
+intra-op threads are split among the workers, and grad mode and autocast, which are per thread,
+are entered by the function each worker runs.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, Iterable, Iterator, TypeVar
+
+import torch
+
+Item = TypeVar("Item")
+Result = TypeVar("Result")
+
+
+def threads_per_worker(workers: int) -> int:
+    """This process's intra-op threads shared among ``workers`` (at least one each)."""
+    return max(1, torch.get_num_threads() // workers)
+
+
+def map_in_workers(function: Callable[[Item], Result], items: Iterable[Item], workers: int) -> Iterator[Result]:
+    """``map(function, items)`` with ``workers`` threads, results in the order of ``items``."""
+    if workers == 1:
+        yield from map(function, items)
+        return
+    threads = threads_per_worker(workers)
+
+    def run(item: Item) -> Result:
+        torch.set_num_threads(threads)  # the calling thread's own setting
+        return function(item)
+
+    with ThreadPoolExecutor(workers, thread_name_prefix="nmt-decode") as pool:
+        yield from pool.map(run, items)
