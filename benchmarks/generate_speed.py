@@ -209,6 +209,8 @@ def main() -> None:
     test_file = args.data / "test_2016_flickr.en.gz"
     if not test_file.exists():
         raise SystemExit(f"Multi30k not found in {args.data} (set --data or NMT_MULTI30K)")
+    if args.before and args.workers != 1:
+        raise SystemExit("--before times older checkouts, which have no --workers: give one or the other")
     if args.reference and not args.path:
         raise SystemExit("--reference needs --path: BLEU of a random model means nothing")
     lines = read_lines(test_file)[: args.limit or None]

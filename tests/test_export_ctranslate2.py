@@ -56,6 +56,7 @@ def ct2_hypotheses(exported, sources, options):
     from nmt.generation.ctranslate2_engine import open_translator, translate_ids_ctranslate2
 
     translator, vocabs = open_translator(exported, torch.device("cpu"), "default", options.batching.workers)
+    assert translator.num_translators == options.batching.workers  # CTranslate2's inter_threads
     return translate_ids_ctranslate2(translator, vocabs, sources, options)
 
 

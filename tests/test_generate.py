@@ -16,7 +16,9 @@ from nmt.data.dataset import DataDir
 from nmt.data.vocabulary import EOS_ID, PAD_ID
 from nmt.errors import NmtError
 import nmt.generation.generator as generator_module
-from nmt.generation.generator import GenerateOptions, generate, inference_device, prepare_model, translate_ids
+from nmt.generation.generator import (GenerateOptions, check_workers, generate, inference_device, prepare_model,
+                                      translate_ids)
+from nmt.generation.workers import map_in_workers
 from nmt.options import build
 from nmt.models.registry import build_model, get_arch, resolve_config
 from nmt.scoring import MetricOptions, score
@@ -129,14 +131,39 @@ def test_workers_run_batches_at_the_same_time_with_their_share_of_the_threads(ch
     monkeypatch.setattr(torch, "set_num_threads", set_threads.append)
     chosen = options(checkpoint, beam=2, max_len_b=4, batch_size=4, max_tokens=None, workers=2)
     translate_ids(model, sources, chosen.search, chosen.batching)
-    assert len(seen) >= 3 and set_threads == [2] * len(seen)
+    assert len(seen) >= 3 and set_threads == [2, 2, 4]  # once per worker, then the caller's count set back
     assert len({thread for thread, _ in seen}) == 2 and threading.get_ident() not in {t for t, _ in seen}
     assert all(inference for _, inference in seen)  # inference mode is per thread: each worker enters it
 
 
-def test_workers_refuse_sampling(checkpoint):
+def test_workers_refuse_sampling_and_gpus(checkpoint):
     with pytest.raises(NmtError, match="--workers > 1 cannot be used with --sampling"):
         options(checkpoint, sampling=True, workers=2)
+    chosen = options(checkpoint, workers=2)
+    with pytest.raises(NmtError, match="--workers > 1 is for CPU decoding"):
+        check_workers(chosen.search, chosen.batching, torch.device("cuda"))
+
+
+def test_workers_leave_the_callers_thread_count_as_it_was():
+    """torch keeps a worker's (smaller) thread count for threads started later: it is set back."""
+    before = torch.get_num_threads()
+    seen = list(map_in_workers(lambda _: torch.get_num_threads(), range(4), workers=2))
+    assert seen == [max(1, before // 2)] * 4
+    later = []
+    thread = threading.Thread(target=lambda: later.append(torch.get_num_threads()))
+    thread.start()
+    thread.join()
+    assert torch.get_num_threads() == before and later == [before]
+
+
+def test_an_error_in_a_worker_reaches_the_caller():
+    def fail(item: int) -> int:
+        if item == 2:
+            raise NmtError("bad batch")
+        return item
+
+    with pytest.raises(NmtError, match="bad batch"):
+        list(map_in_workers(fail, range(4), workers=2))
 
 
 def test_raw_input_translations_match_one_sentence_runs(checkpoint, tmp_path):

@@ -135,11 +135,14 @@ class GenerateResult:
     output_tokens: int  # tokens of the best hypotheses, EOS included
 
 
-def check_workers(search: SearchOptions, batching: BatchingOptions) -> None:
+def check_workers(search: SearchOptions, batching: BatchingOptions, device: torch.device | None = None) -> None:
     """Sampling draws from one random generator: batches on several threads would make the draws
-    depend on the threads' timing."""
+    depend on the threads' timing. On a GPU one batch already fills the device, and the attention
+    backend switch (attention.py) is process-wide, not per thread."""
     if batching.workers > 1 and search.sampling:
         raise NmtError("--workers > 1 cannot be used with --sampling: the draws would depend on the threads' timing")
+    if batching.workers > 1 and device is not None and device.type != "cpu":
+        raise NmtError(f"--workers > 1 is for CPU decoding; on {device.type} use larger batches (--max-tokens)")
 
 
 def inference_device(device: str, precision: str, quantize: str, engine: str = "nmt") -> tuple[torch.device, str, str]:
@@ -216,7 +219,7 @@ def translate_ids(model: nn.Module, sources: list[np.ndarray], search: SearchOpt
     max_tokens = None if batching.max_tokens is None else max(batching.max_tokens // search.beam,
                                                               int(lengths.max(initial=1)))
     generator = torch.Generator(device=device).manual_seed(search.seed) if search.sampling else None
-    check_workers(search, batching)
+    check_workers(search, batching, device)
     skipped = len(sources) - len(todo)
     task = progress.add_task("translating", total=len(sources), completed=skipped) if progress else None
     output_tokens = 0
@@ -227,12 +230,15 @@ def translate_ids(model: nn.Module, sources: list[np.ndarray], search: SearchOpt
             return beam_search(model, batch.source, search, generator)
 
     batches = [todo[positions] for positions in batch_by_size(lengths, None, max_tokens, batching.batch_size)]
-    for indices, hypotheses in zip(batches, map_in_workers(search_batch, batches, batching.workers)):
-        for index, hyps in zip(indices.tolist(), hypotheses):
-            results[index] = hyps
-        if progress:
-            output_tokens += sum(len(results[i][0].tokens) for i in indices)
-            progress.update(task, advance=len(indices), tokens=output_tokens)
+    # Also entered here: with one worker the batches run in this thread, and autocast keeps its
+    # low-precision copies of the weights only until its outermost context ends.
+    with torch.inference_mode(), autocast(device, precision):
+        for indices, hypotheses in zip(batches, map_in_workers(search_batch, batches, batching.workers)):
+            for index, hyps in zip(indices.tolist(), hypotheses):
+                results[index] = hyps
+            if progress:
+                output_tokens += sum(len(results[i][0].tokens) for i in indices)
+                progress.update(task, advance=len(indices), tokens=output_tokens)
     return results
 
 

@@ -25,15 +25,17 @@ def threads_per_worker(workers: int) -> int:
 
 
 def map_in_workers(function: Callable[[Item], Result], items: Iterable[Item], workers: int) -> Iterator[Result]:
-    """``map(function, items)`` with ``workers`` threads, results in the order of ``items``."""
+    """``map(function, items)`` with ``workers`` threads, results in the order of ``items``.
+
+    Each worker sets its own thread count; torch also keeps that count for threads started later,
+    so the caller's count is set again at the end (else each call would halve it for the next)."""
     if workers == 1:
         yield from map(function, items)
         return
-    threads = threads_per_worker(workers)
-
-    def run(item: Item) -> Result:
-        torch.set_num_threads(threads)  # the calling thread's own setting
-        return function(item)
-
-    with ThreadPoolExecutor(workers, thread_name_prefix="nmt-decode") as pool:
-        yield from pool.map(run, items)
+    original = torch.get_num_threads()
+    try:
+        with ThreadPoolExecutor(workers, thread_name_prefix="nmt-decode", initializer=torch.set_num_threads,
+                                initargs=(threads_per_worker(workers),)) as pool:
+            yield from pool.map(function, items)
+    finally:
+        torch.set_num_threads(original)
