@@ -103,7 +103,7 @@ def open_translator(path: Path, device: torch.device, compute: str, workers: int
 def translate_ids_ctranslate2(translator: ctranslate2.Translator, vocabs: Vocabularies, sources: list[np.ndarray],
                               options: GenerateOptions, progress: Progress | None = None) -> list[list[Hypothesis]]:
     """Like ``translate_ids``: the ``nbest`` hypotheses of each source (ids ending in EOS), in order."""
-    from nmt.generation.generator import empty_hypotheses
+    from nmt.generation.generator import empty_hypotheses, place_batches
 
     if options.search.sampling:
         import_ctranslate2().set_random_seed(options.search.seed)
@@ -115,7 +115,6 @@ def translate_ids_ctranslate2(translator: ctranslate2.Translator, vocabs: Vocabu
                                                              int(lengths.max(initial=1)))
     task = progress.add_task("translating", total=len(sources), completed=len(sources) - len(todo)) \
         if progress else None
-    output_tokens = 0
     batches = []  # (source indices, their max length): one translate_batch call each
     for limit in np.unique(limits):
         group = todo[limits == limit]
@@ -127,12 +126,8 @@ def translate_ids_ctranslate2(translator: ctranslate2.Translator, vocabs: Vocabu
         pieces = [[vocabs.source.piece(i) for i in sources[index][:-1]] for index in indices]
         return decode_batch(translator, vocabs, pieces, limit, options)
 
-    for (indices, _), hypotheses in zip(batches, map_in_workers(decode, batches, options.batching.workers)):
-        for index, hyps in zip(indices.tolist(), hypotheses):
-            results[index] = hyps
-        if progress:
-            output_tokens += sum(len(results[i][0].tokens) for i in indices)
-            progress.update(task, advance=len(indices), tokens=output_tokens)
+    place_batches(results, [indices for indices, _ in batches], map_in_workers(decode, batches, options.batching.workers),
+                  progress, task)
     return results
 
 

@@ -20,7 +20,7 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Literal, NamedTuple
+from typing import Callable, Iterable, Literal, NamedTuple
 
 import numpy as np
 import torch
@@ -222,7 +222,6 @@ def translate_ids(model: nn.Module, sources: list[np.ndarray], search: SearchOpt
     check_workers(search, batching, device)
     skipped = len(sources) - len(todo)
     task = progress.add_task("translating", total=len(sources), completed=skipped) if progress else None
-    output_tokens = 0
 
     def search_batch(indices: np.ndarray) -> list[list[Hypothesis]]:
         with torch.inference_mode(), autocast(device, precision):  # both are per thread
@@ -233,13 +232,21 @@ def translate_ids(model: nn.Module, sources: list[np.ndarray], search: SearchOpt
     # Also entered here: with one worker the batches run in this thread, and autocast keeps its
     # low-precision copies of the weights only until its outermost context ends.
     with torch.inference_mode(), autocast(device, precision):
-        for indices, hypotheses in zip(batches, map_in_workers(search_batch, batches, batching.workers)):
-            for index, hyps in zip(indices.tolist(), hypotheses):
-                results[index] = hyps
-            if progress:
-                output_tokens += sum(len(results[i][0].tokens) for i in indices)
-                progress.update(task, advance=len(indices), tokens=output_tokens)
+        place_batches(results, batches, map_in_workers(search_batch, batches, batching.workers), progress, task)
     return results
+
+
+def place_batches(results: list[list[Hypothesis]], batches: list[np.ndarray],
+                  hypotheses: Iterable[list[list[Hypothesis]]], progress: Progress | None, task: int | None) -> None:
+    """Put each batch's hypotheses at its sources' positions as the batches finish, advancing the
+    progress bar by sentences and output tokens."""
+    output_tokens = 0
+    for indices, batch_hypotheses in zip(batches, hypotheses):
+        for index, hyps in zip(indices.tolist(), batch_hypotheses):
+            results[index] = hyps
+        if progress:
+            output_tokens += sum(len(results[i][0].tokens) for i in indices)
+            progress.update(task, advance=len(indices), tokens=output_tokens)
 
 
 def check_lengths(model: nn.Module, sources: list[np.ndarray]) -> None:

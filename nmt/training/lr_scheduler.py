@@ -26,7 +26,6 @@ from typing import Protocol
 from torch.optim import Optimizer
 
 
-
 class Schedule(Protocol):
     def lr_at(self, step: int, elapsed: float = 0.0, warmup_elapsed: float = 0.0) -> float: ...
 
