@@ -3,8 +3,9 @@
     # screening: train a variant for a short budget, average, decode val, append a row
     python benchmarks/sweep.py train recipes/multi30k_en_de.yaml --name lr1e-3 --set train.lr=0.001 --max-time 15m
 
-    # decoding: the trained run's averaging window x beam x length penalty, on val
-    python benchmarks/sweep.py decode recipes/multi30k_en_de.yaml --average 5,8,10 --beam 4,6 --lenpen 0.6,1.0,1.4
+    # decoding: a trained run's averaging window x beam x length penalty, on val (--name: a sweep run;
+    # without it, the recipe's own save dir)
+    python benchmarks/sweep.py decode recipes/multi30k_en_de.yaml --name lr1e-3 --average 0,5,10 --beam 4,6
 
     # the finalist, once, on the test split (the CSV's `split` column says how often test was scored)
     python benchmarks/sweep.py decode recipes/multi30k_en_de.yaml --split test
@@ -31,6 +32,7 @@ import yaml
 
 from nmt.checkpoint.averaging import average
 from nmt.device import describe_cpu, resolve_device, resolve_precision
+from nmt.errors import NmtError
 from nmt.generation.generator import generate
 from nmt.log import setup_logging
 from nmt.pipeline import Plan, plan_recipe, reference_file
@@ -108,7 +110,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("mode", choices=("train", "decode"))
     parser.add_argument("recipe", type=Path)
-    parser.add_argument("--name", default="recipe", help="the run's name (train: its save dir is runs/sweep/NAME)")
+    parser.add_argument("--name", default="recipe",
+                        help="the run's name: its save dir is runs/sweep/NAME (decode: the recipe's when that is absent)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
     parser.add_argument("--max-time", help="train: the screening budget, e.g. 15m (default: the recipe's)")
     parser.add_argument("--average", help="decode: epoch checkpoints to average, e.g. 0,5,10 (0: checkpoint_best)")
@@ -119,8 +122,10 @@ def main() -> None:
     args = parser.parse_args()
     setup_logging()
 
-    save_dir = Path("runs/sweep") / args.name if args.mode == "train" else None
-    plan = plan_variant(variant(args.recipe, args.overrides, save_dir, args.max_time), save_dir)
+    run_dir = Path("runs/sweep") / args.name
+    training = args.mode == "train"
+    save_dir = run_dir if training or run_dir.is_dir() else None  # decode: a sweep run's own save dir
+    plan = plan_variant(variant(args.recipe, args.overrides, save_dir, args.max_time), run_dir if training else None)
     precision, _ = resolve_precision(plan.train.precision, resolve_device(plan.train.device))
     row = {"date": time.strftime("%Y-%m-%d %H:%M"), "mode": args.mode, "name": args.name,
            "overrides": " ".join(args.overrides), "arch": plan.train.arch, "precision": precision,
@@ -147,4 +152,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except NmtError as error:
+        raise SystemExit(f"error: {error}")

@@ -162,6 +162,8 @@ def test_bad_input_combinations_are_clear_errors(tmp_path, vocab):
         average([tmp_path], tmp_path / "out.pt")
     with pytest.raises(NmtError, match="exactly one save dir"):
         average([tmp_path / "a.pt"], tmp_path / "out.pt", num_epoch_checkpoints=1)
+    with pytest.raises(NmtError, match=r"exactly one save dir as input, got \S*missing \(no such directory\)"):
+        average([tmp_path / "missing"], tmp_path / "out.pt", num_epoch_checkpoints=1)
     with pytest.raises(NmtError, match="exactly one of"):
         last_checkpoints(tmp_path, num_epoch_checkpoints=1, num_update_checkpoints=1)
     with pytest.raises(NmtError, match="given twice"):

@@ -142,8 +142,9 @@ def average(inputs: list[str | Path], output: str | Path, num_epoch_checkpoints:
         raise NmtError("give a save dir or checkpoint files to average")
     if num_epoch_checkpoints is not None or num_update_checkpoints is not None:
         if len(inputs) != 1 or not inputs[0].is_dir():
+            found = "" if len(inputs) != 1 or inputs[0].exists() else " (no such directory)"
             raise NmtError("--num-epoch-checkpoints/--num-update-checkpoints need exactly one save dir as input, "
-                           f"got {', '.join(map(str, inputs))}")
+                           f"got {', '.join(map(str, inputs))}{found}")
         paths = last_checkpoints(inputs[0], num_epoch_checkpoints, num_update_checkpoints)
     else:
         for path in inputs:
