@@ -103,32 +103,27 @@ def open_translator(path: Path, device: torch.device, compute: str, workers: int
 def translate_ids_ctranslate2(translator: ctranslate2.Translator, vocabs: Vocabularies, sources: list[np.ndarray],
                               options: GenerateOptions, progress: Progress | None = None) -> list[list[Hypothesis]]:
     """Like ``translate_ids``: the ``nbest`` hypotheses of each source (ids ending in EOS), in order."""
-    from nmt.generation.generator import empty_hypotheses, place_batches
+    from nmt.generation.generator import place_batches, plan_workload
 
     if options.search.sampling:
         import_ctranslate2().set_random_seed(options.search.seed)
-    results = [empty_hypotheses(options.search.nbest) if len(s) <= 1 else [] for s in sources]
-    todo = np.asarray([i for i, s in enumerate(sources) if len(s) > 1], dtype=np.int64)
-    lengths = np.fromiter((len(sources[i]) for i in todo), dtype=np.int64, count=len(todo))
-    limits = max_lengths(torch.as_tensor(lengths - 1), options.search.max_len_a, options.search.max_len_b).numpy()
-    max_tokens = None if options.batching.max_tokens is None else max(options.batching.max_tokens // options.search.beam,
-                                                             int(lengths.max(initial=1)))
-    task = progress.add_task("translating", total=len(sources), completed=len(sources) - len(todo)) \
-        if progress else None
+    work = plan_workload(sources, options.search, options.batching, progress)
+    limits = max_lengths(torch.as_tensor(work.lengths - 1), options.search.max_len_a, options.search.max_len_b).numpy()
     batches = []  # (source indices, their max length): one translate_batch call each
     for limit in np.unique(limits):
-        group = todo[limits == limit]
+        group = work.todo[limits == limit]
         batches += [(group[positions], int(limit))
-                    for positions in batch_by_size(lengths[limits == limit], None, max_tokens, options.batching.batch_size)]
+                    for positions in batch_by_size(work.lengths[limits == limit], None, work.max_tokens,
+                                                   options.batching.batch_size)]
 
     def decode(batch: tuple[np.ndarray, int]) -> list[list[Hypothesis]]:
         indices, limit = batch
         pieces = [[vocabs.source.piece(i) for i in sources[index][:-1]] for index in indices]
         return decode_batch(translator, vocabs, pieces, limit, options)
 
-    place_batches(results, [indices for indices, _ in batches], map_in_workers(decode, batches, options.batching.workers),
-                  progress, task)
-    return results
+    place_batches(work.results, [indices for indices, _ in batches],
+                  map_in_workers(decode, batches, options.batching.workers), progress, work.task)
+    return work.results
 
 
 def decode_batch(translator: ctranslate2.Translator, vocabs: Vocabularies, batch: list[list[str]], limit: int,

@@ -206,34 +206,53 @@ def empty_hypotheses(nbest: int) -> list[Hypothesis]:
     return [Hypothesis(tokens=[EOS_ID], score=0.0, positional_scores=[0.0]) for _ in range(nbest)]
 
 
-def translate_ids(model: nn.Module, sources: list[np.ndarray], search: SearchOptions | None = None,
-                  batching: BatchingOptions | None = None, device: torch.device = torch.device("cpu"),
-                  precision: str = "fp32", progress: Progress | None = None) -> list[list[Hypothesis]]:
-    """The ``nbest`` hypotheses for each source (token ids ending in EOS), in the order given."""
-    search, batching = search or SearchOptions(), batching or BatchingOptions()
-    check_lengths(model, sources)
+@dataclass
+class Workload:
+    """What both engines start from: the result list (empty sources already answered), the sources
+    to search, their lengths, the token budget of a batch of sentences, and the progress bar's task."""
+    results: list[list[Hypothesis]]
+    todo: np.ndarray  # positions in ``sources`` of the sentences to search
+    lengths: np.ndarray  # their lengths, EOS included
+    max_tokens: int | None  # per batch of source tokens: --max-tokens shared by the beams
+    task: int | None
+
+
+def plan_workload(sources: list[np.ndarray], search: SearchOptions, batching: BatchingOptions,
+                  progress: Progress | None) -> Workload:
     results = [empty_hypotheses(search.nbest) if len(s) <= 1 else [] for s in sources]
     todo = np.asarray([i for i, s in enumerate(sources) if len(s) > 1], dtype=np.int64)
     lengths = np.fromiter((len(sources[i]) for i in todo), dtype=np.int64, count=len(todo))
     # A sentence's beams take about beam * (source length + some output) rows of work.
     max_tokens = None if batching.max_tokens is None else max(batching.max_tokens // search.beam,
                                                               int(lengths.max(initial=1)))
-    generator = torch.Generator(device=device).manual_seed(search.seed) if search.sampling else None
+    task = progress.add_task("translating", total=len(sources), completed=len(sources) - len(todo)) \
+        if progress else None
+    return Workload(results, todo, lengths, max_tokens, task)
+
+
+def translate_ids(model: nn.Module, sources: list[np.ndarray], search: SearchOptions | None = None,
+                  batching: BatchingOptions | None = None, device: torch.device = torch.device("cpu"),
+                  precision: str = "fp32", progress: Progress | None = None) -> list[list[Hypothesis]]:
+    """The ``nbest`` hypotheses for each source (token ids ending in EOS), in the order given."""
+    search, batching = search or SearchOptions(), batching or BatchingOptions()
+    check_lengths(model, sources)
     check_workers(search, batching, device)
-    skipped = len(sources) - len(todo)
-    task = progress.add_task("translating", total=len(sources), completed=skipped) if progress else None
+    generator = torch.Generator(device=device).manual_seed(search.seed) if search.sampling else None
+    work = plan_workload(sources, search, batching, progress)
 
     def search_batch(indices: np.ndarray) -> list[list[Hypothesis]]:
         with torch.inference_mode(), autocast(device, precision):  # both are per thread
             batch = collate(indices, [sources[i] for i in indices]).to(device)
             return beam_search(model, batch.source, search, generator)
 
-    batches = [todo[positions] for positions in batch_by_size(lengths, None, max_tokens, batching.batch_size)]
+    batches = [work.todo[positions]
+               for positions in batch_by_size(work.lengths, None, work.max_tokens, batching.batch_size)]
     # Also entered here: with one worker the batches run in this thread, and autocast keeps its
     # low-precision copies of the weights only until its outermost context ends.
     with torch.inference_mode(), autocast(device, precision):
-        place_batches(results, batches, map_in_workers(search_batch, batches, batching.workers), progress, task)
-    return results
+        place_batches(work.results, batches, map_in_workers(search_batch, batches, batching.workers), progress,
+                      work.task)
+    return work.results
 
 
 def place_batches(results: list[list[Hypothesis]], batches: list[np.ndarray],
