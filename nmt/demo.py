@@ -21,6 +21,7 @@ import yaml
 
 from nmt.data.vocabulary import PAD_ID
 from nmt.demo_data import write_demo_corpus
+from nmt.errors import NmtError
 from nmt.files import atomic_write
 from nmt.log import logger
 from nmt.models.registry import build_model, get_arch, resolve_config
@@ -28,6 +29,10 @@ from nmt.pipeline import PipelineReport, run_recipe
 
 
 def demo_recipe(workdir: Path, raw: dict[str, Path], max_update: int, max_time: str | None = None) -> dict:
+    # Checkpoints every 50 updates, the last 3 averaged; a shorter run saves more often, so that
+    # even one update leaves a checkpoint to average.
+    interval = max(1, min(50, max_update // 3))
+    averaged = min(3, max_update // interval)
     return {
         "preprocess": {
             "source_lang": "en", "target_lang": "de",
@@ -39,10 +44,11 @@ def demo_recipe(workdir: Path, raw: dict[str, Path], max_update: int, max_time: 
         "model": {"d_model": 128, "ffn_dim": 256, "heads": 4, "dropout": 0.1},
         "train": {
             "save_dir": str(workdir / "checkpoints"), "device": "cpu", "max_tokens": 4096, "lr": 0.002,
-            "warmup_updates": 100, "max_update": max_update, "max_time": max_time, "save_interval_updates": 50,
-            "keep_interval_updates": 3, "validate_interval_updates": 50, "log_interval": 25, "seed": 1,
+            "warmup_updates": 100, "max_update": max_update, "max_time": max_time,
+            "save_interval_updates": interval, "keep_interval_updates": averaged, "validate_interval_updates": interval,
+            "log_interval": min(25, interval), "seed": 1,
         },
-        "average": {"num_update_checkpoints": 3, "output": str(workdir / "checkpoints" / "averaged.pt")},
+        "average": {"num_update_checkpoints": averaged, "output": str(workdir / "checkpoints" / "averaged.pt")},
         "generate": {"split": "test", "beam": 4, "lenpen": 0.6, "output": str(workdir / "test.hyp.de")},
         "score": {"metrics": "bleu,chrf"},
     }
@@ -82,6 +88,10 @@ def seconds_per_update(recipe: dict, repeats: int = 3) -> float:
 
 def run_demo(workdir: str | Path = "nmt-demo", max_update: int = 300, train_size: int = 20_000) -> PipelineReport:
     workdir = Path(workdir)
+    try:
+        (workdir / "raw").mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise NmtError(f"cannot use --workdir {workdir}: {exc.strerror or exc}") from exc
     raw = write_corpus_if_changed(workdir / "raw", train_size)
     recipe = demo_recipe(workdir, raw, max_update)
     recipe_path = workdir / "demo.yaml"

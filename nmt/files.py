@@ -77,6 +77,29 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", encoding: str | None 
     fsync_dir(path.parent)
 
 
+def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+    """Whether two paths name one file: the same inode (a hard or symbolic link), or the same path once
+    symlinks are resolved (for a path that does not exist yet). "-" (stdin/stdout) is no file."""
+    if "-" in (str(a), str(b)):
+        return False
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.realpath(a) == os.path.realpath(b)
+
+
+def refuse_overwriting(flag: str, output: str | os.PathLike | None,
+                       inputs: dict[str, str | os.PathLike | Iterable[str | os.PathLike] | None]) -> None:
+    """An output that is also one of the command's inputs (``{flag: path or paths}``) would be
+    destroyed by the write: refuse it before any work."""
+    if output is None:
+        return
+    for name, paths in inputs.items():
+        for path in [paths] if isinstance(paths, (str, os.PathLike)) else paths or []:
+            if same_file(output, path):
+                raise NmtError(f"{flag} {output} is also the {name}: writing it would destroy it; choose another path")
+
+
 @contextlib.contextmanager
 def _reported(path: Path) -> Iterator[None]:
     """Turn a write failure (also one chained inside another error) into ``cannot write PATH: reason``."""

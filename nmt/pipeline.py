@@ -20,9 +20,10 @@ from rich.table import Table
 
 from nmt.checkpoint.averaging import AverageOptions
 from nmt.checkpoint.names import BEST
-from nmt.data.corpus import SplitFiles, find_splits
+from nmt.data.corpus import SPLIT_KINDS, SplitFiles, find_splits
 from nmt.data.preprocess import PreprocessOptions
 from nmt.errors import NmtError
+from nmt.files import refuse_overwriting
 from nmt.generation.generator import GenerateOptions
 from nmt.log import logger
 from nmt.options import build, check_keys, flat_values
@@ -113,6 +114,10 @@ def plan_recipe(path: str | Path, stages: tuple[str, ...] = STAGES) -> Plan:
         language = {"language": plan.preprocess.target_lang} if plan.preprocess is not None else {}
         plan.score = build(ScoreOptions, {"system": plan.generate.output, "ref": reference, **language, **values},
                            "score", where)
+    if plan.generate is not None:
+        refuse_overwriting("generate: output", plan.generate.output,
+                           {"raw text of preprocess": existing_raw_text(plan.preprocess),
+                            "score: reference": plan.score.ref if plan.score else None})
     return plan
 
 
@@ -130,10 +135,23 @@ def raw_splits(options: PreprocessOptions) -> list[SplitFiles]:
                        options.testpref)
 
 
+def existing_raw_text(preprocess: PreprocessOptions | None) -> list[Path]:
+    """The raw text files the recipe names, those that exist (a missing one is reported by preprocess)."""
+    if preprocess is None:
+        return []
+    try:
+        return [path for files in raw_splits(preprocess) for path in (files.source, files.target)]
+    except NmtError:
+        return []
+
+
 def reference_file(preprocess: PreprocessOptions | None, split: str) -> Path:
-    """The raw target-side text of a split named by preprocess (test, test1, valid, ...)."""
+    """The raw target-side text of a split named by preprocess (test, test1, valid, ...). Only that
+    split's files are looked for: the training text may be gone once it is preprocessed."""
     if preprocess is not None:
-        for files in raw_splits(preprocess):
+        prefixes = {kind: getattr(preprocess, f"{kind}pref") if split.startswith(kind) else None
+                    for kind in SPLIT_KINDS}
+        for files in find_splits(preprocess.source_lang, preprocess.target_lang, *prefixes.values()):
             if files.name == split:
                 return files.target
     raise NmtError(f"cannot find the raw reference of split {split!r}; give `score: {{ref: [FILE]}}`")

@@ -18,7 +18,7 @@ import torch
 
 from nmt.data.vocabulary import BOS_ID, EOS_ID
 from nmt.errors import NmtError
-from nmt.files import atomic_write
+from nmt.files import atomic_write, refuse_overwriting
 from nmt.log import logger
 from nmt.models.attention_maps import attention_maps, layer_index
 from nmt.options import check_values
@@ -40,6 +40,7 @@ class PlotAttentionOptions:
 
     def __post_init__(self) -> None:
         check_values(self)
+        refuse_overwriting("--output", self.output, {"--path": self.path})
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,9 @@ class PlotCurvesOptions:
     save_dir: str = field(metadata={"help": "Training save dir holding metrics.jsonl.", "argument": True,
                                     "metavar": "SAVE_DIR"})
     output: str = field(default="curves.png", metadata={"help": "PNG file to write.", "flags": ["--output", "-o"]})
+
+    def __post_init__(self) -> None:
+        refuse_overwriting("--output", self.output, {"training metrics": Path(self.save_dir) / METRICS_FILE})
 
 
 def pyplot():
@@ -132,6 +136,8 @@ def draw_heads(plt, weights: np.ndarray, heads: list[int], rows: list[str], colu
 def plot_curves(options: PlotCurvesOptions) -> Path:
     plt = pyplot()
     path = Path(options.save_dir) / METRICS_FILE
+    if not Path(options.save_dir).is_dir():
+        raise NmtError(f"no save dir {options.save_dir}: give the --save-dir of a training run")
     if not path.is_file():
         raise NmtError(f"{path} not found: train with this version of nmt to record metrics")
     records = read_metrics(path)

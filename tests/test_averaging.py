@@ -4,7 +4,7 @@ import subprocess
 import pytest
 import torch
 
-from nmt.checkpoint.averaging import average, average_checkpoints, last_checkpoints
+from nmt.checkpoint.averaging import AverageOptions, average, average_checkpoints, last_checkpoints
 from nmt.checkpoint import Vocabularies, load_checkpoint, model_from_checkpoint, model_state, save_checkpoint
 from nmt.data.vocabulary import PAD_ID, Vocabulary
 from nmt.errors import NmtError
@@ -164,6 +164,15 @@ def test_bad_input_combinations_are_clear_errors(tmp_path, vocab):
         average([tmp_path / "a.pt"], tmp_path / "out.pt", num_epoch_checkpoints=1)
     with pytest.raises(NmtError, match=r"exactly one save dir as input, got \S*missing \(no such directory\)"):
         average([tmp_path / "missing"], tmp_path / "out.pt", num_epoch_checkpoints=1)
+    before = (tmp_path / "a.pt").read_bytes()
+    with pytest.raises(NmtError, match="--output .*a.pt is also the input"):
+        average([tmp_path / "a.pt"], tmp_path / "." / "a.pt")
+    for name in ("checkpoint_last.pt", "checkpoint_best.pt", "checkpoint3.pt", "checkpoint_1_50.pt"):
+        with pytest.raises(NmtError, match="has the name of a training checkpoint"):
+            average([tmp_path / "a.pt"], tmp_path / name)
+        with pytest.raises(NmtError, match="has the name of a training checkpoint"):
+            AverageOptions([str(tmp_path)], str(tmp_path / name), num_epoch_checkpoints=1)
+    assert (tmp_path / "a.pt").read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["a.pt"]
     with pytest.raises(NmtError, match="exactly one of"):
         last_checkpoints(tmp_path, num_epoch_checkpoints=1, num_update_checkpoints=1)
     with pytest.raises(NmtError, match="given twice"):

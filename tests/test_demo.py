@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from nmt.demo import demo_recipe, write_corpus_if_changed
+import pytest
+
+from nmt.demo import demo_recipe, run_demo, write_corpus_if_changed
+from nmt.errors import NmtError
 
 
 def test_a_second_run_leaves_an_unchanged_corpus_untouched(tmp_path):
@@ -23,3 +26,18 @@ def test_the_demo_has_no_time_limit():
     recipe = demo_recipe(Path("w"), {"train": "t", "valid": "v", "test": "s"}, max_update=300)
     assert recipe["train"]["max_time"] is None
     assert recipe["average"]["num_update_checkpoints"] * recipe["train"]["save_interval_updates"] <= 300
+
+
+@pytest.mark.parametrize("max_update", [1, 2, 3, 7, 149, 150, 300, 1000])
+def test_every_allowed_max_update_leaves_the_checkpoints_the_average_asks_for(max_update):
+    recipe = demo_recipe(Path("w"), {"train": "t", "valid": "v", "test": "s"}, max_update=max_update)
+    interval, count = recipe["train"]["save_interval_updates"], recipe["average"]["num_update_checkpoints"]
+    assert 1 <= count <= recipe["train"]["keep_interval_updates"] and count * interval <= max_update
+    assert (interval, count) == ((50, 3) if max_update >= 150 else (interval, min(3, max_update)))
+
+
+def test_a_workdir_that_cannot_be_a_directory_is_a_clear_error(tmp_path):
+    (tmp_path / "file").write_text("mine")
+    with pytest.raises(NmtError, match=r"cannot use --workdir .*file: Not a directory"):
+        run_demo(tmp_path / "file", max_update=1)
+    assert (tmp_path / "file").read_text() == "mine"

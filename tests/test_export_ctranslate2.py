@@ -178,15 +178,21 @@ def test_cli_generate_from_a_checkpoint_equals_nmts_output(trained, monkeypatch,
 
 
 @needs_ct2
-def test_existing_outdir_is_kept_without_force(trained, tmp_path):
+def test_only_an_earlier_export_is_replaced_and_only_with_force(trained, tmp_path):
     outdir = tmp_path / "model"
     outdir.mkdir()
     (outdir / "mine.txt").write_text("keep me")
+    for force in (False, True):  # --force only replaces an earlier export
+        with pytest.raises(NmtError, match="is not an export of `nmt export ctranslate2`"):
+            export_ctranslate2(ExportOptions(str(trained), str(outdir), force=force))
+    assert [p.name for p in outdir.iterdir()] == ["mine.txt"] and (outdir / "mine.txt").read_text() == "keep me"
+    (outdir / "mine.txt").unlink()
+    export_ctranslate2(ExportOptions(str(trained), str(outdir)))  # an empty directory is used
     with pytest.raises(NmtError, match="already exists: use --force"):
         export_ctranslate2(ExportOptions(str(trained), str(outdir)))
-    assert (outdir / "mine.txt").read_text() == "keep me"
+    (outdir / "extra.txt").write_text("x")
     export_ctranslate2(ExportOptions(str(trained), str(outdir), force=True))
-    assert (outdir / "model.bin").is_file() and not (outdir / "mine.txt").exists()
+    assert (outdir / "model.bin").is_file() and not (outdir / "extra.txt").exists()
     assert [p.name for p in tmp_path.iterdir()] == ["model"]  # no work directory left behind
 
 

@@ -306,6 +306,27 @@ def test_cli_errors_are_one_line(checkpoint, data_dir, tmp_path, monkeypatch, ca
     assert output.read_text() == "old translations\n"  # a failed run leaves the old output whole
 
 
+@pytest.mark.parametrize("output_flag, clash", [("--output", "--input"), ("--output", "--path"),
+                                                ("--print-attention", "--input"), ("--output", "--print-attention")])
+def test_an_output_that_is_an_input_is_refused_and_left_whole(checkpoint, tmp_path, monkeypatch, capsys,
+                                                              output_flag, clash):
+    model = tmp_path / "model.pt"
+    model.write_bytes(checkpoint.read_bytes())
+    source = tmp_path / "in.en"
+    source.write_text("five\n")
+    args = {"--input": str(source), "--path": str(model), "--output": str(tmp_path / "out.txt")}
+    if clash == "--print-attention":  # both outputs on one file
+        (tmp_path / "other.txt").write_text("mine\n")
+        args["--output"] = args["--print-attention"] = str(tmp_path / "other.txt")
+    else:
+        args[output_flag] = args[clash]
+    before = {path: path.read_bytes() for path in tmp_path.iterdir()}
+    code, out, err = run_cli(monkeypatch, capsys, "generate", *[item for pair in args.items() for item in pair])
+    assert code == 1 and err.startswith("error: ") and len(err.strip().splitlines()) == 1
+    assert f"{output_flag} " in err and f"is also the {clash}" in err
+    assert {path: path.read_bytes() for path in tmp_path.iterdir()} == before
+
+
 @pytest.mark.slow
 def test_console_script_reads_stdin_and_reports_errors_without_traceback(checkpoint):
     command = [sys.executable, "-m", "nmt", "generate", "-i", "-", "--path", str(checkpoint), "--max-len-b", "5"]

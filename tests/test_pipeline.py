@@ -11,7 +11,7 @@ from nmt.demo import demo_recipe
 from nmt.demo_data import write_demo_corpus
 from nmt.errors import NmtError
 from nmt.models.registry import get_arch
-from nmt.pipeline import run_recipe
+from nmt.pipeline import plan_recipe, run_recipe
 
 
 def tiny_recipe(tmp_path, raw) -> dict:
@@ -46,10 +46,32 @@ def test_every_stage_runs_and_feeds_the_next(pipeline_run):
 
 
 @pytest.mark.slow
-def test_stages_can_be_rerun_alone(pipeline_run):
-    _, path, _ = pipeline_run
-    report = run_recipe(path, ("generate", "score"))
+def test_stages_can_be_rerun_alone_without_the_training_text(pipeline_run):
+    tmp_path, path, _ = pipeline_run
+    train = sorted((tmp_path / "raw").glob("train.*"))
+    for file in train:  # archived once preprocessed: generate and score read only the test split's text
+        file.rename(file.with_name("archived-" + file.name))
+    try:
+        report = run_recipe(path, ("generate", "score"))
+    finally:
+        for file in train:
+            file.with_name("archived-" + file.name).rename(file)
     assert list(report.seconds) == ["generate", "score"]
+
+
+@pytest.mark.parametrize("section, key, target", [("generate", "output", "raw/test.de"),
+                                                  ("generate", "output", "raw/train.en"),
+                                                  ("average", "output", "checkpoints/checkpoint_last.pt")])
+def test_a_recipe_writing_over_its_inputs_fails_its_check(tmp_path, section, key, target):
+    raw = write_demo_corpus(tmp_path / "raw", train_size=20, valid_size=5, test_size=5, seed=3)
+    recipe = tiny_recipe(tmp_path, raw)
+    recipe[section][key] = str(tmp_path / target)
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(recipe), encoding="utf-8")
+    before = {file: file.read_bytes() for file in (tmp_path / "raw").iterdir()}
+    with pytest.raises(NmtError, match="is also the raw text|has the name of a training checkpoint"):
+        plan_recipe(path)
+    assert {file: file.read_bytes() for file in (tmp_path / "raw").iterdir()} == before
 
 
 def test_unknown_sections_and_stages_are_errors(tmp_path):

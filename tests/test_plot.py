@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from conftest import run_cli
 from nmt.errors import NmtError
 from nmt.plot import PlotAttentionOptions, PlotCurvesOptions, plot_attention, plot_curves
 from nmt.training.metrics_file import MetricsFile
@@ -72,3 +73,12 @@ def test_missing_matplotlib_names_the_extra(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     with pytest.raises(NmtError, match=r"pip install 'nmt\[plot\]'"):
         plot_curves(PlotCurvesOptions(save_dir=str(tmp_path), output=str(tmp_path / "c.png")))
+
+
+def test_curves_of_a_missing_save_dir_or_onto_the_metrics_file_are_one_line_errors(tmp_path, monkeypatch, capsys):
+    code, _, err = run_cli(monkeypatch, capsys, "plot", "curves", str(tmp_path / "nope"))
+    assert code == 1 and err.startswith("error: no save dir") and len(err.strip().splitlines()) == 1
+    (tmp_path / "metrics.jsonl").write_text("{}\n")
+    code, _, err = run_cli(monkeypatch, capsys, "plot", "curves", str(tmp_path), "-o", str(tmp_path / "metrics.jsonl"))
+    assert code == 1 and "is also the training metrics" in err
+    assert (tmp_path / "metrics.jsonl").read_text() == "{}\n"

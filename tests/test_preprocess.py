@@ -422,11 +422,26 @@ def test_destdir_with_another_dataset_is_refused_and_left_alone(corpus, tmp_path
     assert code == 0 and DataDir.open(tmp_path / "bin").meta["joint"] is False
 
 
-def test_destdir_with_other_files_is_refused(corpus, tmp_path, monkeypatch, capsys):
+def test_destdir_with_other_files_is_refused_even_with_force(corpus, tmp_path, monkeypatch, capsys):
     (tmp_path / "bin").mkdir()
     (tmp_path / "bin" / "notes.txt").write_text("mine")
-    assert_cli_error(monkeypatch, capsys, cli_args(corpus, tmp_path), "not a finished nmt dataset", "--force")
+    assert_cli_error(monkeypatch, capsys, cli_args(corpus, tmp_path), "not a finished nmt dataset",
+                     "--force only replaces a dataset")
+    assert_cli_error(monkeypatch, capsys, cli_args(corpus, tmp_path, "--force"), "not a finished nmt dataset")
+    assert [p.name for p in (tmp_path / "bin").iterdir()] == ["notes.txt"]
     assert (tmp_path / "bin" / "notes.txt").read_text() == "mine"
+
+
+def test_a_dataset_holding_the_input_text_is_never_replaced(corpus, tmp_path, monkeypatch, capsys):
+    """A rebuild deletes the old directory whole: refused when the corpus lives inside it."""
+    assert run_cli(monkeypatch, capsys, *cli_args(corpus, tmp_path), "--quiet")[0] == 0
+    for name in ("train.en", "train.de"):
+        (tmp_path / "bin" / name).write_bytes((corpus / name).read_bytes())
+    args = cli_args(corpus, tmp_path, "--force")
+    args[args.index("--trainpref") + 1] = str(tmp_path / "bin" / "train")
+    assert_cli_error(monkeypatch, capsys, args, "holds the input", "train.", "would delete it")
+    assert (tmp_path / "bin" / "train.en").read_bytes() == (corpus / "train.en").read_bytes()
+    assert (tmp_path / "bin" / "meta.json").is_file()
 
 
 @pytest.mark.parametrize("extra, expected", [
@@ -472,5 +487,5 @@ def test_destdir_that_cannot_be_a_directory(corpus, tmp_path, monkeypatch, capsy
     args[args.index("--destdir") + 1] = str(tmp_path / "file")
     assert_cli_error(monkeypatch, capsys, args, f"--destdir {tmp_path}/file exists and is not a directory")
     args[args.index("--destdir") + 1] = str(tmp_path / "file" / "bin")
-    assert_cli_error(monkeypatch, capsys, args, f"cannot create a directory in {tmp_path}/file for --destdir")
+    assert_cli_error(monkeypatch, capsys, args, f"cannot create a directory in {tmp_path}/file")
     assert (tmp_path / "file").read_text() == "x"

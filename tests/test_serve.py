@@ -146,6 +146,7 @@ def test_32_concurrent_clients_get_their_own_answers(server, checkpoint):
     (b'{"text": []}', 422, '"text" must be a non-empty list of strings'),
     (b'{"text": "five"}', 422, '"text" must be a non-empty list of strings'),
     (b'{"text": ["five", 5]}', 422, '"text" must be a non-empty list of strings'),
+    (b'{"text": ["five", "\\ud800"]}', 422, '"text" sentence 2 holds a lone surrogate escape'),
     (b'{"text": ["five"], "beam": "4"}', 422, '"beam" must be an integer, got a string'),
     (b'{"text": ["five"], "beam": true}', 422, '"beam" must be an integer, got a boolean'),
     (b'{"text": ["five"], "lenpen": NaN}', 422, '"lenpen" must be a finite number'),

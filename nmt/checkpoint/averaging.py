@@ -15,8 +15,9 @@ import torch
 from torch import Tensor
 
 from nmt.checkpoint.format import check_compatible, load_checkpoint, make_checkpoint, save_checkpoint
-from nmt.checkpoint.names import numbered_checkpoints
+from nmt.checkpoint.names import is_training_checkpoint_name, numbered_checkpoints
 from nmt.errors import NmtError
+from nmt.files import refuse_overwriting
 from nmt.log import logger
 from nmt.options import check_values
 
@@ -129,6 +130,15 @@ class AverageOptions:
 
     def __post_init__(self) -> None:
         check_values(self)
+        check_output_name(self.output)
+
+
+def check_output_name(output: str | Path) -> None:
+    """The averaged model is model-only: under a training checkpoint's name, training would resume
+    from it (losing the optimizer and update count) or prune it."""
+    if is_training_checkpoint_name(Path(output).name):
+        raise NmtError(f"--output {output} has the name of a training checkpoint, which training resumes from or "
+                       "prunes: name the averaged model another way, e.g. averaged.pt")
 
 
 def average(inputs: list[str | Path], output: str | Path, num_epoch_checkpoints: int | None = None,
@@ -152,8 +162,10 @@ def average(inputs: list[str | Path], output: str | Path, num_epoch_checkpoints:
                 raise NmtError(f"{path} is a directory: add --num-epoch-checkpoints N or --num-update-checkpoints N "
                                "to pick its last checkpoints")
         paths = inputs
-    checkpoint = average_checkpoints(paths)
     output = Path(output)
+    check_output_name(output)
+    refuse_overwriting("--output", output, {"input": paths})
+    checkpoint = average_checkpoints(paths)
     save_checkpoint(output, checkpoint)
-    logger.info("averaged %d checkpoints (%s) into %s", len(paths), ", ".join(path.name for path in paths), output)
+    logger.info("averaged %d checkpoint(s) (%s) into %s", len(paths), ", ".join(path.name for path in paths), output)
     return paths

@@ -28,6 +28,11 @@ def update_checkpoint_name(epoch: int, update: int) -> str:
     return f"checkpoint_{epoch}_{update}.pt"
 
 
+def is_training_checkpoint_name(name: str) -> bool:
+    """A name the trainer writes, resumes from or prunes."""
+    return name in (LAST, BEST) or any(pattern.fullmatch(name) for pattern in NUMBERED.values())
+
+
 def numbered_checkpoints(directory: Path, kind: Literal["epoch", "update"]) -> list[Path]:
     """The epoch or update checkpoints of a save dir, oldest first: by epoch, or by update (then epoch)."""
     found = [(tuple(int(group) for group in match.groups())[::-1], path) for path in directory.iterdir()

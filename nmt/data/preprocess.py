@@ -82,7 +82,8 @@ class PreprocessOptions:
                 "(0 = off, else at least 1).", "min": 0.0})
     workers: int = field(default=1, metadata={
         "help": "Sentencepiece threads encoding the text and training the model.", "min": 1})
-    force: bool = field(default=False, metadata={"help": "Replace a destdir that holds a different dataset."})
+    force: bool = field(default=False, metadata={
+        "help": "Replace a destdir that holds a different dataset (never a directory that is not one)."})
     byte_fallback: bool = field(default=True, metadata={
         "help": "Train sentencepiece with byte fallback: a character outside the vocabulary is encoded as its "
                 "UTF-8 bytes (and decodes back to itself) instead of UNK; the 256 byte pieces count in --vocab-size."})
@@ -121,10 +122,10 @@ def preprocess(options: PreprocessOptions, show_progress: bool = True, chunk_lin
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         console=stderr_console, disable=not show_progress)
     with progress:
-        train = next((split for split in splits if split.name == "train"), None)
-        vocabs = build_vocabularies(options, train, progress)
-        workdir = make_workdir(destdir)
+        workdir = make_workdir(destdir)  # an unwritable destdir fails before sentencepiece trains
         try:
+            train = next((split for split in splits if split.name == "train"), None)
+            vocabs = build_vocabularies(options, train, progress)
             write_dataset(workdir, splits, vocabs, options, recorded, progress, chunk_lines)
             replace_directory(workdir, destdir)
         except BaseException as exc:
@@ -142,7 +143,7 @@ def make_workdir(destdir: Path) -> Path:
         destdir.parent.mkdir(parents=True, exist_ok=True)
         workdir.mkdir()
     except OSError as exc:
-        raise NmtError(f"cannot create a directory in {destdir.parent} for --destdir: {exc.strerror or exc}") from exc
+        raise NmtError(f"cannot create a directory in {destdir.parent}: {exc.strerror or exc}") from exc
     return workdir
 
 
@@ -179,22 +180,29 @@ def fingerprints(splits: list[SplitFiles], spm_model: str | None) -> dict[str, d
 
 
 def is_up_to_date(destdir: Path, recorded: dict, force: bool) -> bool:
-    """True if destdir already holds this very dataset; refuse to overwrite anything else without force."""
+    """True if destdir already holds this very dataset. Only a dataset (another one with force) is
+    ever replaced, and never one that holds this run's input files: replacing deletes the old directory."""
     if not destdir.exists():
         return False
     if not destdir.is_dir():
         raise NmtError(f"--destdir {destdir} exists and is not a directory")
-    if force or not any(destdir.iterdir()):
+    if not any(destdir.iterdir()):
         return False
     if not (destdir / META_FILE).exists():
-        raise NmtError(f"--destdir {destdir} already exists and is not a finished nmt dataset; "
-                       "use --force to replace it")
+        raise NmtError(f"--destdir {destdir} already exists and is not a finished nmt dataset (no {META_FILE}); "
+                       "choose another --destdir (--force only replaces a dataset)")
     meta = DataDir.open(destdir).meta
     changed = [key for key, value in recorded["options"].items() if meta.get("options", {}).get(key) != value]
     if meta.get("inputs") != recorded["inputs"]:
         changed.append("input files")
-    if not changed:
+    if not changed and not force:
         return True
+    inside = [path for path in recorded["inputs"] if Path(path).is_relative_to(destdir.resolve())]
+    if inside:
+        raise NmtError(f"--destdir {destdir} holds the input {inside[0]}: rebuilding it would delete it; "
+                       "move the input out of it or choose another --destdir")
+    if force:
+        return False
     raise NmtError(f"--destdir {destdir} already holds a different dataset (differs in: {', '.join(changed)}); "
                    "use --force to replace it")
 

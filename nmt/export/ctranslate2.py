@@ -49,7 +49,7 @@ class ExportOptions:
                                   "argument": True, "metavar": "OUTDIR"})
     quantization: Quantization = field(default="float32", metadata={
         "help": "Weight type CTranslate2 stores (int8: about 4x smaller; it can still compute in another type)."})
-    force: bool = field(default=False, metadata={"help": "Replace OUTDIR if it already exists."})
+    force: bool = field(default=False, metadata={"help": "Replace OUTDIR if it holds an earlier export."})
 
 
 def import_ctranslate2():
@@ -64,8 +64,12 @@ def export_ctranslate2(options: ExportOptions) -> Path:
     """Write the CTranslate2 model directory; returns its path."""
     import_ctranslate2()
     outdir = Path(options.outdir)
-    if outdir.exists() and not options.force:
-        raise NmtError(f"{outdir} already exists: use --force to replace it")
+    if outdir.exists() and not (outdir.is_dir() and not any(outdir.iterdir())):
+        if not (outdir / META_FILE).is_file():
+            raise NmtError(f"{outdir} already exists and is not an export of `nmt export ctranslate2` (no "
+                           f"{META_FILE}): choose another OUTDIR (--force only replaces an earlier export)")
+        if not options.force:
+            raise NmtError(f"{outdir} already exists: use --force to replace it")
     checkpoint = load_checkpoint(options.checkpoint)
     spec = transformer_spec(checkpoint)
     spec.validate()

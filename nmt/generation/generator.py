@@ -34,7 +34,7 @@ from nmt.data.dataset import DataDir
 from nmt.data.vocabulary import EOS_ID, UNK_ID
 from nmt.device import Precision, autocast, resolve_device, resolve_precision
 from nmt.errors import NmtError
-from nmt.files import atomic_write, read_lines
+from nmt.files import atomic_write, read_lines, refuse_overwriting
 from nmt.generation.alignment import word_attentions
 from nmt.generation.ensemble import Ensemble, split_paths
 from nmt.generation.output import Translation, write_translations
@@ -122,6 +122,9 @@ class GenerateOptions:
         if self.engine == "ctranslate2" and (self.print_alignment or self.print_attention):
             raise NmtError("--print-alignment and --print-attention need --engine nmt (attention weights)")
         check_workers(self.search, self.batching)
+        inputs = {"--input": self.input, "--path": [item for path in self.path for item in split_paths(path)]}
+        refuse_overwriting("--output", self.output, {**inputs, "--print-attention": self.print_attention})
+        refuse_overwriting("--print-attention", self.print_attention, inputs)
         if self.score_reference and self.data is None:
             raise NmtError("--score-reference needs a binarized split (DATA_DIR --split); "
                            "for raw input use `nmt score --ref FILE` on the output")

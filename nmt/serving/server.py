@@ -107,6 +107,11 @@ def parse_request(body: bytes, options: ServeOptions) -> tuple[list[str], dict[s
     text = payload.pop("text", None)
     if not isinstance(text, list) or not text or not all(isinstance(t, str) for t in text):
         raise ApiError(422, '"text" must be a non-empty list of strings')
+    for number, sentence in enumerate(text, start=1):
+        try:
+            sentence.encode("utf-8")
+        except UnicodeEncodeError:  # JSON can escape half of a UTF-16 pair ("\ud800"): not a character
+            raise ApiError(422, f'"text" sentence {number} holds a lone surrogate escape, not a character') from None
     if len(text) > options.max_sentences:
         raise ApiError(413, f"{len(text)} sentences in one request; at most {options.max_sentences}")
     characters = sum(len(t) for t in text)
