@@ -166,7 +166,10 @@ def run(recipe: Annotated[Path, typer.Argument(
         dry_run: Annotated[bool, typer.Option(
             help="Check the whole recipe, print every stage's resolved options, and run nothing.")] = False) -> None:
     """Run a recipe's whole pipeline: preprocess -> train -> average -> generate -> score."""
-    plan = plan_recipe(recipe, tuple(stage.strip() for stage in stages.split(",") if stage.strip()))
+    chosen = tuple(stage.strip() for stage in stages.split(",") if stage.strip())
+    if not chosen:
+        raise NmtError(f"--stages names no stage; stages: {','.join(STAGES)}")
+    plan = plan_recipe(recipe, chosen)
     if dry_run:
         typer.echo(plan.describe(), nl=False)
     else:

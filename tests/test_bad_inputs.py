@@ -260,6 +260,13 @@ CASES = [
     ("generate-beam-zero", [*GENERATE, "--beam", "0", "-o", "good.hyp"], "--beam must be at least 1", NO_SETUP),
     ("generate-output-is-a-directory", [*GENERATE, "-o", "data"], "is a directory", NO_SETUP),
     ("generate-read-only-output", [*GENERATE, "-o", "ro/test.hyp"], "Read-only file system", setup(then=read_only)),
+    ("generate-output-is-the-input", ["generate", "-i", "good.hyp", "--path", "model.pt", "-o", "good.hyp", "-q"],
+     "is also the --input", NO_SETUP),
+    ("generate-output-is-the-checkpoint", [*GENERATE, "-o", "model.pt"], "is also the --path", NO_SETUP),
+    ("generate-print-scores-fairseq", [*GENERATE, "--format", "fairseq", "--print-scores"], "--format plain", NO_SETUP),
+    ("generate-buffer-size-on-a-file", [*GENERATE, "--buffer-size", "2"], "--buffer-size applies", NO_SETUP),
+    ("generate-min-len-over-max", [*GENERATE, "--min-len", "9", "--max-len-a", "0", "--max-len-b", "5"],
+     "--min-len 9 is over", NO_SETUP),
     ("generate-disk-full", [*GENERATE, "-o", "full/test.hyp"], "No space left on device", setup(then=full_disk)),
     # average
     ("average-other-arch", ["average", "model.pt", "bad/wide.pt", "-o", "good.hyp", "-q"], "ffn_dim",
@@ -268,6 +275,10 @@ CASES = [
      "different source vocabularies", setup(then=lambda w: checkpoint_with(w, "bad/vocab.pt", other_vocab(w)))),
     ("average-too-few-checkpoints", ["average", "run", "--num-update-checkpoints", "5", "-o", "good.hyp", "-q"],
      "asked for the last 5", NO_SETUP),
+    ("average-over-the-last-checkpoint", ["average", "run", "--num-update-checkpoints", "2", "-o",
+                                          "run/checkpoint_last.pt", "-q"], "name of a training checkpoint", NO_SETUP),
+    ("average-over-an-input", ["average", "model.pt", "run/checkpoint_1_1.pt", "-o", "model.pt", "-q"],
+     "is also the input", NO_SETUP),
     ("average-same-file-twice", ["average", "model.pt", "model.pt", "-o", "good.hyp", "-q"], "given twice", NO_SETUP),
     ("average-truncated-input", ["average", "model.pt", "bad/truncated.pt", "-o", "good.hyp", "-q"],
      "corrupt or not an nmt checkpoint",
@@ -290,6 +301,7 @@ CASES = [
      setup({"bad/sections.yaml": "trian: {}\n"})),
     ("run-unknown-stage", ["run", "bad/stages.yaml", "--stages", "train,deploy"], "deploy",
      setup({"bad/stages.yaml": "train: {}\n"})),
+    ("run-no-stage", ["run", "bad/stages.yaml", "--stages", ","], "names no stage", setup({"bad/stages.yaml": "train: {}\n"})),
 ]
 
 

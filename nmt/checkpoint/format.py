@@ -133,10 +133,10 @@ def describe(checkpoint: dict[str, Any]) -> str:
     return f"{checkpoint['arch']} ({checkpoint['model_name']})"
 
 
-def check_compatible(found: dict[str, Any], expected: dict[str, Any], context: str, remedy: str = "") -> None:
+def check_compatible(found: dict[str, Any], expected: dict[str, Any], context: str, model_remedy: str = "") -> None:
     """Refuse checkpoint ``found`` when it holds another model, language pair or vocabulary than
-    ``expected`` (a checkpoint too): ``{context}: different ...[; remedy]``."""
-    remedy = f"; {remedy}" if remedy else ""
+    ``expected`` (a checkpoint too): ``{context}: different ...``, and for another model ``; {model_remedy}``."""
+    remedy = f"; {model_remedy}" if model_remedy else ""
     if found["model_name"] != expected["model_name"] or found["model_config"] != expected["model_config"]:
         a, b = found["model_config"], expected["model_config"]
         differences = [f"{key} {a.get(key)!r} vs {b.get(key)!r}" for key in sorted(set(a) | set(b))
@@ -145,7 +145,7 @@ def check_compatible(found: dict[str, Any], expected: dict[str, Any], context: s
                        f"{': ' if differences else ''}{', '.join(differences[:3])}){remedy}")
     pairs = [f"{c['vocab']['source_lang']}->{c['vocab']['target_lang']}" for c in (found, expected)]
     if pairs[0] != pairs[1]:
-        raise NmtError(f"{context}: different language pairs ({pairs[0]} vs {pairs[1]}){remedy}")
+        raise NmtError(f"{context}: different language pairs ({pairs[0]} vs {pairs[1]})")
     for side in ("source", "target"):
         if found["vocab"][side] != expected["vocab"][side]:
-            raise NmtError(f"{context}: different {side} vocabularies{remedy}")
+            raise NmtError(f"{context}: different {side} vocabularies")

@@ -122,6 +122,10 @@ class GenerateOptions:
         if self.engine == "ctranslate2" and (self.print_alignment or self.print_attention):
             raise NmtError("--print-alignment and --print-attention need --engine nmt (attention weights)")
         check_workers(self.search, self.batching)
+        if self.print_scores and self.format != "plain":
+            raise NmtError("--print-scores is for --format plain (fairseq's H- lines carry the scores)")
+        if self.buffer_size is not None and self.input != "-":
+            raise NmtError("--buffer-size applies to translating stdin as it arrives (--input -)")
         inputs = {"--input": self.input, "--path": [item for path in self.path for item in split_paths(path)]}
         refuse_overwriting("--output", self.output, {**inputs, "--print-attention": self.print_attention})
         refuse_overwriting("--print-attention", self.print_attention, inputs)

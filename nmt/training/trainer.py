@@ -150,8 +150,13 @@ class Trainer:
         if found is None:
             return
         path, checkpoint = found
-        check_compatible(checkpoint, model_state(self.model, self.config.arch, self.model_config, self.vocabs),
-                         f"{path} does not match this run", "use another --save-dir, or the checkpoint's --arch and --set")
+        expected = model_state(self.model, self.config.arch, self.model_config, self.vocabs)
+        if (self.save_dir / ckpt.LAST).exists():  # resuming the save dir's run
+            check_compatible(checkpoint, expected, f"{path} does not match this run (another --save-dir starts a "
+                             "new one)", "to resume it, give the checkpoint's --arch and --set")
+        else:
+            check_compatible(checkpoint, expected, f"--restore-file {path} does not match this run",
+                             "give the checkpoint's --arch and --set")
         self.model.load_state_dict(checkpoint["model"])
         if "train_state" not in checkpoint:
             logger.info("initialised the model from %s (a model-only checkpoint: training starts at update 0)", path)
