@@ -41,8 +41,8 @@ class Vocabulary:
         self.processor = spm.SentencePieceProcessor()
         try:
             self.processor.LoadFromSerializedProto(model_proto)
-        except Exception as exc:  # sentencepiece raises bare RuntimeError/OSError
-            raise NmtError(f"not a valid sentencepiece model: {exc}") from exc
+        except Exception as exc:  # sentencepiece raises bare RuntimeError/OSError naming its C++ source (-v shows it)
+            raise NmtError("not a valid sentencepiece model (its bytes do not parse as one)") from exc
         expected = {"pad": PAD_ID, "unk": UNK_ID, "bos": BOS_ID, "eos": EOS_ID}
         actual = {"pad": self.processor.pad_id(), "unk": self.processor.unk_id(),
                   "bos": self.processor.bos_id(), "eos": self.processor.eos_id()}
@@ -55,6 +55,8 @@ class Vocabulary:
         try:
             with open(path, "rb") as handle:
                 return cls(handle.read())
+        except NmtError as exc:
+            raise NmtError(f"{path}: {exc}") from exc
         except OSError as exc:
             raise NmtError(f"cannot read sentencepiece model {path}: {exc.strerror or exc}") from exc
 
