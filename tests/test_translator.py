@@ -105,6 +105,10 @@ def test_unknown_characters_are_reported_in_one_line(checkpoint, caplog, tmp_pat
     (warning,) = [r.getMessage() for r in caplog.records if "unknown" in r.getMessage()]
     assert warning.startswith("3 input token(s) in 2 sentence(s) were unknown to the en vocabulary")
     assert warning.endswith("(characters it cannot represent: Ω 京 東 😀)")
+    caplog.clear()
+    translator.translate(["five\x00six"])  # a control character is named, not printed raw
+    (warning,) = [r.getMessage() for r in caplog.records if "unknown" in r.getMessage()]
+    assert warning.endswith("(characters it cannot represent: U+0000)")
 
 
 def test_generate_warns_on_stderr_not_stdout(checkpoint, tmp_path):

@@ -298,7 +298,8 @@ def warn_unknown(vocabs: Vocabularies, lines: list[str], ids: list[list[int]]) -
     if unknown:
         affected = [line for line, sentence in zip(lines, ids) if UNK_ID in sentence]
         characters = sorted({c for line in affected for c in line if UNK_ID in vocabs.source.encode(c)})
-        shown = " ".join(characters[:10]) + (" ..." if len(characters) > 10 else "")
+        shown = " ".join(c if c.isprintable() else f"U+{ord(c):04X}" for c in characters[:10]) + \
+            (" ..." if len(characters) > 10 else "")
         logger.warning("%d input token(s) in %d sentence(s) were unknown to the %s vocabulary and read as <unk> "
                        "(characters it cannot represent: %s)", unknown, len(affected), vocabs.source_lang, shown)
     return unknown
