@@ -3,8 +3,8 @@
     # screening: train a variant for a short budget, average, decode val, append a row
     python benchmarks/sweep.py train recipes/multi30k_en_de.yaml --name lr1e-3 --set train.lr=0.001 --max-time 15m
 
-    # decoding: a trained run's averaging window x beam x length penalty, on val (--name: a sweep run;
-    # without it, the recipe's own save dir)
+    # decoding: a trained run's averaging window x beam x length penalty, on val (--name: a sweep run,
+    # with the recipe it was trained with; without it, the recipe's own save dir)
     python benchmarks/sweep.py decode recipes/multi30k_en_de.yaml --name lr1e-3 --average 0,5,10 --beam 4,6
 
     # the finalist, once, on the test split (the CSV's `split` column says how often test was scored)
@@ -110,8 +110,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("mode", choices=("train", "decode"))
     parser.add_argument("recipe", type=Path)
-    parser.add_argument("--name", default="recipe",
-                        help="the run's name: its save dir is runs/sweep/NAME (decode: the recipe's when that is absent)")
+    parser.add_argument("--name", help="train: the run's name (default: recipe), its save dir runs/sweep/NAME; "
+                                       "decode: that run, decoded with the recipe it was trained with "
+                                       "(default: the recipe's own save dir)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
     parser.add_argument("--max-time", help="train: the screening budget, e.g. 15m (default: the recipe's)")
     parser.add_argument("--average", help="decode: epoch checkpoints to average, e.g. 0,5,10 (0: checkpoint_best)")
@@ -122,12 +123,18 @@ def main() -> None:
     args = parser.parse_args()
     setup_logging()
 
-    run_dir = Path("runs/sweep") / args.name
-    training = args.mode == "train"
-    save_dir = run_dir if training or run_dir.is_dir() else None  # decode: a sweep run's own save dir
-    plan = plan_variant(variant(args.recipe, args.overrides, save_dir, args.max_time), run_dir if training else None)
+    name = args.name or "recipe"
+    run_dir = Path("runs/sweep") / name
+    if args.mode == "train":
+        plan = plan_variant(variant(args.recipe, args.overrides, run_dir, args.max_time), run_dir)
+    elif args.name:
+        if not (run_dir / "recipe.yaml").is_file():
+            raise NmtError(f"no sweep run at {run_dir}: train it first with `sweep.py train --name {args.name}`")
+        plan = plan_variant(variant(run_dir / "recipe.yaml", args.overrides, None, None), None)
+    else:
+        plan = plan_variant(variant(args.recipe, args.overrides, None, None), None)
     precision, _ = resolve_precision(plan.train.precision, resolve_device(plan.train.device))
-    row = {"date": time.strftime("%Y-%m-%d %H:%M"), "mode": args.mode, "name": args.name,
+    row = {"date": time.strftime("%Y-%m-%d %H:%M"), "mode": args.mode, "name": name,
            "overrides": " ".join(args.overrides), "arch": plan.train.arch, "precision": precision,
            "cpu": describe_cpu()}
     if args.mode == "train":
@@ -147,7 +154,7 @@ def main() -> None:
             bleu, chrf = decode(plan, checkpoint, args.split, beam, lenpen)
             rows.append({**row, "average": count, "beam": beam, "lenpen": lenpen, "split": args.split,
                          "bleu": bleu, "chrf": chrf})
-            print(f"{args.name}: average {count}, beam {beam}, lenpen {lenpen}: {args.split} BLEU {bleu} chrF {chrf}")
+            print(f"{name}: average {count}, beam {beam}, lenpen {lenpen}: {args.split} BLEU {bleu} chrF {chrf}")
     append(args.csv, rows)
 
 

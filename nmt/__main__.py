@@ -10,6 +10,7 @@ def main() -> None:
     try:
         from nmt.cli import main as run
     except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
         sys.exit(130)
     run()
 

@@ -168,7 +168,7 @@ def run(recipe: Annotated[Path, typer.Argument(
     """Run a recipe's whole pipeline: preprocess -> train -> average -> generate -> score."""
     chosen = tuple(stage.strip() for stage in stages.split(",") if stage.strip())
     if not chosen:
-        raise NmtError(f"--stages names no stage; stages: {','.join(STAGES)}")
+        raise NmtError(f"--stages names no stage; stages: {', '.join(STAGES)}")
     plan = plan_recipe(recipe, chosen)
     if dry_run:
         typer.echo(plan.describe(), nl=False)

@@ -78,14 +78,15 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", encoding: str | None 
 
 
 def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
-    """Whether two paths name one file: the same inode (a hard or symbolic link), or the same path once
-    symlinks are resolved (for a path that does not exist yet). "-" (stdin/stdout) is no file."""
+    """Whether writing ``a`` would replace file ``b``: one regular file (a hard or symbolic link to it),
+    or, for a path that does not exist yet, the same path once symlinks are resolved. "-" (stdin or
+    stdout) and devices, written in place (``atomic_write``), replace nothing."""
     if "-" in (str(a), str(b)):
         return False
     try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return os.path.realpath(a) == os.path.realpath(b)
+        return stat.S_ISREG(os.stat(a).st_mode) and os.path.samefile(a, b)
+    except OSError:  # ``a`` is new (or ``b`` is gone)
+        return not os.path.exists(a) and os.path.realpath(a) == os.path.realpath(b)
 
 
 def refuse_overwriting(flag: str, output: str | os.PathLike | None,

@@ -116,7 +116,7 @@ def plan_recipe(path: str | Path, stages: tuple[str, ...] = STAGES) -> Plan:
                            "score", where)
     if plan.generate is not None:
         refuse_overwriting("generate: output", plan.generate.output,
-                           {"raw text of preprocess": existing_raw_text(plan.preprocess),
+                           {"raw text of preprocess": raw_text_paths(plan.preprocess),
                             "score: reference": plan.score.ref if plan.score else None})
     return plan
 
@@ -135,23 +135,24 @@ def raw_splits(options: PreprocessOptions) -> list[SplitFiles]:
                        options.testpref)
 
 
-def existing_raw_text(preprocess: PreprocessOptions | None) -> list[Path]:
-    """The raw text files the recipe names, those that exist (a missing one is reported by preprocess)."""
+def raw_text_paths(preprocess: PreprocessOptions | None) -> list[Path]:
+    """Every path the recipe's raw text may have (plain or .gz), whether or not it is still there: the
+    training text may be archived once preprocessed, and an output must not land on any of them."""
     if preprocess is None:
         return []
-    try:
-        return [path for files in raw_splits(preprocess) for path in (files.source, files.target)]
-    except NmtError:
-        return []
+    prefixes = [prefix.strip() for option in (preprocess.trainpref, preprocess.validpref, preprocess.testpref)
+                if option for prefix in option.split(",")]
+    return [Path(f"{prefix}.{language}{suffix}") for prefix in prefixes
+            for language in (preprocess.source_lang, preprocess.target_lang) for suffix in ("", ".gz")]
 
 
 def reference_file(preprocess: PreprocessOptions | None, split: str) -> Path:
     """The raw target-side text of a split named by preprocess (test, test1, valid, ...). Only that
     split's files are looked for: the training text may be gone once it is preprocessed."""
     if preprocess is not None:
-        prefixes = {kind: getattr(preprocess, f"{kind}pref") if split.startswith(kind) else None
+        prefixes = {f"{kind}pref": getattr(preprocess, f"{kind}pref") if split.startswith(kind) else None
                     for kind in SPLIT_KINDS}
-        for files in find_splits(preprocess.source_lang, preprocess.target_lang, *prefixes.values()):
+        for files in find_splits(preprocess.source_lang, preprocess.target_lang, **prefixes):
             if files.name == split:
                 return files.target
     raise NmtError(f"cannot find the raw reference of split {split!r}; give `score: {{ref: [FILE]}}`")

@@ -165,14 +165,19 @@ def test_bad_input_combinations_are_clear_errors(tmp_path, vocab):
     with pytest.raises(NmtError, match=r"exactly one save dir as input, got \S*missing \(no such directory\)"):
         average([tmp_path / "missing"], tmp_path / "out.pt", num_epoch_checkpoints=1)
     before = (tmp_path / "a.pt").read_bytes()
-    with pytest.raises(NmtError, match="--output .*a.pt is also the input"):
-        average([tmp_path / "a.pt"], tmp_path / "." / "a.pt")
+    (tmp_path / "link.pt").symlink_to(tmp_path / "a.pt")
+    with pytest.raises(NmtError, match="--output .*link.pt is also the input"):
+        average([tmp_path / "a.pt"], tmp_path / "link.pt")
+    run, fresh = tmp_path / "run", tmp_path / "fresh"  # a save dir, and one a recipe's training will make
+    run.mkdir()
+    save_model(run / "checkpoint_last.pt", vocab, seed=2)
     for name in ("checkpoint_last.pt", "checkpoint_best.pt", "checkpoint3.pt", "checkpoint_1_50.pt"):
         with pytest.raises(NmtError, match="has the name of a training checkpoint"):
-            average([tmp_path / "a.pt"], tmp_path / name)
+            average([tmp_path / "a.pt"], run / name)
         with pytest.raises(NmtError, match="has the name of a training checkpoint"):
-            AverageOptions([str(tmp_path)], str(tmp_path / name), num_epoch_checkpoints=1)
-    assert (tmp_path / "a.pt").read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["a.pt"]
+            AverageOptions([str(fresh)], str(fresh / name), num_epoch_checkpoints=1)
+    assert (tmp_path / "a.pt").read_bytes() == before and [p.name for p in run.iterdir()] == ["checkpoint_last.pt"]
+    average([tmp_path / "a.pt"], tmp_path / "deploy" / "checkpoint_best.pt")  # outside a save dir: any name
     with pytest.raises(NmtError, match="exactly one of"):
         last_checkpoints(tmp_path, num_epoch_checkpoints=1, num_update_checkpoints=1)
     with pytest.raises(NmtError, match="given twice"):

@@ -265,6 +265,8 @@ CASES = [
     ("generate-output-is-the-checkpoint", [*GENERATE, "-o", "model.pt"], "is also the --path", NO_SETUP),
     ("generate-print-scores-fairseq", [*GENERATE, "--format", "fairseq", "--print-scores"], "--format plain", NO_SETUP),
     ("generate-buffer-size-on-a-file", [*GENERATE, "--buffer-size", "2"], "--buffer-size applies", NO_SETUP),
+    ("generate-buffer-size-with-output", ["generate", "-i", "-", "--path", "model.pt", "-o", "good.hyp", "--buffer-size",
+                                          "2", "-q"], "--buffer-size applies", NO_SETUP),
     ("generate-min-len-over-max", [*GENERATE, "--min-len", "9", "--max-len-a", "0", "--max-len-b", "5"],
      "--min-len 9 is over", NO_SETUP),
     ("generate-disk-full", [*GENERATE, "-o", "full/test.hyp"], "No space left on device", setup(then=full_disk)),

@@ -190,6 +190,10 @@ def test_only_an_earlier_export_is_replaced_and_only_with_force(trained, tmp_pat
     export_ctranslate2(ExportOptions(str(trained), str(outdir)))  # an empty directory is used
     with pytest.raises(NmtError, match="already exists: use --force"):
         export_ctranslate2(ExportOptions(str(trained), str(outdir)))
+    (outdir / "model.pt").write_bytes(trained.read_bytes())
+    with pytest.raises(NmtError, match="holds the checkpoint"):  # replacing the export would delete it
+        export_ctranslate2(ExportOptions(str(outdir / "model.pt"), str(outdir), force=True))
+    (outdir / "model.pt").unlink()
     (outdir / "extra.txt").write_text("x")
     export_ctranslate2(ExportOptions(str(trained), str(outdir), force=True))
     assert (outdir / "model.bin").is_file() and not (outdir / "extra.txt").exists()

@@ -6,6 +6,7 @@ import shutil
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -325,6 +326,16 @@ def test_an_output_that_is_an_input_is_refused_and_left_whole(checkpoint, tmp_pa
     assert code == 1 and err.startswith("error: ") and len(err.strip().splitlines()) == 1
     assert f"{output_flag} " in err and f"is also the {clash}" in err
     assert {path: path.read_bytes() for path in tmp_path.iterdir()} == before
+
+
+def test_the_raw_text_of_a_translated_split_is_never_an_output(data_dir, checkpoint):
+    """Else --score-reference would read the hypotheses back as the reference (BLEU 100)."""
+    reference = Path(DataDir.open(data_dir).meta["splits"]["test"]["target_file"])
+    before = reference.read_bytes()
+    for flag in ("output", "print_attention"):
+        with pytest.raises(NmtError, match=f"--{flag.replace('_', '-')} .*test.de is also the raw text of the split"):
+            generate(options(checkpoint, data=str(data_dir), score_reference=True, **{flag: str(reference)}))
+    assert reference.read_bytes() == before
 
 
 @pytest.mark.slow

@@ -59,6 +59,25 @@ def test_stages_can_be_rerun_alone_without_the_training_text(pipeline_run):
     assert list(report.seconds) == ["generate", "score"]
 
 
+def test_the_check_covers_archived_training_text_and_a_reference_outside_the_corpus(tmp_path):
+    raw = write_demo_corpus(tmp_path / "raw", train_size=20, valid_size=5, test_size=5, seed=3)
+    recipe = tiny_recipe(tmp_path, raw)
+    for name in ("train.en", "train.de"):
+        (tmp_path / "raw" / name).unlink()  # archived once preprocessed
+    path = tmp_path / "recipe.yaml"
+    recipe["generate"]["output"] = str(tmp_path / "raw" / "train.en")
+    path.write_text(yaml.safe_dump(recipe), encoding="utf-8")
+    with pytest.raises(NmtError, match="is also the raw text of preprocess"):
+        plan_recipe(path, ("generate",))
+    (tmp_path / "ref.de").write_text("a reference\n")
+    recipe["generate"]["output"] = str(tmp_path / "ref.de")
+    recipe["score"]["ref"] = [str(tmp_path / "ref.de")]
+    path.write_text(yaml.safe_dump(recipe), encoding="utf-8")
+    with pytest.raises(NmtError, match="is also the score: reference"):
+        plan_recipe(path, ("generate", "score"))
+    assert (tmp_path / "ref.de").read_text() == "a reference\n"
+
+
 @pytest.mark.parametrize("section, key, target", [("generate", "output", "raw/test.de"),
                                                   ("generate", "output", "raw/train.en"),
                                                   ("average", "output", "checkpoints/checkpoint_last.pt")])

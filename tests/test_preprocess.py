@@ -442,6 +442,8 @@ def test_a_dataset_holding_the_input_text_is_never_replaced(corpus, tmp_path, mo
     assert_cli_error(monkeypatch, capsys, args, "holds the input", "train.", "would delete it")
     assert (tmp_path / "bin" / "train.en").read_bytes() == (corpus / "train.en").read_bytes()
     assert (tmp_path / "bin" / "meta.json").is_file()
+    args = cli_args(corpus, tmp_path, "--force", "--spm-model", str(tmp_path / "bin" / "spm.model"))
+    assert run_cli(monkeypatch, capsys, *args, "--quiet")[0] == 0  # its own sentencepiece model is read first
 
 
 @pytest.mark.parametrize("extra, expected", [

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from nmt.data.vocabulary import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from nmt.errors import NmtError
 from nmt.generation.search import (NEG_INF, Hypothesis, SearchOptions, beam_search, constrain, is_done, length_penalty,
                                    max_lengths, select_top)
 from nmt.models.registry import build_model, get_arch, resolve_config
@@ -438,3 +439,10 @@ def test_transformer_batched_with_padding_equals_one_sentence_at_a_time():
     assert [[h.tokens for h in hyps] for hyps in batched] == [[h.tokens for h in hyps] for hyps in alone]
     for got, expected in zip(batched, alone):
         assert [h.score for h in got] == pytest.approx([h.score for h in expected], abs=1e-5)
+
+
+def test_min_len_over_a_fixed_max_length_is_refused_but_the_clamped_length_one_is_not():
+    SearchOptions(max_len_a=0, max_len_b=0)  # max_lengths clamps to 1 token: min_len 1 is reachable
+    SearchOptions(max_len_a=0.5, max_len_b=0, min_len=9)  # the max grows with the source
+    with pytest.raises(NmtError, match="--min-len 2 is over the max length --max-len-b 0"):
+        SearchOptions(max_len_a=0, max_len_b=0, min_len=2)

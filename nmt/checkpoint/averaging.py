@@ -7,6 +7,7 @@ a model-only checkpoint (no optimizer state) that loads like any other.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ import torch
 from torch import Tensor
 
 from nmt.checkpoint.format import check_compatible, load_checkpoint, make_checkpoint, save_checkpoint
-from nmt.checkpoint.names import is_training_checkpoint_name, numbered_checkpoints
+from nmt.checkpoint.names import LAST, is_training_checkpoint_name, numbered_checkpoints
 from nmt.errors import NmtError
 from nmt.files import refuse_overwriting
 from nmt.log import logger
@@ -130,15 +131,19 @@ class AverageOptions:
 
     def __post_init__(self) -> None:
         check_values(self)
-        check_output_name(self.output)
+        check_output_name(self.output, self.inputs)
 
 
-def check_output_name(output: str | Path) -> None:
-    """The averaged model is model-only: under a training checkpoint's name, training would resume
-    from it (losing the optimizer and update count) or prune it."""
-    if is_training_checkpoint_name(Path(output).name):
-        raise NmtError(f"--output {output} has the name of a training checkpoint, which training resumes from or "
-                       "prunes: name the averaged model another way, e.g. averaged.pt")
+def check_output_name(output: str | Path, inputs: list[str] | list[Path]) -> None:
+    """The averaged model is model-only: in a save dir (one of the inputs, or a directory holding
+    checkpoint_last.pt), under a training checkpoint's name, training would resume from it (losing
+    the optimizer and update count) or prune it."""
+    output = Path(output)
+    folder = os.path.realpath(output.parent)
+    in_save_dir = (output.parent / LAST).exists() or any(os.path.realpath(path) == folder for path in inputs)
+    if in_save_dir and is_training_checkpoint_name(output.name):
+        raise NmtError(f"--output {output} has the name of a training checkpoint of that save dir, which training "
+                       "resumes from or prunes: name the averaged model another way, e.g. averaged.pt")
 
 
 def average(inputs: list[str | Path], output: str | Path, num_epoch_checkpoints: int | None = None,
@@ -163,7 +168,7 @@ def average(inputs: list[str | Path], output: str | Path, num_epoch_checkpoints:
                                "to pick its last checkpoints")
         paths = inputs
     output = Path(output)
-    check_output_name(output)
+    check_output_name(output, inputs)
     refuse_overwriting("--output", output, {"input": paths})
     checkpoint = average_checkpoints(paths)
     save_checkpoint(output, checkpoint)

@@ -116,7 +116,8 @@ def preprocess(options: PreprocessOptions, show_progress: bool = True, chunk_lin
     destdir = Path(options.destdir)
     clean_workdirs_beside(destdir)
     recorded = {"options": recorded_options(options), "inputs": fingerprints(splits, options.spm_model)}
-    if is_up_to_date(destdir, recorded, options.force):
+    texts = [path for split in splits for path in (split.source, split.target)]
+    if is_up_to_date(destdir, recorded, options.force, texts):
         logger.info(f"{destdir} is up to date (same options and input files); nothing to do (--force rebuilds it)")
         return DataDir.open(destdir)
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -179,9 +180,10 @@ def fingerprints(splits: list[SplitFiles], spm_model: str | None) -> dict[str, d
     return result
 
 
-def is_up_to_date(destdir: Path, recorded: dict, force: bool) -> bool:
+def is_up_to_date(destdir: Path, recorded: dict, force: bool, texts: list[Path]) -> bool:
     """True if destdir already holds this very dataset. Only a dataset (another one with force) is
-    ever replaced, and never one that holds this run's input files: replacing deletes the old directory."""
+    ever replaced, and never one that holds the text it is made from: replacing deletes the old
+    directory (a --spm-model inside it is read before and saved again)."""
     if not destdir.exists():
         return False
     if not destdir.is_dir():
@@ -197,7 +199,7 @@ def is_up_to_date(destdir: Path, recorded: dict, force: bool) -> bool:
         changed.append("input files")
     if not changed and not force:
         return True
-    inside = [path for path in recorded["inputs"] if Path(path).is_relative_to(destdir.resolve())]
+    inside = [path for path in texts if path.resolve().is_relative_to(destdir.resolve())]
     if inside:
         raise NmtError(f"--destdir {destdir} holds the input {inside[0]}: rebuilding it would delete it; "
                        "move the input out of it or choose another --destdir")

@@ -70,6 +70,9 @@ def export_ctranslate2(options: ExportOptions) -> Path:
                            f"{META_FILE}): choose another OUTDIR (--force only replaces an earlier export)")
         if not options.force:
             raise NmtError(f"{outdir} already exists: use --force to replace it")
+        if Path(options.checkpoint).resolve().is_relative_to(outdir.resolve()):
+            raise NmtError(f"{outdir} holds the checkpoint {options.checkpoint}: replacing it would delete it; "
+                           "export to another OUTDIR")
     checkpoint = load_checkpoint(options.checkpoint)
     spec = transformer_spec(checkpoint)
     spec.validate()

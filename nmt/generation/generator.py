@@ -124,8 +124,8 @@ class GenerateOptions:
         check_workers(self.search, self.batching)
         if self.print_scores and self.format != "plain":
             raise NmtError("--print-scores is for --format plain (fairseq's H- lines carry the scores)")
-        if self.buffer_size is not None and self.input != "-":
-            raise NmtError("--buffer-size applies to translating stdin as it arrives (--input -)")
+        if self.buffer_size is not None and (self.input != "-" or self.output is not None):
+            raise NmtError("--buffer-size applies to translating stdin as it arrives (--input - and no --output)")
         inputs = {"--input": self.input, "--path": [item for path in self.path for item in split_paths(path)]}
         refuse_overwriting("--output", self.output, {**inputs, "--print-attention": self.print_attention})
         refuse_overwriting("--print-attention", self.print_attention, inputs)
@@ -226,6 +226,7 @@ class Workload:
 
 def plan_workload(sources: list[np.ndarray], search: SearchOptions, batching: BatchingOptions,
                   progress: Progress | None) -> Workload:
+    """Answer the empty sources at once and size the batches of the others."""
     results = [empty_hypotheses(search.nbest) if len(s) <= 1 else [] for s in sources]
     todo = np.asarray([i for i, s in enumerate(sources) if len(s) > 1], dtype=np.int64)
     lengths = np.fromiter((len(sources[i]) for i in todo), dtype=np.int64, count=len(todo))
@@ -324,6 +325,12 @@ def read_inputs(options: GenerateOptions, vocabs: Vocabularies) -> tuple[list[np
     return encode_sources(vocabs, lines), lines, None
 
 
+def split_text_files(options: GenerateOptions) -> list[str]:
+    """The raw text files `nmt preprocess` made the split from (they may be gone since)."""
+    entry = DataDir.open(options.data).meta["splits"].get(options.split, {})
+    return [path for path in (entry.get("source_file"), entry.get("target_file")) if path]
+
+
 def raw_references(options: GenerateOptions, count: int) -> list[str] | None:
     """The split's target text as given to `nmt preprocess`, if that file is still there, unchanged in length."""
     entry = DataDir.open(options.data).meta["splits"][options.split]
@@ -416,6 +423,10 @@ def generate(options: GenerateOptions, show_progress: bool = True) -> GenerateRe
 
     Raw text from a pipe or terminal to stdout is translated as it arrives (``buffer_size``
     lines at a time, or what is waiting); files are read whole and batched by length."""
+    if options.data is not None:
+        raw = split_text_files(options)
+        refuse_overwriting("--output", options.output, {"raw text of the split": raw})
+        refuse_overwriting("--print-attention", options.print_attention, {"raw text of the split": raw})
     device, precision, reason = inference_device(options.device, options.precision, options.quantize, options.engine)
     options = dataclasses.replace(options, precision=precision)
     engine = load_engine(options, device)

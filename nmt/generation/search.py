@@ -58,7 +58,7 @@ class SearchOptions:
             raise NmtError(f"--temperature must be positive, got {self.temperature}")
         if (self.topk or self.topp) and not self.sampling:
             raise NmtError("--topk/--topp only apply with --sampling")
-        if self.max_len_a == 0 and self.min_len > self.max_len_b:
+        if self.max_len_a == 0 and self.min_len > max(1, self.max_len_b):  # max_lengths gives at least 1
             raise NmtError(f"--min-len {self.min_len} is over the max length --max-len-b {self.max_len_b} "
                            "(with --max-len-a 0)")
 

@@ -1,0 +1,28 @@
+"""same_file: what an output must never be, whatever way its path is spelled."""
+
+from __future__ import annotations
+
+import os
+
+from nmt.files import same_file
+
+
+def test_same_file_sees_through_spellings_and_links(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a.txt").write_text("x")
+    (tmp_path / "b.txt").write_text("x")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "link.txt").symlink_to("a.txt")
+    os.link(tmp_path / "a.txt", tmp_path / "hard.txt")
+    (tmp_path / "dir-link").symlink_to("sub")
+    assert same_file("a.txt", str(tmp_path / "a.txt"))  # relative vs absolute
+    assert same_file(os.path.join(str(tmp_path), "sub", "..", "a.txt"), "a.txt")
+    assert same_file("link.txt", "a.txt") and same_file("a.txt", "link.txt")
+    assert same_file("hard.txt", "a.txt")
+    assert same_file("dir-link/new.txt", "sub/new.txt")  # neither exists yet: one path once resolved
+    assert not same_file("a.txt", "b.txt") and not same_file("new.txt", "a.txt")
+
+
+def test_streams_and_devices_are_written_in_place_and_replace_nothing():
+    assert not same_file("-", "-")
+    assert not same_file("/dev/null", "/dev/null")
