@@ -20,7 +20,7 @@ from rich.table import Table
 
 from nmt.checkpoint.averaging import AverageOptions
 from nmt.checkpoint.names import BEST
-from nmt.data.corpus import SPLIT_KINDS, SplitFiles, find_splits
+from nmt.data.corpus import SPLIT_KINDS, SplitFiles, find_splits, split_prefixes, text_file_names
 from nmt.data.preprocess import PreprocessOptions
 from nmt.errors import NmtError
 from nmt.files import refuse_overwriting
@@ -140,10 +140,10 @@ def raw_text_paths(preprocess: PreprocessOptions | None) -> list[Path]:
     training text may be archived once preprocessed, and an output must not land on any of them."""
     if preprocess is None:
         return []
-    prefixes = [prefix.strip() for option in (preprocess.trainpref, preprocess.validpref, preprocess.testpref)
-                if option for prefix in option.split(",")]
-    return [Path(f"{prefix}.{language}{suffix}") for prefix in prefixes
-            for language in (preprocess.source_lang, preprocess.target_lang) for suffix in ("", ".gz")]
+    prefixes = [prefix for option in (preprocess.trainpref, preprocess.validpref, preprocess.testpref) if option
+                for prefix in split_prefixes(option)]
+    return [path for prefix in prefixes for language in (preprocess.source_lang, preprocess.target_lang)
+            for path in text_file_names(prefix, language)]
 
 
 def reference_file(preprocess: PreprocessOptions | None, split: str) -> Path:

@@ -39,10 +39,22 @@ def split_names(kind: str, count: int) -> list[str]:
     return [kind if i == 0 else f"{kind}{i}" for i in range(count)]
 
 
+def text_file_names(prefix: str, lang: str) -> tuple[Path, Path]:
+    """Where a prefix's text in one language may be: ``PREFIX.LANG``, then ``PREFIX.LANG.gz``."""
+    plain = Path(f"{prefix}.{lang}")
+    return plain, Path(f"{plain}.gz")
+
+
+def split_prefixes(option: str) -> list[str]:
+    """The prefixes of a comma-separated --trainpref/--validpref/--testpref."""
+    return [prefix.strip() for prefix in option.split(",")]
+
+
 def find_text_file(prefix: str, lang: str) -> Path:
     """``PREFIX.LANG`` or ``PREFIX.LANG.gz``; when neither exists, say which files the prefix has."""
-    plain = Path(f"{prefix}.{lang}")
-    for candidate in (plain, Path(f"{plain}.gz")):
+    candidates = text_file_names(prefix, lang)
+    plain = candidates[0]
+    for candidate in candidates:
         if candidate.is_file():
             return candidate
     if plain.is_dir():
@@ -65,7 +77,7 @@ def find_splits(source_lang: str, target_lang: str, trainpref: str | None, valid
     for kind, prefixes in zip(SPLIT_KINDS, (trainpref, validpref, testpref)):
         if not prefixes:
             continue
-        names = [p.strip() for p in prefixes.split(",")]
+        names = split_prefixes(prefixes)
         if any(not p for p in names):
             raise NmtError(f"--{kind}pref {prefixes!r} has an empty prefix")
         if kind == "train" and len(names) > 1:

@@ -325,16 +325,16 @@ def read_inputs(options: GenerateOptions, vocabs: Vocabularies) -> tuple[list[np
     return encode_sources(vocabs, lines), lines, None
 
 
-def split_text_files(options: GenerateOptions) -> list[str]:
-    """The raw text files `nmt preprocess` made the split from (they may be gone since)."""
+def split_text_files(options: GenerateOptions) -> tuple[str | None, str | None]:
+    """The raw source and target files `nmt preprocess` made the split from, as meta.json records
+    them (they may be gone since); None where it has none."""
     entry = DataDir.open(options.data).meta["splits"].get(options.split, {})
-    return [path for path in (entry.get("source_file"), entry.get("target_file")) if path]
+    return entry.get("source_file"), entry.get("target_file")
 
 
 def raw_references(options: GenerateOptions, count: int) -> list[str] | None:
     """The split's target text as given to `nmt preprocess`, if that file is still there, unchanged in length."""
-    entry = DataDir.open(options.data).meta["splits"][options.split]
-    path = entry.get("target_file")
+    path = split_text_files(options)[1]
     if not path or not Path(path).is_file():
         return None
     lines = read_lines(path)
@@ -424,7 +424,7 @@ def generate(options: GenerateOptions, show_progress: bool = True) -> GenerateRe
     Raw text from a pipe or terminal to stdout is translated as it arrives (``buffer_size``
     lines at a time, or what is waiting); files are read whole and batched by length."""
     if options.data is not None:
-        raw = split_text_files(options)
+        raw = [path for path in split_text_files(options) if path]
         refuse_overwriting("--output", options.output, {"raw text of the split": raw})
         refuse_overwriting("--print-attention", options.print_attention, {"raw text of the split": raw})
     device, precision, reason = inference_device(options.device, options.precision, options.quantize, options.engine)
