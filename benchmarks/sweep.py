@@ -113,6 +113,8 @@ def main() -> None:
     parser.add_argument("--name", help="train: the run's name (default: recipe), its save dir runs/sweep/NAME; "
                                        "decode: that run, decoded with the recipe it was trained with "
                                        "(default: the recipe's own save dir)")
+    parser.add_argument("--label", help="the rows' name in the CSV (default: --name, else 'recipe'); e.g. to "
+                                        "tell apart full runs of `nmt run` decoded from the recipe's save dir")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
     parser.add_argument("--max-time", help="train: the screening budget, e.g. 15m (default: the recipe's)")
     parser.add_argument("--average", help="decode: epoch checkpoints to average, e.g. 0,5,10 (0: checkpoint_best)")
@@ -134,7 +136,7 @@ def main() -> None:
     else:
         plan = plan_variant(variant(args.recipe, args.overrides, None, None), None)
     precision, _ = resolve_precision(plan.train.precision, resolve_device(plan.train.device))
-    row = {"date": time.strftime("%Y-%m-%d %H:%M"), "mode": args.mode, "name": name,
+    row = {"date": time.strftime("%Y-%m-%d %H:%M"), "mode": args.mode, "name": args.label or name,
            "overrides": " ".join(args.overrides), "arch": plan.train.arch, "precision": precision,
            "cpu": describe_cpu()}
     if args.mode == "train":
@@ -154,7 +156,7 @@ def main() -> None:
             bleu, chrf = decode(plan, checkpoint, args.split, beam, lenpen)
             rows.append({**row, "average": count, "beam": beam, "lenpen": lenpen, "split": args.split,
                          "bleu": bleu, "chrf": chrf})
-            print(f"{name}: average {count}, beam {beam}, lenpen {lenpen}: {args.split} BLEU {bleu} chrF {chrf}")
+            print(f"{row['name']}: average {count}, beam {beam}, lenpen {lenpen}: {args.split} BLEU {bleu} chrF {chrf}")
     append(args.csv, rows)
 
 

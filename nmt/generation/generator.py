@@ -55,7 +55,8 @@ class BatchingOptions:
     batch_size: int | None = field(default=None, metadata={"help": "Sentences per batch at most.", "min": 1})
     workers: int = field(default=1, metadata={
         "help": "Batches decoded at the same time, each on its own thread, sharing the CPU threads (CTranslate2's "
-                "inter_threads). Not with --sampling.", "min": 1})
+                "inter_threads); each gets at least one, so more workers than threads share cores. Not with "
+                "--sampling.", "min": 1})
 
     def __post_init__(self) -> None:
         check_values(self)

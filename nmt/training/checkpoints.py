@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import random
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, NamedTuple
 
 import torch
 
@@ -95,7 +95,13 @@ def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate((version, tuple(internal), gauss))
 
 
-def find_resume_checkpoint(save_dir: Path, restore_file: str | None) -> tuple[Path, dict[str, Any]] | None:
+class ResumePoint(NamedTuple):
+    path: Path
+    checkpoint: dict[str, Any]
+    in_save_dir: bool  # continuing the save dir's own run (not a --restore-file)
+
+
+def find_resume_checkpoint(save_dir: Path, restore_file: str | None) -> ResumePoint | None:
     """The checkpoint to start from: save_dir's checkpoint_last.pt, else --restore-file, else None.
 
     A checkpoint_last.pt that does not load (truncated, corrupt) is reported and the newest
@@ -110,9 +116,9 @@ def find_resume_checkpoint(save_dir: Path, restore_file: str | None) -> tuple[Pa
             path = save_dir / restore_file
         if not path.exists():
             raise NmtError(f"--restore-file not found: {restore_file}")
-        return path, load_checkpoint(path)
+        return ResumePoint(path, load_checkpoint(path), in_save_dir=False)
     try:
-        return last, load_checkpoint(last)
+        return ResumePoint(last, load_checkpoint(last), in_save_dir=True)
     except NmtError as exc:
         logger.warning("%s; looking for the newest checkpoint in %s that loads", exc, save_dir)
     others = sorted((p for p in save_dir.glob("checkpoint*.pt") if p.name != LAST),
@@ -125,6 +131,6 @@ def find_resume_checkpoint(save_dir: Path, restore_file: str | None) -> tuple[Pa
             continue
         if "train_state" in checkpoint:
             logger.warning("resuming from %s instead of the broken %s", path.name, LAST)
-            return path, checkpoint
+            return ResumePoint(path, checkpoint, in_save_dir=True)
     raise NmtError(f"{last} does not load and no other checkpoint in {save_dir} does; "
                    "move the save dir away to start over")

@@ -149,9 +149,9 @@ class Trainer:
         found = ckpt.find_resume_checkpoint(self.save_dir, self.config.restore_file)
         if found is None:
             return
-        path, checkpoint = found
+        path, checkpoint, in_save_dir = found
         expected = model_state(self.model, self.config.arch, self.model_config, self.vocabs)
-        if (self.save_dir / ckpt.LAST).exists():  # resuming the save dir's run
+        if in_save_dir:
             check_compatible(checkpoint, expected, f"{path} does not match this run (another --save-dir starts a "
                              "new one)", "to resume it, give the checkpoint's --arch and --set")
         else:
