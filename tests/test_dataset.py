@@ -55,8 +55,8 @@ def test_parallel_dataset_needs_equal_lengths(tmp_path):
 def make_datadir(path, vocab: Vocabulary) -> DataDir:
     path.mkdir()
     vocab.save(path / "spm.model")
-    for lang in ("en", "de"):
-        write_token_array(path / f"train.{lang}", [vocab.encode("the dog runs") + [EOS_ID]], len(vocab))
+    for lang, text in (("en", "the dog runs"), ("de", "a cat sits")):
+        write_token_array(path / f"train.{lang}", [vocab.encode(text) + [EOS_ID]], len(vocab))
     datadir = DataDir(path, {"source_lang": "en", "target_lang": "de", "splits": {"train": {"sentences": 1}},
                              "vocab_files": {"en": "spm.model", "de": "spm.model"}})
     datadir.write_meta()
@@ -69,7 +69,8 @@ def test_datadir_round_trip(tmp_path):
     opened = DataDir.open(tmp_path / "bin")
     assert opened.meta == written.meta and (opened.source_lang, opened.target_lang) == ("en", "de")
     assert opened.splits == ["train"] and opened.vocabulary("de") == vocab
-    assert vocab.decode(opened.split("train").target[0]) == "the dog runs"
+    train = opened.split("train")
+    assert (vocab.decode(train.source[0]), vocab.decode(train.target[0])) == ("the dog runs", "a cat sits")
     with pytest.raises(NmtError, match="has no split 'valid'; it has: train"):
         opened.split("valid")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 
 import pytest
 import torch
@@ -43,9 +44,16 @@ def test_an_explicit_precision_is_kept(monkeypatch, precision):
 
 def test_cpu_flags_reads_this_machine():
     flags = device_module.cpu_flags()
-    assert isinstance(flags, set)
-    if flags:  # Linux: the flags line of /proc/cpuinfo
-        assert {"fpu", "sse2"} & flags or "neon" in flags or "asimd" in flags
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        pytest.skip("no /proc/cpuinfo on this system: cpu_flags() has nothing to read")
+    first = cpuinfo.split("\n\n")[0]
+    listed = next((line.partition(":")[2].split() for line in first.splitlines()
+                   if line.split(":")[0].strip() == "flags"), None)
+    if listed is None:
+        pytest.skip("/proc/cpuinfo has no x86 flags line here")
+    assert flags == set(listed) and "sse2" in flags
 
 
 def test_autocast_resolves_auto(monkeypatch):

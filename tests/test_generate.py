@@ -217,18 +217,26 @@ def test_split_reference_is_in_fairseq_format(data_dir, checkpoint, tmp_path):
 
 
 def test_score_reference_uses_the_raw_reference_and_falls_back_to_the_split(data_dir, checkpoint, tmp_path, caplog):
-    result = generate(options(checkpoint, data=str(data_dir), score_reference=True, output=str(tmp_path / "h")))
-    raw = (tmp_path / "h").read_text(encoding="utf-8").splitlines()
-    reference = DataDir.open(data_dir).meta["splits"]["test"]["target_file"]
-    expected = score(raw, [open(reference, encoding="utf-8").read().splitlines()])[0]
-    assert [m.name for m in result.scores] == ["BLEU"] and result.scores[0].score == expected.score
-    moved = tmp_path / "moved"
-    shutil.copytree(data_dir, moved)
-    datadir = DataDir.open(moved)
-    datadir.meta["splits"]["test"]["target_file"] = str(tmp_path / "gone.de")
+    # The raw reference file made of the model's own translations: scored against it, BLEU is 100;
+    # against the split's target side (the fallback) it is what the model really scores.
+    copy = tmp_path / "data"
+    shutil.copytree(data_dir, copy)
+    generate(options(checkpoint, data=str(copy), output=str(tmp_path / "h")))
+    reference = tmp_path / "test.de"
+    shutil.copy(tmp_path / "h", reference)
+    datadir = DataDir.open(copy)
+    datadir.meta["splits"]["test"]["target_file"] = str(reference)
     datadir.write_meta()
-    fallback = generate(options(checkpoint, data=str(moved), score_reference=True, output=str(tmp_path / "h2")))
-    assert fallback.scores and "raw reference file" in caplog.text
+    result = generate(options(checkpoint, data=str(copy), score_reference=True, output=str(tmp_path / "h")))
+    assert [m.name for m in result.scores] == ["BLEU"] and result.scores[0].score == pytest.approx(100.0)
+
+    reference.unlink()
+    fallback = generate(options(checkpoint, data=str(copy), score_reference=True, output=str(tmp_path / "h2")))
+    hypotheses = (tmp_path / "h2").read_text(encoding="utf-8").splitlines()
+    vocab, split = datadir.vocabulary("de"), datadir.split("test")
+    decoded = [vocab.decode(split.target[i]) for i in range(len(split))]
+    assert "raw reference file" in caplog.text
+    assert fallback.scores[0].score == score(hypotheses, [decoded])[0].score < 100.0
 
 
 def test_score_reference_takes_the_bleu_tokenizer_and_case(data_dir, checkpoint, tmp_path):

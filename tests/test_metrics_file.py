@@ -33,7 +33,6 @@ def test_resume_continues_one_history(tiny_data_dir, tmp_path):
     train(tiny_config(tiny_data_dir, tmp_path, max_update=14))
     updates = [r["update"] for r in read_metrics(tmp_path / "metrics.jsonl") if r["kind"] == "train"]
     assert updates == [2, 4, 6, 8, 10, 12, 14]
-    assert len(updates) == len(set(updates))
     assert (tmp_path / "metrics.jsonl").read_text().endswith("}\n")
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -40,6 +41,13 @@ def wait_for(path: Path, process: subprocess.Popen, timeout: float = 120.0) -> N
         time.sleep(0.01)
 
 
+def interrupted_at(stderr: str) -> int:
+    """The update a stopped run says it saved at."""
+    found = re.search(r"interrupted at update (\d+): saved checkpoint_last.pt", stderr)
+    assert found, stderr
+    return int(found.group(1))
+
+
 def test_kill_9_mid_epoch_then_resume_reaches_the_same_weights(tiny_data_dir, tmp_path):
     save_dir = tmp_path / "killed"
     process = start_nmt("train", str(tiny_data_dir), *TINY, "--save-dir", str(save_dir),
@@ -65,7 +73,8 @@ def test_ctrl_c_saves_the_last_checkpoint(tiny_data_dir, tmp_path):
     assert process.returncode == 130, stderr
     assert "Traceback" not in stderr and "interrupted" in stderr
     state = load_checkpoint(tmp_path / "checkpoint_last.pt")["train_state"]
-    assert state["update"] >= 2 and state["position"] == state["update"] % 9  # saved after a whole update
+    assert state["update"] == interrupted_at(stderr)  # not an earlier interval save
+    assert state["position"] == state["update"] % 9  # saved after a whole update
 
 
 def test_bad_input_is_a_one_line_error(tiny_data_dir, tmp_path):
@@ -95,6 +104,7 @@ def test_sigterm_saves_what_the_update_saves_and_exits_143(tiny_data_dir, tmp_pa
     assert process.returncode == 143, stderr
     assert "SIGTERM: stopping after this update" in stderr and "Ctrl-C" not in stderr and "Traceback" not in stderr
     state = load_checkpoint(tmp_path / "checkpoint_last.pt")["train_state"]
+    assert state["update"] == interrupted_at(stderr)
     assert (tmp_path / f"checkpoint_{state['epoch']}_{state['update']}.pt").exists()
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -85,4 +86,6 @@ def test_sigterm_to_the_parent_waits_for_the_workers_to_save(tiny_data_dir, tmp_
     assert parent.returncode == 143 and "Traceback" not in stderr, stderr
     assert "waiting for the 2 workers" in stderr
     state = load_checkpoint(tmp_path / "checkpoint_last.pt")["train_state"]  # saved before the parent returned
-    assert state["update"] >= 1 and (tmp_path / f"checkpoint_{state['epoch']}_{state['update']}.pt").exists()
+    saved_at = re.search(r"interrupted at update (\d+): saved checkpoint_last.pt", stderr)
+    assert saved_at and state["update"] == int(saved_at.group(1)), stderr  # the stop's save, not an earlier one
+    assert (tmp_path / f"checkpoint_{state['epoch']}_{state['update']}.pt").exists()

@@ -84,12 +84,12 @@ def test_ranks_share_the_epoch_like_update_freq(train_set):
     ranks = [list(EpochIterator(train_set, batches, seed=1, epoch=1, world_size=2, rank=r, prefetch=0))
              for r in range(2)]
     assert len(ranks[0]) == len(ranks[1]) == len(batches) // 2
-    for k, (a, b) in enumerate(zip(*ranks)):
+    assert [len(update.batches) for update in single] == [2] * (len(batches) // 2) + [1] * (len(batches) % 2)
+    for k, (a, b) in enumerate(zip(*ranks)):  # each pair of ranks' updates is one update of update_freq 2
         together = [a.batches[0].indices.tolist(), b.batches[0].indices.tolist()]
-        if k < len(single) and len(single[k].batches) == 2:
-            assert together == [batch.indices.tolist() for batch in single[k].batches]
-            assert a.num_tokens == b.num_tokens == single[k].num_tokens
-            assert a.positions == [2 * k] and b.positions == [2 * k + 1] and single[k].positions == [2 * k, 2 * k + 1]
+        assert together == [batch.indices.tolist() for batch in single[k].batches]
+        assert a.num_tokens == b.num_tokens == single[k].num_tokens
+        assert a.positions == [2 * k] and b.positions == [2 * k + 1] and single[k].positions == [2 * k, 2 * k + 1]
 
 
 def test_resuming_from_a_position_gives_the_rest_of_the_epoch(train_set):

@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+from nmt.checkpoint import load_checkpoint
 from nmt.data.batching import Batch
 from nmt.data.vocabulary import PAD_ID
 from nmt.training.distributed import DistributedContext
@@ -30,6 +31,7 @@ def gradients_of_one_step(trainer: Trainer, update: Update) -> list[torch.Tensor
     captured = []
     trainer.optimizer.step = lambda: captured.extend(p.grad.clone() for p in trainer.model.parameters())
     trainer.train_step(update)
+    assert len(captured) == len(list(trainer.model.parameters())) > 0, "train_step did not step the optimizer once"
     return captured
 
 
@@ -140,6 +142,6 @@ def test_saving_keeps_the_agreed_training_time_and_the_checkpoint_has_the_own_cl
     trainer = trainer_for(tiny_data_dir, tmp_path)
     monkeypatch.setattr(Trainer, "elapsed", lambda self: 99.0)
     trainer.state.elapsed = 50.0
-    trainer.save([])
+    trainer.save(["checkpoint_last.pt"])
     assert trainer.state.elapsed == 50.0
-    assert trainer.checkpoint()["train_state"]["elapsed"] == 99.0
+    assert load_checkpoint(trainer.save_dir / "checkpoint_last.pt")["train_state"]["elapsed"] == 99.0

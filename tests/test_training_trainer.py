@@ -175,9 +175,22 @@ def test_out_of_memory_batches_are_skipped_then_fatal(tiny_data_dir, tmp_path, m
 
 @pytest.mark.slow
 def test_eval_bleu_reports_bleu_of_the_validation_set(tiny_data_dir, tmp_path, messages):
+    from nmt.data.dataset import DataDir
+    from nmt.generation.generator import prepare_model, translate_ids
+    from nmt.generation.search import SearchOptions
+    from nmt.scoring import MetricOptions, score
+
     summary = train(tiny_config(tiny_data_dir, tmp_path, max_epoch=3, eval_bleu=True, eval_bleu_beam=2))
-    assert 0.0 <= summary.valid_bleu <= 100.0
     assert sum(" bleu " in m for m in messages if m.startswith("valid on")) == 3
+    # The last validation's BLEU is that of the final weights' beam-2 translations of the valid
+    # split against its target side, as `generate` would score them.
+    model, vocabs = prepare_model(tmp_path / "checkpoint_last.pt", torch.device("cpu"))
+    valid = DataDir.open(tiny_data_dir).split("valid")
+    hypotheses = translate_ids(model, [valid.source[i] for i in range(len(valid))], SearchOptions(beam=2))
+    expected = score([vocabs.target.decode(hyps[0].tokens) for hyps in hypotheses],
+                     [[vocabs.target.decode(valid.target[i]) for i in range(len(valid))]],
+                     options=MetricOptions(language="de"))[0].score
+    assert summary.valid_bleu == pytest.approx(expected) and expected > 0
 
 
 def test_eval_bleu_takes_the_tokenizer_case_and_target_language(tiny_data_dir, tmp_path, monkeypatch):
