@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import logging
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -101,6 +102,13 @@ def assert_one_line_error(stderr: str | subprocess.CompletedProcess, *expected: 
     for text in expected:
         assert text in lines[0], stderr
     return lines[0]
+
+
+def interrupted_at(stderr: str) -> int:
+    """The update a stopped run says it saved at."""
+    found = re.search(r"interrupted at update (\d+): saved checkpoint_last.pt", stderr)
+    assert found, stderr
+    return int(found.group(1))
 
 
 def tiny_config(data_dir, save_dir, **options) -> TrainConfig:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -15,7 +14,7 @@ import torch
 
 from nmt.checkpoint import load_checkpoint
 from nmt.training.trainer import train
-from conftest import assert_one_line_error, assert_same_weights, run_nmt, tiny_config
+from conftest import assert_one_line_error, assert_same_weights, interrupted_at, run_nmt, tiny_config
 
 pytestmark = pytest.mark.slow  # training in other processes
 
@@ -39,13 +38,6 @@ def wait_for(path: Path, process: subprocess.Popen, timeout: float = 120.0) -> N
             process.kill()
             raise AssertionError(f"no {path.name} after {timeout} s")
         time.sleep(0.01)
-
-
-def interrupted_at(stderr: str) -> int:
-    """The update a stopped run says it saved at."""
-    found = re.search(r"interrupted at update (\d+): saved checkpoint_last.pt", stderr)
-    assert found, stderr
-    return int(found.group(1))
 
 
 def test_kill_9_mid_epoch_then_resume_reaches_the_same_weights(tiny_data_dir, tmp_path):
