@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import signal
@@ -14,6 +15,7 @@ import pytest
 from nmt.checkpoint import load_checkpoint
 from nmt.errors import NmtError
 from nmt.log import logger, setup_logging
+from nmt.training.distributed import spawn
 from nmt.training.trainer import train
 from conftest import interrupted_at, tiny_config
 
@@ -87,3 +89,31 @@ def test_sigterm_to_the_parent_waits_for_the_workers_to_save(tiny_data_dir, tmp_
     state = load_checkpoint(tmp_path / "checkpoint_last.pt")["train_state"]  # saved before the parent returned
     assert state["update"] == interrupted_at(stderr)  # the stop's save, not an earlier one
     assert (tmp_path / f"checkpoint_{state['epoch']}_{state['update']}.pt").exists()
+
+
+def finish_then_crash_on_exit(delay: float) -> str:
+    """Rank 1 finishes at once and aborts on the way out, as gloo's threads sometimes make a worker do;
+    rank 0 is still working then."""
+    if int(os.environ["RANK"]) == 1:
+        atexit.register(os.abort)
+        return "rank 1"
+    time.sleep(delay)
+    return "rank 0"
+
+
+def die_without_result(delay: float) -> str:
+    if int(os.environ["RANK"]) == 1:
+        os._exit(137)  # what the kernel's out-of-memory killer leaves
+    time.sleep(delay)
+    return "rank 0"
+
+
+def test_a_worker_crashing_after_its_result_leaves_the_others_to_finish():
+    assert spawn(finish_then_crash_on_exit, 2.0, 2) == "rank 0"
+
+
+def test_a_worker_dying_without_a_result_ends_the_others_at_once():
+    started = time.monotonic()
+    with pytest.raises(NmtError, match="killed before it finished"):
+        spawn(die_without_result, 60.0, 2)
+    assert time.monotonic() - started < 30  # rank 0 was not left to sleep its 60 s

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import multiprocessing.connection
 import os
 import pickle
 import signal
@@ -128,8 +129,12 @@ def init_distributed(device_type: str) -> DistributedContext:
     return context
 
 
-def shutdown_distributed() -> None:
+def shutdown_distributed(together: bool) -> None:
+    """Leave the process group; after a finished run, all together (rank 0 is still saving when
+    the others get here, and a gloo group torn down under a busy peer can abort the process)."""
     if dist.is_initialized():
+        if together:
+            dist.barrier()
         dist.destroy_process_group()
 
 
@@ -162,10 +167,35 @@ def _worker(rank: int, target: Callable[[Any], Any], argument: Any, world_size: 
         outcome = ("interrupted", exc.signum)
     except KeyboardInterrupt:
         outcome = ("interrupted", signal.SIGINT)
-    with open(Path(results) / f"rank{rank}.pkl", "wb") as handle:
+    with open(result_path(results, rank), "wb") as handle:
         pickle.dump(outcome, handle)
     if outcome[0] == "error":
         raise SystemExit(1)
+
+
+def result_path(results: str, rank: int) -> Path:
+    return Path(results) / f"rank{rank}.pkl"
+
+
+def read_outcome(results: str, rank: int) -> tuple[str, Any] | None:
+    """A finished worker's (kind, value); None when it died before writing one."""
+    try:
+        with open(result_path(results, rank), "rb") as handle:
+            return pickle.load(handle)
+    except (OSError, EOFError, pickle.UnpicklingError):
+        return None
+
+
+def gave_up(rank: int, process: mp.Process, results: str) -> bool:
+    """A worker that exited with an error, or died without a result (killed, out of memory).
+
+    A worker that wrote its result and then crashed on the way out (gloo's threads can abort the
+    interpreter's exit) finished its work: the others are left to finish theirs.
+    """
+    if process.is_alive() or process.exitcode == 0:
+        return False
+    outcome = read_outcome(results, rank)
+    return outcome is None or outcome[0] == "error"
 
 
 def spawn(target: Callable[[Any], Any], argument: Any, nproc: int) -> Any:
@@ -179,32 +209,27 @@ def spawn(target: Callable[[Any], Any], argument: Any, nproc: int) -> Any:
     with tempfile.TemporaryDirectory(prefix="nmt-spawn-") as results:
         context = mp.start_processes(_worker, args=(target, argument, nproc, free_port(), log_settings, results),
                                      nprocs=nproc, join=False, start_method="spawn")
+        processes = context.processes
         stop = StopRequest(second_aborts=True)
         forwarded = False
         try:
             with stop:
-                while True:
+                while any(process.is_alive() for process in processes):
                     if stop.requested and not forwarded:
                         forwarded = True
                         logger.warning("waiting for the %d workers to finish their update and save", nproc)
-                        for process in context.processes:
+                        for process in processes:
                             if process.is_alive():
                                 os.kill(process.pid, stop.signum)
-                    try:
-                        if context.join(timeout=0.2):
-                            break
-                    except mp.ProcessExitedException:
-                        break  # a worker gave up; its reason is in its result file
-        except Stopped:
-            for process in context.processes:
-                process.kill()
-            raise
-        outcomes = {}
-        for rank in range(nproc):
-            path = Path(results) / f"rank{rank}.pkl"
-            if path.exists():
-                with open(path, "rb") as handle:
-                    outcomes[rank] = pickle.load(handle)
+                    multiprocessing.connection.wait([process.sentinel for process in processes], timeout=0.2)
+                    if any(gave_up(rank, process, results) for rank, process in enumerate(processes)):
+                        break  # the others would wait for it forever; its reason is in its result file
+        finally:  # after a give-up or a second signal, the workers left are ended at once
+            for process in processes:
+                if process.is_alive():
+                    process.kill()
+                process.join()
+        outcomes = {rank: outcome for rank in range(nproc) if (outcome := read_outcome(results, rank))}
     errors = [(rank, message) for rank, (kind, message) in sorted(outcomes.items()) if kind == "error"]
     if errors:
         rank, message = errors[0]

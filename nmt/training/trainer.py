@@ -100,9 +100,12 @@ def train_worker(config: TrainConfig) -> TrainSummary:
     device = resolve_device(config.device)
     context = init_distributed(device.type)
     try:
-        return Trainer(config, context).fit()
-    finally:
-        shutdown_distributed()
+        summary = Trainer(config, context).fit()
+    except BaseException:
+        shutdown_distributed(together=False)  # a peer may be gone: no barrier to wait at
+        raise
+    shutdown_distributed(together=True)
+    return summary
 
 
 def batch_seed(seed: int, epoch: int, position: int) -> int:
