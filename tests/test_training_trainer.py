@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import signal
 import re
 
 import pytest
@@ -10,7 +11,8 @@ import torch
 
 from conftest import MULTI30K, assert_same_weights, make_data_dir, numbers_pairs, tiny_config
 from nmt.checkpoint import load_checkpoint, model_from_checkpoint
-from nmt.errors import NmtError
+from nmt.errors import NmtError, Stopped
+from nmt.training.distributed import StopRequest
 from nmt.files import read_lines
 from nmt.training.trainer import train
 
@@ -232,3 +234,37 @@ def test_loss_scaler_skips_overflowing_steps(tiny_data_dir, tmp_path, messages):
 def test_max_positions_is_enforced_in_training(tiny_data_dir, tmp_path):
     with pytest.raises(NmtError, match="over the model's max_positions 8"):
         train(tiny_config(tiny_data_dir, tmp_path, max_update=1, model={"max_positions": 8}))
+
+
+class StopAtUpdate(StopRequest):
+    """Ctrl-C as the trainer sees it, arriving during update ``update`` (it asks once per update)."""
+
+    def __init__(self, update: int, second_aborts: bool):
+        super().__init__(second_aborts)
+        self.asked, self.update = 0, update
+
+    @property
+    def requested(self) -> bool:
+        self.asked += 1
+        if self.asked >= self.update:
+            self.signum = signal.SIGINT
+        return self.signum is not None
+
+    @requested.setter
+    def requested(self, value: bool) -> None:
+        raise AttributeError
+
+
+@pytest.mark.slow
+def test_a_stop_on_an_epochs_last_update_resumes_at_the_epochs_end(tiny_data_dir, tmp_path, monkeypatch):
+    straight = train(tiny_config(tiny_data_dir, tmp_path / "straight", max_update=12))
+    with monkeypatch.context() as patch:
+        patch.setattr("nmt.training.trainer.StopRequest", lambda second_aborts: StopAtUpdate(9, second_aborts))
+        with pytest.raises(Stopped):
+            train(tiny_config(tiny_data_dir, tmp_path / "resumed", max_update=12))
+    state = load_checkpoint(tmp_path / "resumed" / "checkpoint_last.pt")["train_state"]
+    assert (state["epoch"], state["position"], state["update"]) == (1, 9, 9)  # 9 batches: the epoch's last
+    resumed = train(tiny_config(tiny_data_dir, tmp_path / "resumed", max_update=12))
+    assert resumed.updates == straight.updates == 12
+    assert (tmp_path / "resumed" / "checkpoint1.pt").exists()  # the epoch's end the stop skipped
+    assert_same_weights(tmp_path / "straight" / "checkpoint_last.pt", tmp_path / "resumed" / "checkpoint_last.pt")

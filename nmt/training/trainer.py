@@ -352,7 +352,10 @@ class Trainer:
         interval = Meter()
         max_time = config.max_time_seconds
         total = epoch.num_updates()
+        # A run stopped by a signal on an epoch's last update resumes with no update left in the epoch:
+        # it goes straight to the epoch's end (validation, the epoch checkpoint) that the stop skipped.
         stepped = False
+        time_up = max_time is not None and state.elapsed >= max_time
         with self.display.epoch(state.epoch, total, total - epoch.num_updates(state.position)):
             for update in epoch:
                 step = self.train_step(update)
