@@ -83,7 +83,8 @@ def parse_metrics(text: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def _bleu(options: MetricOptions) -> BLEU:
+def bleu_metric(options: MetricOptions) -> BLEU:
+    """sacreBLEU's BLEU as the options say; an NmtError when its tokenizer cannot be set up here."""
     if options.tokenize not in typing.get_args(BleuTokenizer):
         raise NmtError(f"unknown BLEU tokenizer {options.tokenize!r}; choose from {', '.join(typing.get_args(BleuTokenizer))}")
     tokenize = None if options.tokenize == AUTO else options.tokenize  # None: sacreBLEU picks
@@ -95,12 +96,15 @@ def _bleu(options: MetricOptions) -> BLEU:
             raise
         raise NmtError(f"BLEU tokenizer {name} needs extra packages: pip install '{INSTALL_HINTS[name]}' "
                        "(or choose another --tokenize)") from exc
+    except OSError as exc:  # the spm/flores tokenizers download their sentencepiece model on first use
+        raise NmtError(f"BLEU tokenizer {tokenize} could not fetch its sentencepiece model "
+                       f"({exc.reason if hasattr(exc, 'reason') else exc}); choose another --tokenize") from exc
 
 
 def _metric(name: str, options: MetricOptions):
     lowercase = options.lowercase
     if name == "bleu":
-        return _bleu(options)
+        return bleu_metric(options)
     if name == "chrf":
         return CHRF(lowercase=lowercase)
     if name == "ter":

@@ -308,13 +308,15 @@ CASES = [
 
 
 def snapshot(root: Path) -> dict[str, str]:
-    """Every file under root (mounts included) by its content hash.
+    """Every file under root (mounts included) by its content hash, and every directory.
 
     A run's metrics.jsonl is left out: it is an append-only record that rightly grows with the
     updates a failed run made (a resume drops the ones it replays)."""
     files = {}
     for path in sorted(root.rglob("*")):
-        if path.is_file() and not path.is_symlink() and path.name not in ("filler", "metrics.jsonl"):
+        if path.is_dir() and not path.is_symlink():
+            files[str(path.relative_to(root))] = "directory"
+        elif path.is_file() and not path.is_symlink() and path.name not in ("filler", "metrics.jsonl"):
             files[str(path.relative_to(root))] = hashlib.sha1(path.read_bytes()).hexdigest()
     return files
 

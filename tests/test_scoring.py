@@ -1,9 +1,11 @@
 import gzip
 import json
+import urllib.error
 
 import pytest
 import sacrebleu
 
+from nmt import scoring
 from nmt.errors import NmtError
 from nmt.scoring import MetricOptions, format_results, language_of, parse_metrics, score, score_files
 from conftest import run_nmt
@@ -166,3 +168,14 @@ def test_mecab_tokenizers_without_mecab_are_a_one_line_error(tmp_path):
     assert result.returncode == 1 and "Traceback" not in result.stderr
     assert result.stderr.strip() == ("error: BLEU tokenizer ja-mecab needs extra packages: pip install 'nmt[ja]' "
                                      "(or choose another --tokenize)")
+
+
+def test_a_tokenizer_that_cannot_download_its_model_is_an_error(monkeypatch):
+    # sacreBLEU's spm/flores tokenizers fetch a sentencepiece model when built: offline, that is a URLError.
+    def offline(**options):
+        raise urllib.error.URLError("Temporary failure in name resolution")
+
+    monkeypatch.setattr(scoring, "BLEU", offline)
+    with pytest.raises(NmtError, match="flores200 could not fetch its sentencepiece model "
+                                       r"\(Temporary failure in name resolution\)"):
+        score(["a"], [["a"]], options=MetricOptions(tokenize="flores200"))

@@ -43,6 +43,16 @@ def test_max_sentences_and_too_long_sentences(train_set):
     assert len(kept) == len(train_set) - too_long.sum() and not too_long[kept].any()
 
 
+def test_pairs_over_the_models_positions_fail_before_training_or_are_skipped(train_set):
+    sizes = np.maximum(train_set.source.sizes, train_set.target.sizes)
+    limit = int(sizes.max()) - 1
+    with pytest.raises(NmtError, match=f"over the model's max_positions {limit}; pass --skip-invalid-size-inputs"):
+        TrainingBatches(train_set, 10_000, max_positions=limit)
+    kept = np.concatenate(TrainingBatches(train_set, 10_000, skip_too_long=True, max_positions=limit).epoch(1, 1))
+    assert len(kept) == (sizes <= limit).sum() and sizes[kept].max() <= limit
+    TrainingBatches(train_set, 10_000, max_positions=limit + 1)  # the longest fits exactly
+
+
 def test_batch_order_is_a_pure_function_of_seed_and_epoch(train_set):
     batches = TrainingBatches(train_set, 400)
     first = indices_of(EpochIterator(train_set, batches, seed=3, epoch=2))

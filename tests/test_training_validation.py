@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
+import numpy as np
 import pytest
 
 from nmt.checkpoint import load_checkpoint
+from nmt.data.dataset import DataDir
 from nmt.errors import NmtError
+from nmt.training.inputs import check_inputs
 from nmt.training.trainer import TrainState, train
 from nmt.training.validation import record_validation
 
-from conftest import tiny_config
+from conftest import make_data_dir, numbers_pairs, tiny_config
 
 # Loss and BLEU disagree: the loss keeps falling while BLEU peaks at the second validation.
 FIGURES = [{"loss": 5.0, "bleu": 10.0}, {"loss": 4.0, "bleu": 30.0}, {"loss": 3.0, "bleu": 20.0},
@@ -45,3 +49,32 @@ def test_checkpoint_best_holds_the_best_bleu(tiny_data_dir, tmp_path, messages):
     best = load_checkpoint(tmp_path / "checkpoint_best.pt")["train_state"]
     assert best["best_valid_bleu"] == pytest.approx(max(bleus), abs=0.01)
     assert best["update"] == 9 * (bleus.index(max(bleus)) + 1)  # saved at the epoch of the best BLEU
+
+
+def test_a_valid_pair_over_the_models_positions_fails_before_training(tmp_path):
+    pairs = numbers_pairs(60, seed=3)
+    long_pair = (" ".join(source for source, _ in pairs[:8]), " ".join(target for _, target in pairs[:8]))
+    data = make_data_dir(tmp_path / "data", {"train": pairs[:50], "valid": [*pairs[50:], long_pair]})
+    train_longest = int(max(np.maximum(DataDir.open(data).split("train").source.sizes,
+                                       DataDir.open(data).split("train").target.sizes)))
+    config = tiny_config(data, tmp_path / "run", model={"max_positions": train_longest})
+    with pytest.raises(NmtError, match="valid pair 10 has .* over the model's max_positions"):
+        check_inputs(config)
+    skipping = check_inputs(dataclasses.replace(config, skip_invalid_size_inputs=True))
+    validated = sorted(np.concatenate(skipping.valid_batches).tolist())
+    assert validated == list(range(10))  # all but the long pair
+    assert len(np.concatenate(skipping.batches.epoch(1, 1))) == 50  # every training pair fits
+
+
+def test_a_missing_bleu_tokenizer_fails_before_training(tmp_path):
+    try:
+        import MeCab  # noqa: F401
+        pytest.skip("MeCab is installed: ja-mecab works")
+    except ImportError:
+        pass
+    pairs = numbers_pairs(60, seed=3)
+    data = make_data_dir(tmp_path / "data", {"train": pairs[:50], "valid": pairs[50:]}, target_lang="ja")
+    config = tiny_config(data, tmp_path / "run", eval_bleu=True)
+    with pytest.raises(NmtError, match="BLEU tokenizer ja-mecab needs extra packages"):
+        check_inputs(config)
+    check_inputs(dataclasses.replace(config, eval_bleu_tokenize="char"))

@@ -32,6 +32,7 @@ def claim_save_dir(save_dir: Path) -> Iterator[None]:
     """
     if save_dir.exists() and not save_dir.is_dir():
         raise NmtError(f"--save-dir {save_dir} is a file, not a directory")
+    created = [directory for directory in (save_dir, *save_dir.parents) if not directory.exists()]
     try:
         save_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -45,6 +46,9 @@ def claim_save_dir(save_dir: Path) -> Iterator[None]:
         yield
     finally:
         unlock_directory(save_dir)
+        for directory in created:  # a run that failed before writing anything leaves no empty save dir behind
+            with contextlib.suppress(OSError):  # not empty: the run wrote something, which stays
+                directory.rmdir()
 
 
 def checkpoint_names(save_interval_updates: int, epoch: int, update: int, stepped: bool, improved: bool = False,

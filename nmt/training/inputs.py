@@ -15,8 +15,9 @@ from nmt.device import autocast, resolve_device
 from nmt.errors import NmtError
 from nmt.log import logger
 from nmt.models.registry import get_arch, resolve_config
+from nmt.scoring import MetricOptions, bleu_metric
 from nmt.training.config import TrainConfig
-from nmt.training.iterator import TrainingBatches, make_batches
+from nmt.training.iterator import TrainingBatches, check_positions, make_batches
 
 
 @dataclass
@@ -39,9 +40,10 @@ def check_inputs(config: TrainConfig, world_size: int = 1) -> TrainingData:
     model_config = resolve_config(arch.config, config.model)
     if config.lr is None and not hasattr(model_config, "d_model"):
         raise NmtError(f"arch {config.arch} has no d_model for the paper's learning rate; give --lr")
+    max_positions = getattr(model_config, "max_positions", None)
     train_set = data.split(config.train_subset)
     batches = TrainingBatches(train_set, config.max_tokens, config.max_sentences, config.required_batch_size_multiple,
-                              config.skip_invalid_size_inputs)
+                              config.skip_invalid_size_inputs, max_positions)
     if len(batches) < world_size:
         raise NmtError(f"the training set makes {len(batches)} batches, fewer than the "
                        f"{world_size} processes; lower --max-tokens or use fewer processes")
@@ -54,7 +56,15 @@ def check_inputs(config: TrainConfig, world_size: int = 1) -> TrainingData:
                        config.data, BEST)
     elif config.valid_subset is not None:
         valid_set = data.split(config.valid_subset)
-        longest = int(np.maximum(valid_set.source.sizes, valid_set.target.sizes).max(initial=1))
-        max_tokens = None if config.max_tokens is None else max(config.max_tokens, longest)
+        sizes = np.maximum(valid_set.source.sizes, valid_set.target.sizes)
+        max_tokens = None if config.max_tokens is None else max(config.max_tokens, int(sizes.max(initial=1)))
         valid_batches = make_batches(valid_set, max_tokens, config.max_sentences)
+        if max_positions is not None and not config.skip_invalid_size_inputs:
+            check_positions(valid_set, config.valid_subset, max_positions)
+        elif max_positions is not None and sizes.max(initial=0) > max_positions:
+            logger.warning("validating without the %d %s pairs longer than the model's max_positions %d",
+                           int((sizes > max_positions).sum()), config.valid_subset, max_positions)
+            valid_batches = [kept for batch in valid_batches if len(kept := batch[sizes[batch] <= max_positions])]
+    if config.eval_bleu and valid_set is not None:  # a missing tokenizer package found now, not after an epoch
+        bleu_metric(MetricOptions(config.eval_bleu_tokenize, config.eval_bleu_lowercase, language=data.target_lang))
     return TrainingData(data.vocabularies(), model_config, train_set, batches, valid_set, valid_batches)

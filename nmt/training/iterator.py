@@ -37,15 +37,19 @@ class TrainingBatches:
     """
 
     def __init__(self, dataset: ParallelDataset, max_tokens: int | None, max_sentences: int | None = None,
-                 required_multiple: int = 1, skip_too_long: bool = False):
+                 required_multiple: int = 1, skip_too_long: bool = False, max_positions: int | None = None):
         self.source_sizes, self.target_sizes = dataset.source.sizes, dataset.target.sizes
         self.kept: np.ndarray | None = None  # indices of the pairs batched; None: all
-        if skip_too_long and max_tokens is not None:
-            self.kept = np.flatnonzero(np.maximum(self.source_sizes, self.target_sizes) <= max_tokens)
+        limits = {name: limit for name, limit in (("--max-tokens", max_tokens), ("the model's max_positions",
+                                                                                  max_positions)) if limit is not None}
+        if skip_too_long and limits:
+            self.kept = np.flatnonzero(np.maximum(self.source_sizes, self.target_sizes) <= min(limits.values()))
             if len(self.kept) < len(dataset):
-                logger.warning("skipping %d of %d sentence pairs longer than --max-tokens %d",
-                               len(dataset) - len(self.kept), len(dataset), max_tokens)
+                logger.warning("skipping %d of %d sentence pairs longer than %s", len(dataset) - len(self.kept),
+                               len(dataset), " or ".join(f"{name} {limit}" for name, limit in limits.items()))
             self.source_sizes, self.target_sizes = self.source_sizes[self.kept], self.target_sizes[self.kept]
+        elif max_positions is not None:
+            check_positions(dataset, "training", max_positions)
         try:
             sizes = padded_sizes(self.source_sizes, self.target_sizes, max_tokens, max_sentences)
         except SentenceTooLong as exc:
@@ -65,6 +69,16 @@ class TrainingBatches:
             order = self.kept[order]
         batches = np.split(order, self.ends[:-1]) if len(self.ends) else []
         return [batches[i] for i in rng.permutation(len(batches))]
+
+
+def check_positions(dataset: ParallelDataset, split: str, max_positions: int) -> None:
+    """A pair the model cannot take (a side over its positions) found before training, not when its batch comes."""
+    sizes = np.maximum(dataset.source.sizes, dataset.target.sizes)
+    if len(sizes) and sizes.max() > max_positions:
+        longest = int(np.argmax(sizes))
+        raise NmtError(f"{split} pair {longest} has {int(sizes[longest])} tokens, over the model's max_positions "
+                       f"{max_positions}; pass --skip-invalid-size-inputs, filter long sentences in preprocess "
+                       "(--max-len) or give --set max_positions=N")
 
 
 def make_batches(dataset: ParallelDataset, max_tokens: int | None, max_sentences: int | None = None) -> list[np.ndarray]:
