@@ -268,3 +268,11 @@ def test_a_stop_on_an_epochs_last_update_resumes_at_the_epochs_end(tiny_data_dir
     assert resumed.updates == straight.updates == 12
     assert (tmp_path / "resumed" / "checkpoint1.pt").exists()  # the epoch's end the stop skipped
     assert_same_weights(tmp_path / "straight" / "checkpoint_last.pt", tmp_path / "resumed" / "checkpoint_last.pt")
+
+
+def test_a_resume_takes_this_runs_optimizer_settings(tiny_data_dir, tmp_path, messages):
+    train(tiny_config(tiny_data_dir, tmp_path, max_update=2))
+    train(tiny_config(tiny_data_dir, tmp_path, max_update=3, adam_betas=(0.9, 0.999), adam_eps=1e-6, weight_decay=0.1))
+    assert "changed: adam_betas" in "\n".join(messages)
+    (group,) = load_checkpoint(tmp_path / "checkpoint_last.pt")["optimizer"]["param_groups"]
+    assert (tuple(group["betas"]), group["eps"], group["weight_decay"]) == ((0.9, 0.999), 1e-6, 0.1)

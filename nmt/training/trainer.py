@@ -165,6 +165,8 @@ class Trainer:
             logger.info("initialised the model from %s (a model-only checkpoint: training starts at update 0)", path)
             return
         self.optimizer.load_state_dict(checkpoint["optimizer"])
+        for group in self.optimizer.param_groups:  # this run's settings, not the saved ones (as the log says)
+            group.update(betas=self.config.adam_betas, eps=self.config.adam_eps, weight_decay=self.config.weight_decay)
         if checkpoint.get("scaler") and self.scaler.is_enabled():
             self.scaler.load_state_dict(checkpoint["scaler"])
         ckpt.set_rng_state(checkpoint["rng"])
