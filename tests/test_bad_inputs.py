@@ -207,6 +207,10 @@ CASES = [
     # train
     ("train-missing-data-dir", ["train", "nowhere", "--save-dir", "t1", "-q"], "nowhere", NO_SETUP),
     ("train-data-dir-not-preprocessed", ["train", "raw", "--save-dir", "t1", "-q"], "not a finished", NO_SETUP),
+    ("train-meta-json-not-a-record", ["train", "bad/meta", "--save-dir", "t1", "-q"], "is not an `nmt preprocess` record",
+     setup({"bad/meta/meta.json": '{"source_lang": "en"}'})),
+    ("train-pair-over-max-positions", [*TRAIN, "--set", "max_positions=10", "--save-dir", "t1"],
+     "over the model's max_positions 10; pass --skip-invalid-size-inputs", NO_SETUP),
     ("train-unknown-arch", ["train", "data", "--arch", "transformer_huge", "--save-dir", "t1", "-q"],
      "transformer_huge", NO_SETUP),
     ("train-bad-set-key", [*TRAIN, "--set", "dropuot=0.2", "--save-dir", "t1"], "dropuot", NO_SETUP),

@@ -27,6 +27,7 @@ from nmt.errors import NmtError
 from nmt.files import atomic_write
 
 META_FILE = "meta.json"
+META_KEYS = {"source_lang": str, "target_lang": str, "splits": dict, "vocab_files": dict}  # what reading needs
 
 
 def smallest_dtype(vocab_size: int) -> np.dtype:
@@ -106,6 +107,10 @@ class DataDir:
             meta = json.loads(meta_path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
             raise NmtError(f"cannot read {meta_path}: {exc}") from exc
+        if not isinstance(meta, dict) or not all(isinstance(meta.get(key), kind) for key, kind in META_KEYS.items()) \
+                or not {meta["source_lang"], meta["target_lang"]} <= set(meta["vocab_files"]):
+            raise NmtError(f"{meta_path} is not an `nmt preprocess` record (it needs {', '.join(META_KEYS)}); "
+                           "run preprocess again")
         return cls(path, meta)
 
     @property
