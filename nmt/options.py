@@ -18,6 +18,7 @@ mean", bounds checks with a one-line error naming the option, and the CLI > reci
 from __future__ import annotations
 
 import dataclasses
+import math
 import difflib
 import re
 import types
@@ -171,6 +172,8 @@ def check_values(instance: Any) -> None:
         choices = typing.get_args(hints[spec.name]) if typing.get_origin(hints[spec.name]) is typing.Literal else ()
         if choices and value not in choices:
             raise NmtError(f"{flag(spec.name)} must be one of {', '.join(map(str, choices))}, got {value!r}")
+        if isinstance(value, float) and not math.isfinite(value):  # nan passes every bound below
+            raise NmtError(f"{flag(spec.name)} must be a finite number, got {value}")
         low, high = spec.metadata.get("min"), spec.metadata.get("max")
         if value is None or isinstance(value, (bool, str)) or (low is None and high is None):
             continue

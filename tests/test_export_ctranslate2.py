@@ -136,12 +136,20 @@ def test_max_length_is_per_sentence(exported, sources):
 
 @needs_ct2
 def test_sampling_gives_nbest_samples_and_follows_the_seed(exported, sources):
-    options = options_of_generate(beam=3, nbest=3, sampling=True, topk=10, lenpen=0.0, seed=4)
-    first = ct2_hypotheses(exported, sources[:10], options)
+    from nmt.generation.ctranslate2_engine import load_ctranslate2
+
+    options = options_of_generate(path=[str(exported)], engine="ctranslate2", beam=3, nbest=3, sampling=True, topk=10,
+                                  lenpen=0.0, seed=4)
+
+    def samples(translate) -> list[list[list[int]]]:
+        return [[h.tokens for h in hyps] for hyps in translate(sources[:10], None)]
+
+    translate, _ = load_ctranslate2(options, torch.device("cpu"))
+    first = translate(sources[:10], None)
     assert all(len(hyps) == 3 and [h.score for h in hyps] == sorted((h.score for h in hyps), reverse=True)
                for hyps in first)
-    assert [[h.tokens for h in hyps] for hyps in ct2_hypotheses(exported, sources[:10], options)] == \
-        [[h.tokens for h in hyps] for hyps in first]
+    assert samples(translate) != [[h.tokens for h in hyps] for hyps in first]  # a second batch draws on (a stream)
+    assert samples(load_ctranslate2(options, torch.device("cpu"))[0]) == [[h.tokens for h in hyps] for hyps in first]
 
 
 def run_cli(monkeypatch, capsys, *args: str, stdin: str = "") -> tuple[int, str, str]:

@@ -386,7 +386,7 @@ def test_samples_are_independent_draws_whatever_the_beam(beam):
     assert all(a.score >= b.score for hyps in results for a, b in zip(hyps, hyps[1:]))  # best first
 
 
-@pytest.mark.parametrize("cut", [dict(topk=1), dict(topp=1e-6), dict(temperature=1e-4)])
+@pytest.mark.parametrize("cut", [dict(topk=1), dict(topp=1e-6), dict(temperature=1e-4), dict(temperature=1e-40)])
 def test_sampling_cut_to_the_top_token_is_greedy(cut):
     for seed in range(4):
         table = random_table(seed, sharpness=1.0)
@@ -446,3 +446,25 @@ def test_min_len_over_a_fixed_max_length_is_refused_but_the_clamped_length_one_i
     SearchOptions(max_len_a=0.5, max_len_b=0, min_len=9)  # the max grows with the source
     with pytest.raises(NmtError, match="--min-len 2 is over the max length --max-len-b 0"):
         SearchOptions(max_len_a=0, max_len_b=0, min_len=2)
+
+
+@pytest.mark.parametrize("option", ["max_len_a", "temperature", "lenpen", "topp"])
+@pytest.mark.parametrize("value", [math.nan, math.inf])
+def test_non_finite_numbers_are_refused(option, value):
+    with pytest.raises(NmtError, match=f"--{option.replace('_', '-')} must be a finite number"):
+        SearchOptions(**{option: value})
+
+
+def test_max_lengths_stop_before_the_models_last_position():
+    assert max_lengths(torch.tensor([3, 40]), 1.0, 50, max_positions=40).tolist() == [39, 39]
+    assert max_lengths(torch.tensor([3]), 1e30, 10**20, max_positions=40).tolist() == [39]  # no overflow
+
+
+@torch.inference_mode()
+def test_a_search_past_the_models_positions_ends_at_its_last_one():
+    torch.manual_seed(0)
+    arch = get_arch("transformer_tiny")
+    model = build_model(arch.model_name, resolve_config(arch.config, {"d_model": 32, "ffn_dim": 64, "max_positions": 12}),
+                        12, 12, PAD_ID).eval()
+    found = beam_search(model, sources([4, 5, 6]), SearchOptions(beam=2, min_len=30, max_len_b=100))
+    assert [len(h.tokens) for h in found[0]] == [12]  # 11 tokens and the forced EOS: positions 0..11 read

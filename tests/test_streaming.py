@@ -103,3 +103,14 @@ def test_last_line_without_line_end_is_kept():
     reader = LineReader(read_end)
     assert reader.next_batch(5) == ["x", "Über"] and reader.next_batch() == []
     os.close(read_end)
+
+
+def test_sampling_draws_on_across_a_streams_batches(checkpoint):
+    """Each batch of a stream continues the seeded draws: six copies of a line, one per batch, get samples
+    as varied as in one batch, and the same ones again with the same seed."""
+    text = "Turn to page twelve.\n" * 6
+    command = generate_command(checkpoint, "--sampling", "--beam", "1", "--buffer-size", "1", "--seed", "3")
+    first = subprocess.run(command, input=text, capture_output=True, text=True, check=True).stdout.splitlines()
+    again = subprocess.run(command, input=text, capture_output=True, text=True, check=True).stdout.splitlines()
+    assert len(first) == 6 and len(set(first)) > 1  # not one sample repeated by a re-seeded generator
+    assert again == first

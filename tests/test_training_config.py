@@ -94,3 +94,12 @@ def test_missing_recipe_and_unknown_cli_option(tmp_path):
 def test_durations():
     assert [parse_duration(text) for text in ("45", "45s", "90m", "12h", "2d", "1:00", "1:00:00")] == \
         [45, 45, 5400, 43200, 172800, 60, 3600]
+    for text in ("nan", "inf", "0", "-5m", "nanh"):
+        with pytest.raises(NmtError, match="--max-time must be positive and finite"):
+            parse_duration(text)
+
+
+@pytest.mark.parametrize("option", ["label_smoothing", "lr", "clip_norm", "adam_eps"])
+def test_nan_is_refused_where_it_would_pass_every_bound(option):
+    with pytest.raises(NmtError, match="must be a finite number, got nan"):
+        load_train_config({"data": "d", option: "nan"})

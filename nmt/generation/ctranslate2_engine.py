@@ -79,6 +79,8 @@ def load_ctranslate2(options: GenerateOptions, device: torch.device) -> tuple[Tr
     compute, reason = compute_type(options, device)
     logger.info("CTranslate2 compute type: %s (%s)", compute, reason)
     translator, vocabs = open_translator(Path(options.path[0]), device, compute, options.batching.workers)
+    if options.search.sampling:  # once: a stream's batches draw on, not the same samples again
+        import_ctranslate2().set_random_seed(options.search.seed)
     return lambda sources, progress: translate_ids_ctranslate2(translator, vocabs, sources, options, progress), vocabs
 
 
@@ -105,8 +107,6 @@ def translate_ids_ctranslate2(translator: ctranslate2.Translator, vocabs: Vocabu
     """Like ``translate_ids``: the ``nbest`` hypotheses of each source (ids ending in EOS), in order."""
     from nmt.generation.generator import place_batches, plan_workload
 
-    if options.search.sampling:
-        import_ctranslate2().set_random_seed(options.search.seed)
     work = plan_workload(sources, options.search, options.batching, progress)
     limits = max_lengths(torch.as_tensor(work.lengths - 1), options.search.max_len_a, options.search.max_len_b).numpy()
     batches = []  # (source indices, their max length): one translate_batch call each

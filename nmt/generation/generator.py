@@ -38,7 +38,7 @@ from nmt.files import atomic_write, read_lines, refuse_overwriting
 from nmt.generation.alignment import word_attentions
 from nmt.generation.ensemble import Ensemble, split_paths
 from nmt.generation.output import Translation, write_translations
-from nmt.generation.search import Hypothesis, SearchOptions, beam_search
+from nmt.generation.search import Hypothesis, SearchOptions, beam_search, model_positions
 from nmt.generation.streaming import LineReader, is_stream
 from nmt.generation.workers import map_in_workers
 from nmt.models.attention_maps import layer_index
@@ -241,12 +241,17 @@ def plan_workload(sources: list[np.ndarray], search: SearchOptions, batching: Ba
 
 def translate_ids(model: nn.Module, sources: list[np.ndarray], search: SearchOptions | None = None,
                   batching: BatchingOptions | None = None, device: torch.device = torch.device("cpu"),
-                  precision: str = "fp32", progress: Progress | None = None) -> list[list[Hypothesis]]:
-    """The ``nbest`` hypotheses for each source (token ids ending in EOS), in the order given."""
+                  precision: str = "fp32", progress: Progress | None = None,
+                  generator: torch.Generator | None = None) -> list[list[Hypothesis]]:
+    """The ``nbest`` hypotheses for each source (token ids ending in EOS), in the order given.
+
+    Sampling draws from ``generator``; without one, from a new one seeded with ``search.seed`` (so
+    callers translating in several calls, such as a stream, pass theirs to draw on)."""
     search, batching = search or SearchOptions(), batching or BatchingOptions()
     check_lengths(model, sources)
     check_workers(search, batching, device)
-    generator = torch.Generator(device=device).manual_seed(search.seed) if search.sampling else None
+    if search.sampling and generator is None:
+        generator = sampling_generator(search, device)
     work = plan_workload(sources, search, batching, progress)
 
     def search_batch(indices: np.ndarray) -> list[list[Hypothesis]]:
@@ -277,9 +282,13 @@ def place_batches(results: list[list[Hypothesis]], batches: list[np.ndarray],
             progress.update(task, advance=len(indices), tokens=output_tokens)
 
 
+def sampling_generator(search: SearchOptions, device: torch.device) -> torch.Generator:
+    return torch.Generator(device=device).manual_seed(search.seed)
+
+
 def check_lengths(model: nn.Module, sources: list[np.ndarray]) -> None:
     """A source longer than the model's positions is an error before any work, not a failure mid-batch."""
-    limit = getattr(getattr(model, "config", None), "max_positions", None)
+    limit = model_positions(model)
     longest = max(range(len(sources)), key=lambda i: len(sources[i]), default=None)
     if limit is not None and longest is not None and len(sources[longest]) > limit:
         raise NmtError(f"input line {longest + 1} has {len(sources[longest])} tokens (EOS included), over the "
@@ -374,8 +383,10 @@ def load_engine(options: GenerateOptions, device: torch.device) -> Engine:
 
         return Engine(*load_ctranslate2(options, device), None)
     model, vocabs = prepare_model(options.path, device, options.quantize)
+    generator = sampling_generator(options.search, device) if options.search.sampling else None  # one stream of draws
     return Engine(lambda sources, progress=None: translate_ids(model, sources, options.search, options.batching,
-                                                               device, options.precision, progress), vocabs, model)
+                                                               device, options.precision, progress, generator),
+                  vocabs, model)
 
 
 def translate_stream(engine: Engine, options: GenerateOptions, device: torch.device) -> list[Translation]:

@@ -83,9 +83,18 @@ def length_penalty(lengths: Tensor, alpha: float, style: str = "gnmt") -> Tensor
     raise ValueError(f"unknown length penalty style {style!r}")
 
 
-def max_lengths(source_lengths: Tensor, a: float, b: int) -> Tensor:
-    """Most output tokens (EOS excluded) per sentence: a * |source| + b, |source| without EOS."""
-    return (a * source_lengths.to(torch.float32) + b).floor().clamp(min=1).to(torch.long)
+def max_lengths(source_lengths: Tensor, a: float, b: int, max_positions: int | None = None) -> Tensor:
+    """Most output tokens (EOS excluded) per sentence: a * |source| + b, |source| without EOS, and
+    at most ``max_positions - 1``: the decoder reads BOS and the tokens before EOS (fairseq's cap)."""
+    most = float(max_positions - 1) if max_positions is not None else float(torch.iinfo(torch.int32).max)
+    return (a * source_lengths.to(torch.float64) + float(b)).floor().clamp(min=1, max=max(1.0, most)).to(torch.long)
+
+
+def model_positions(model: SearchableModel) -> int | None:
+    """The longest sequence a model takes (for an ensemble, its shortest model's); None when it does not say."""
+    limits = [m.config.max_positions for m in getattr(model, "models", [model])
+              if hasattr(getattr(m, "config", None), "max_positions")]
+    return min(limits, default=None)
 
 
 def constrain(logprobs: Tensor, tokens: Tensor, step: int, max_len: Tensor, min_len: int,
@@ -161,7 +170,8 @@ def select_sample(scores: Tensor, logprobs: Tensor, temperature: float, topk: in
     done: refilling it from another line would duplicate that line's prefix and favour short samples.
     """
     sentences, rows_per = scores.shape
-    weights = (logprobs / temperature).softmax(dim=-1)
+    # From the row's best: a tiny temperature makes it 0 and the others -inf (greedy), never all -inf (nan).
+    weights = ((logprobs - logprobs.amax(dim=-1, keepdim=True)) / temperature).softmax(dim=-1)
     if topk > 0:
         kth = weights.topk(min(topk, weights.size(1)), dim=-1).values[:, -1:]
         weights = weights.masked_fill(weights < kth, 0.0)
@@ -183,7 +193,7 @@ def beam_search(model: SearchableModel, source: Tensor, options: SearchOptions, 
     device = source.device
     sentences = source.size(0)
     source_lengths = source.ne(PAD_ID).sum(dim=1) - 1  # EOS excluded
-    limit = max_lengths(source_lengths, options.max_len_a, options.max_len_b)
+    limit = max_lengths(source_lengths, options.max_len_a, options.max_len_b, model_positions(model))
 
     # Beam search starts from one row per sentence (its beams would all be the same prefix, BOS)
     # and widens to `beam` rows after the first step; sampling draws `beam` lines from the start.

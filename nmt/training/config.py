@@ -18,6 +18,8 @@ passed back as ``--config``.
 
 from __future__ import annotations
 
+import math
+
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -173,8 +175,8 @@ def parse_duration(text: str) -> float:
             seconds = float(text)
     except ValueError:
         raise NmtError(f"--max-time expects a duration such as 90m, 12h or 1:30:00, got {text!r}") from None
-    if seconds <= 0:
-        raise NmtError(f"--max-time must be positive, got {text!r}")
+    if not 0 < seconds < math.inf:
+        raise NmtError(f"--max-time must be positive and finite, got {text!r}")
     return seconds
 
 
