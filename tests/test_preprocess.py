@@ -488,3 +488,12 @@ def test_destdir_that_cannot_be_a_directory(corpus, tmp_path, monkeypatch, capsy
     args[args.index("--destdir") + 1] = str(tmp_path / "file" / "bin")
     assert_cli_error(monkeypatch, capsys, args, f"cannot create a directory in {tmp_path}/file")
     assert (tmp_path / "file").read_text() == "x"
+
+
+def test_the_raw_files_are_recorded_wherever_generate_runs_from(corpus, tmp_path, monkeypatch):
+    monkeypatch.chdir(corpus.parent)
+    relative = corpus.name
+    options = make_options(corpus, tmp_path, trainpref=f"{relative}/train", validpref=None, testpref=f"{relative}/test")
+    entry = preprocess(options, show_progress=False).meta["splits"]["test"]
+    monkeypatch.chdir(tmp_path)  # `nmt generate --score-reference` from another directory still finds them
+    assert Path(entry["source_file"]) == corpus.resolve() / "test.en" and Path(entry["target_file"]).is_file()

@@ -392,7 +392,7 @@ def binarize_split(workdir: Path, split: SplitFiles, vocabs: dict[str, Vocabular
     for writer in writers:
         writer.close()
     entry: dict = {"sentences": sum(map(len, writers[0].lengths)), "input_lines": input_lines,
-                   "source_file": str(split.source), "target_file": str(split.target)}
+                   "source_file": str(split.source.resolve()), "target_file": str(split.target.resolve())}  # any cwd
     if not split.keeps_every_line:
         entry["dropped"] = dropped
         if entry["sentences"] == 0:
