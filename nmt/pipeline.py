@@ -97,13 +97,20 @@ def plan_recipe(path: str | Path, stages: tuple[str, ...] = STAGES) -> Plan:
     if (values := section(document, "average")) is not None:
         plan.average = build(AverageOptions, {"inputs": [str(save_dir)], "output": str(save_dir / "averaged.pt"),
                                               **values}, "average", where)
-        if plan.average.num_epoch_checkpoints is None and plan.average.num_update_checkpoints is None:
-            raise NmtError(f"{where}: the `average:` section needs num_epoch_checkpoints or num_update_checkpoints")
+        if (plan.average.num_epoch_checkpoints is None) == (plan.average.num_update_checkpoints is None):
+            raise NmtError(f"{where}: the `average:` section needs num_epoch_checkpoints or num_update_checkpoints "
+                           "(exactly one)")
         model_path = Path(plan.average.output)
+        if plan.train is not None:
+            check_checkpoints_kept(plan.train, plan.average, where)
     plan.checkpoint = str(model_path)
     if (values := section(document, "generate")) is not None:
         defaults = {"path": str(model_path)} if "input" in values else {"path": str(model_path), "data": plan.data}
         plan.generate = build(GenerateOptions, {**defaults, **values}, "generate", where)
+        if "path" not in values and plan.average is None and plan.train is not None \
+                and not validates(plan.train, plan.preprocess):
+            raise NmtError(f"{where}: `generate:` uses {BEST}, which training writes only when it validates: give "
+                           "`preprocess: validpref`, an `average:` section or `generate: path`")
         if "output" not in values:
             plan.generate = dataclasses.replace(plan.generate, output=str(save_dir / f"{plan.generate.split}.hyp"))
     if (values := section(document, "score")) is not None:
@@ -119,6 +126,28 @@ def plan_recipe(path: str | Path, stages: tuple[str, ...] = STAGES) -> Plan:
                            {"raw text of preprocess": raw_text_paths(plan.preprocess),
                             "score: reference": plan.score.ref if plan.score else None})
     return plan
+
+
+def check_checkpoints_kept(train: TrainConfig, average: AverageOptions, where: str) -> None:
+    """The average stage must find the checkpoints it averages: training saves and keeps enough of them."""
+    wanted, kept = average.num_epoch_checkpoints, train.keep_last_epochs
+    if wanted is not None and 0 <= kept < wanted:
+        raise NmtError(f"{where}: `average:` takes the last {wanted} epoch checkpoints but `train: keep_last_epochs: "
+                       f"{kept}` keeps {kept}")
+    wanted, kept = average.num_update_checkpoints, train.keep_interval_updates
+    if wanted is not None and not train.save_interval_updates:
+        raise NmtError(f"{where}: `average:` takes update checkpoints, which training saves only with "
+                       "`train: save_interval_updates`")
+    if wanted is not None and 0 <= kept < wanted:
+        raise NmtError(f"{where}: `average:` takes the last {wanted} update checkpoints but `train: "
+                       f"keep_interval_updates: {kept}` keeps {kept}")
+
+
+def validates(train: TrainConfig, preprocess: PreprocessOptions | None) -> bool:
+    """Whether training will validate (and so write checkpoint_best.pt), as far as the recipe says."""
+    if train.valid_subset is None:
+        return False
+    return preprocess is None or train.valid_subset != "valid" or bool(preprocess.validpref)
 
 
 def resolve_model(train: TrainConfig, where: str) -> Any:

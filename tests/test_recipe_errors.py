@@ -31,7 +31,7 @@ def recipe(tmp_path):
                        "destdir": str(tmp_path / "data-bin"), "vocab_size": 60},
         "arch": "transformer_tiny",
         "model": {"d_model": 32, "ffn_dim": 64},
-        "train": {"save_dir": str(tmp_path / "checkpoints"), "max_update": 2, "device": "cpu"},
+        "train": {"save_dir": str(tmp_path / "checkpoints"), "max_update": 2, "device": "cpu", "save_interval_updates": 1},
         "average": {"num_update_checkpoints": 1},
         "generate": {"beam": 2},
         "score": {"metrics": "bleu"},
@@ -69,6 +69,11 @@ CASES = [  # section, key, value, what the error says
     ("train", "warmup_updates", 0, "--warmup-updates must be at least 1, got 0"),
     ("score", "metrics", "blue", "unknown metric blue"),
     ("average", "num_update_checkpoints", None, "the `average:` section needs num_epoch_checkpoints or"),
+    # Sections that are each valid but would fail together after training.
+    ("train", "keep_interval_updates", 0, "`average:` takes the last 1 update checkpoints but `train: "
+                                          "keep_interval_updates: 0` keeps 0"),
+    ("train", "save_interval_updates", 0, "`average:` takes update checkpoints, which training saves only with"),
+    ("average", "num_epoch_checkpoints", 5, "num_update_checkpoints (exactly one)"),
 ]
 
 
@@ -125,3 +130,16 @@ def test_dry_run_prints_every_stage_resolved_and_runs_nothing(recipe, tmp_path, 
 def test_shipped_recipes_are_valid(path):
     plan = plan_recipe(path, ("train", "average", "generate"))  # preprocess and score need the raw corpus
     assert plan.train.data == plan.preprocess.destdir == plan.generate.data  # the data dir is named once
+
+
+def test_a_recipe_without_validation_cannot_generate_from_the_best_checkpoint(recipe, monkeypatch, capsys):
+    path = recipe("preprocess", "validpref", None)
+    document = yaml.safe_load(path.read_text(encoding="utf-8"))
+    del document["average"]
+    path.write_text(yaml.safe_dump(document), encoding="utf-8")
+    code, out, err = run_cli(monkeypatch, capsys, "run", path)
+    assert code == 1 and out == ""
+    assert_one_line_error(err, "`generate:` uses checkpoint_best.pt, which training writes only when it validates")
+    document["generate"]["path"] = "elsewhere.pt"  # a model of the user's own: fine
+    path.write_text(yaml.safe_dump(document), encoding="utf-8")
+    plan_recipe(path)
