@@ -468,3 +468,8 @@ def test_a_search_past_the_models_positions_ends_at_its_last_one():
                         12, 12, PAD_ID).eval()
     found = beam_search(model, sources([4, 5, 6]), SearchOptions(beam=2, min_len=30, max_len_b=100))
     assert [len(h.tokens) for h in found[0]] == [12]  # 11 tokens and the forced EOS: positions 0..11 read
+
+
+def test_a_model_giving_nan_scores_is_an_error_not_an_empty_result():
+    with pytest.raises(NmtError, match="no finite score to any translation of 1 sentence"):
+        search(lambda source, prefix: torch.full((VOCAB,), math.nan), [4, 5], beam=2)

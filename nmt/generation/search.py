@@ -246,6 +246,9 @@ def beam_search(model: SearchableModel, source: Tensor, options: SearchOptions, 
         cache.reorder(order)
         width = beam
 
+    if not all(finished):  # only non-finite scores end a sentence with nothing: an EOS is forced at the limit
+        raise NmtError(f"the model gave no finite score to any translation of {finished.count([])} sentence(s) "
+                       "(nan or inf: with --precision fp16, an overflow); try --precision bf16 or fp32")
     return [sorted(hyps, key=lambda h: -h.score)[: options.nbest] for hyps in finished]
 
 
