@@ -221,6 +221,8 @@ CASES = [
     ("train-no-such-valid-split", [*TRAIN, "--valid-subset", "dev", "--save-dir", "t1"], "no split 'dev'", NO_SETUP),
     ("train-restore-file-missing", [*TRAIN, "--restore-file", "missing.pt", "--save-dir", "t1"],
      "--restore-file not found", NO_SETUP),
+    ("train-finetune-model-missing", [*TRAIN, "--finetune-from-model", "missing.pt", "--save-dir", "t1"],
+     "--finetune-from-model not found", NO_SETUP),
     ("train-save-dir-is-a-file", [*TRAIN, "--save-dir", "good.hyp"], "is a file", NO_SETUP),
     ("train-save-dir-in-use", [*TRAIN, "--save-dir", "busy"], "in use by another `nmt train` (pid",
      setup(then=locked_by_another_run)),

@@ -100,7 +100,7 @@ def test_restore_file_starts_from_a_model_only_checkpoint(tiny_data_dir, tmp_pat
     torch.save(model_only, tmp_path / "averaged.pt")
     summary = train(tiny_config(tiny_data_dir, tmp_path / "second", max_update=2,
                                 restore_file=str(tmp_path / "averaged.pt")))
-    assert summary.updates == 2 and "model-only checkpoint" in "\n".join(messages)
+    assert summary.updates == 2 and "its weights only" in "\n".join(messages)
     with pytest.raises(NmtError, match="--restore-file not found"):
         train(tiny_config(tiny_data_dir, tmp_path / "third", restore_file="missing.pt"))
 
@@ -276,3 +276,20 @@ def test_a_resume_takes_this_runs_optimizer_settings(tiny_data_dir, tmp_path, me
     assert "changed: adam_betas" in "\n".join(messages)
     (group,) = load_checkpoint(tmp_path / "checkpoint_last.pt")["optimizer"]["param_groups"]
     assert (tuple(group["betas"]), group["eps"], group["weight_decay"]) == ((0.9, 0.999), 1e-6, 0.1)
+
+
+def test_finetune_from_model_starts_a_new_run_from_the_weights(tiny_data_dir, tmp_path, messages):
+    train(tiny_config(tiny_data_dir, tmp_path / "first", max_update=4))
+    first = tmp_path / "first" / "checkpoint_last.pt"
+    options = {"max_update": 2, "finetune_from_model": str(first)}
+    summary = train(tiny_config(tiny_data_dir, tmp_path / "tuned", lr=1e-9, **options))
+    assert summary.updates == 2 and "its weights only" in "\n".join(messages)
+    state = load_checkpoint(tmp_path / "tuned" / "checkpoint_last.pt")
+    # From update 0 at the epoch's start, not on from the first run's update 4 and batch 4.
+    assert (state["train_state"]["update"], state["train_state"]["position"]) == (2, 2)
+    weights = load_checkpoint(first)["model"]  # a learning rate of 1e-9: still the first run's weights
+    assert all(torch.allclose(state["model"][name], tensor, atol=1e-6) for name, tensor in weights.items())
+    with pytest.raises(NmtError, match="not both"):
+        train(tiny_config(tiny_data_dir, tmp_path / "third", restore_file=str(first), **options))
+    with pytest.raises(NmtError, match="--finetune-from-model not found: missing.pt"):
+        train(tiny_config(tiny_data_dir, tmp_path / "third", finetune_from_model="missing.pt"))

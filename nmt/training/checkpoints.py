@@ -99,28 +99,38 @@ def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate((version, tuple(internal), gauss))
 
 
+MODEL_KEYS = ("nmt_version", "model_name", "arch", "model_config", "vocab", "model")  # nmt.checkpoint.make_checkpoint
+
+
 class ResumePoint(NamedTuple):
     path: Path
     checkpoint: dict[str, Any]
     in_save_dir: bool  # continuing the save dir's own run (not a --restore-file)
 
 
-def find_resume_checkpoint(save_dir: Path, restore_file: str | None) -> ResumePoint | None:
-    """The checkpoint to start from: save_dir's checkpoint_last.pt, else --restore-file, else None.
+def find_resume_checkpoint(save_dir: Path, restore_file: str | None,
+                           finetune_from_model: str | None = None) -> ResumePoint | None:
+    """The checkpoint to start from: save_dir's checkpoint_last.pt, else --restore-file, else the
+    weights of --finetune-from-model (a model-only checkpoint: a new run), else None.
 
     A checkpoint_last.pt that does not load (truncated, corrupt) is reported and the newest
     training checkpoint of the save dir that does load is used instead.
     """
     last = save_dir / LAST
     if not last.exists():
-        if restore_file is None:
+        given, flag = (restore_file, "--restore-file") if restore_file is not None else \
+            (finetune_from_model, "--finetune-from-model")
+        if given is None:
             return None
-        path = Path(restore_file)
-        if not path.exists() and (save_dir / restore_file).exists():
-            path = save_dir / restore_file
+        path = Path(given)
+        if not path.exists() and (save_dir / given).exists():
+            path = save_dir / given
         if not path.exists():
-            raise NmtError(f"--restore-file not found: {restore_file}")
-        return ResumePoint(path, load_checkpoint(path), in_save_dir=False)
+            raise NmtError(f"{flag} not found: {given}")
+        checkpoint = load_checkpoint(path)
+        if finetune_from_model is not None:
+            checkpoint = {key: checkpoint[key] for key in MODEL_KEYS}
+        return ResumePoint(path, checkpoint, in_save_dir=False)
     try:
         return ResumePoint(last, load_checkpoint(last), in_save_dir=True)
     except NmtError as exc:

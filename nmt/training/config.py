@@ -104,6 +104,9 @@ class TrainConfig:
         "help": "Keep only the newest N checkpoint_{epoch}_{update}.pt (-1: all).", "panel": CHECKPOINTS, "min": -1})
     restore_file: str | None = field(default=None, metadata={
         "help": "Start from this checkpoint when the save dir has no checkpoint_last.pt.", "panel": CHECKPOINTS})
+    finetune_from_model: str | None = field(default=None, metadata={
+        "help": "Start a new run from this checkpoint's weights only (update 0, a fresh optimizer and schedule) when "
+                "the save dir has no checkpoint_last.pt: fine-tuning. Not with --restore-file.", "panel": CHECKPOINTS})
 
     # Stopping (0 / None: no limit).
     max_update: int = field(default=0, metadata={
@@ -146,6 +149,9 @@ class TrainConfig:
         if self.max_tokens is None and self.max_sentences is None:
             raise NmtError("give --max-tokens or --max-sentences")
         self.max_time_seconds  # noqa: B018  (parses, or raises a clear error)
+        if self.restore_file is not None and self.finetune_from_model is not None:
+            raise NmtError("give --restore-file (resume a run's whole state) or --finetune-from-model (its weights "
+                           "only), not both")
         if self.lr_schedule != "inverse_sqrt" and not self.max_update and self.max_time is None:
             raise NmtError(f"--lr-schedule {self.lr_schedule} decays to 0 at the end of the budget: give "
                            "--max-update or --max-time")

@@ -149,7 +149,7 @@ class Trainer:
     # -- resume and save -------------------------------------------------------------------------------
 
     def resume(self) -> None:
-        found = ckpt.find_resume_checkpoint(self.save_dir, self.config.restore_file)
+        found = ckpt.find_resume_checkpoint(self.save_dir, self.config.restore_file, self.config.finetune_from_model)
         if found is None:
             return
         path, checkpoint, in_save_dir = found
@@ -158,11 +158,12 @@ class Trainer:
             check_compatible(checkpoint, expected, f"{path} does not match this run (another --save-dir starts a "
                              "new one)", "to resume it, give the checkpoint's --arch and --set")
         else:
-            check_compatible(checkpoint, expected, f"--restore-file {path} does not match this run",
+            flag = "--restore-file" if self.config.restore_file else "--finetune-from-model"
+            check_compatible(checkpoint, expected, f"{flag} {path} does not match this run",
                              "give the checkpoint's --arch and --set")
         self.model.load_state_dict(checkpoint["model"])
         if "train_state" not in checkpoint:
-            logger.info("initialised the model from %s (a model-only checkpoint: training starts at update 0)", path)
+            logger.info("initialised the model from %s (its weights only: training starts at update 0)", path)
             return
         self.optimizer.load_state_dict(checkpoint["optimizer"])
         for group in self.optimizer.param_groups:  # this run's settings, not the saved ones (as the log says)
