@@ -145,9 +145,9 @@ def check_checkpoints_kept(train: TrainConfig, average: AverageOptions, where: s
 
 def validates(train: TrainConfig, preprocess: PreprocessOptions | None) -> bool:
     """Whether training will validate (and so write checkpoint_best.pt), as far as the recipe says."""
-    if train.valid_subset is None:
+    if not train.valid_subsets:
         return False
-    return preprocess is None or train.valid_subset != "valid" or bool(preprocess.validpref)
+    return preprocess is None or train.valid_subsets != ["valid"] or bool(preprocess.validpref)
 
 
 def resolve_model(train: TrainConfig, where: str) -> Any:

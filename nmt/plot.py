@@ -150,18 +150,23 @@ def plot_curves(options: PlotCurvesOptions) -> Path:
         pairs = [(r["update"], r[key]) for r in rows if key in r]
         return [u for u, _ in pairs], [v for _, v in pairs]
 
+    subsets = {name: [r for r in valid if r.get("subset", "valid") == name]
+               for name in dict.fromkeys(r.get("subset", "valid") for r in valid)}  # valid, valid1, ...
     has_bleu = any("bleu" in r for r in valid)
     panels = ["loss"] + (["bleu"] if has_bleu else []) + ["lr", "speed"]
     figure, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4), squeeze=False)
     for ax, panel in zip(axes.flat, panels):
         if panel == "loss":
             ax.plot(*series(train, "loss"), label="train loss")
-            ax.plot(*series(valid, "loss"), marker="o", label="valid loss")
+            for name, rows in subsets.items():
+                ax.plot(*series(rows, "loss"), marker="o", label=f"{name} loss")
             ax.set_ylabel("label-smoothed loss (nats/token)")
             ax.legend(fontsize=8)
         elif panel == "bleu":
-            ax.plot(*series(valid, "bleu"), marker="o", color="tab:green")
-            ax.set_ylabel("valid BLEU")
+            for name, rows in subsets.items():
+                ax.plot(*series(rows, "bleu"), marker="o", label=name)
+            ax.set_ylabel("validation BLEU")
+            ax.legend(fontsize=8)
         elif panel == "lr":
             ax.plot(*series(train, "lr"), color="tab:purple")
             ax.set_ylabel("learning rate")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 
 import numpy as np
@@ -61,7 +62,7 @@ def test_a_valid_pair_over_the_models_positions_fails_before_training(tmp_path):
     with pytest.raises(NmtError, match="valid pair 10 has .* over the model's max_positions"):
         check_inputs(config)
     skipping = check_inputs(dataclasses.replace(config, skip_invalid_size_inputs=True))
-    validated = sorted(np.concatenate(skipping.valid_batches).tolist())
+    validated = sorted(np.concatenate(skipping.valid[0].batches).tolist())
     assert validated == list(range(10))  # all but the long pair
     assert len(np.concatenate(skipping.batches.epoch(1, 1))) == 50  # every training pair fits
 
@@ -78,3 +79,19 @@ def test_a_missing_bleu_tokenizer_fails_before_training(tmp_path):
     with pytest.raises(NmtError, match="BLEU tokenizer ja-mecab needs extra packages"):
         check_inputs(config)
     check_inputs(dataclasses.replace(config, eval_bleu_tokenize="char"))
+
+
+@pytest.mark.slow
+def test_several_validation_splits_are_each_reported_and_the_first_decides(tmp_path):
+    pairs = numbers_pairs(130, seed=5)
+    data = make_data_dir(tmp_path / "data", {"train": pairs[:100], "valid": pairs[100:110], "valid1": pairs[110:]})
+    summary = train(tiny_config(data, tmp_path / "run", max_epoch=2, valid_subset="valid,valid1"))
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    valid = [(r["subset"], r["epoch"]) for r in records if r["kind"] == "valid"]
+    assert valid == [("valid", 1), ("valid1", 1), ("valid", 2), ("valid1", 2)]
+    losses = {subset: r["loss"] for r in records if r["kind"] == "valid" and r["epoch"] == 2 for subset in [r["subset"]]}
+    assert losses["valid"] != losses["valid1"] and summary.valid_loss == losses["valid"]
+    best = load_checkpoint(tmp_path / "run" / "checkpoint_best.pt")["train_state"]["best_valid_loss"]
+    assert best == min(r["loss"] for r in records if r["kind"] == "valid" and r["subset"] == "valid")
+    with pytest.raises(NmtError, match="has no split 'dev' to validate on"):
+        check_inputs(tiny_config(data, tmp_path / "other", valid_subset="valid,dev"))

@@ -63,7 +63,8 @@ class TrainConfig:
         "help": "Updates prepared ahead by a background thread (0: none).", "panel": BATCHING, "min": 0})
     train_subset: str = field(default="train", metadata={"help": "Split to train on.", "panel": BATCHING})
     valid_subset: str | None = field(default="valid", metadata={
-        "help": "Split to validate on; none: no validation.", "panel": BATCHING})
+        "help": "Split(s) to validate on, comma-separated (valid,valid1): the first decides checkpoint_best.pt and "
+                "--patience; none: no validation.", "panel": BATCHING})
 
     # Optimisation, the paper's defaults.
     lr: float | None = field(default=None, metadata={
@@ -160,6 +161,11 @@ class TrainConfig:
         """What a run needs beyond valid values: a data directory."""
         if not self.data:
             raise NmtError("give the data directory (DATA_DIR, or `data:` in the recipe)")
+
+    @property
+    def valid_subsets(self) -> list[str]:
+        """The splits to validate on, the deciding one first."""
+        return [name.strip() for name in (self.valid_subset or "").split(",") if name.strip()]
 
     @property
     def max_time_seconds(self) -> float | None:

@@ -21,6 +21,13 @@ from nmt.training.iterator import TrainingBatches, check_positions, make_batches
 
 
 @dataclass
+class ValidationSplit:
+    name: str
+    dataset: ParallelDataset
+    batches: list[np.ndarray]  # in length order: validation needs no shuffling
+
+
+@dataclass
 class TrainingData:
     """Everything training reads from the data directory, checked."""
 
@@ -28,8 +35,7 @@ class TrainingData:
     model_config: Any
     train_set: ParallelDataset
     batches: TrainingBatches  # composed anew each epoch
-    valid_set: ParallelDataset | None
-    valid_batches: list[np.ndarray] | None
+    valid: list[ValidationSplit]  # the first decides checkpoint_best.pt and --patience; empty: no validation
 
 
 def check_inputs(config: TrainConfig, world_size: int = 1) -> TrainingData:
@@ -47,24 +53,31 @@ def check_inputs(config: TrainConfig, world_size: int = 1) -> TrainingData:
     if len(batches) < world_size:
         raise NmtError(f"the training set makes {len(batches)} batches, fewer than the "
                        f"{world_size} processes; lower --max-tokens or use fewer processes")
-    valid_set = valid_batches = None
-    if config.valid_subset is not None and config.valid_subset not in data.splits:
-        if config.valid_subset != "valid":
-            raise NmtError(f"{config.data} has no split {config.valid_subset!r} to validate on; "
-                           f"it has: {', '.join(data.splits)}")
-        logger.warning("%s has no 'valid' split: training without validation (and without %s)",
-                       config.data, BEST)
-    elif config.valid_subset is not None:
-        valid_set = data.split(config.valid_subset)
-        sizes = np.maximum(valid_set.source.sizes, valid_set.target.sizes)
-        max_tokens = None if config.max_tokens is None else max(config.max_tokens, int(sizes.max(initial=1)))
-        valid_batches = make_batches(valid_set, max_tokens, config.max_sentences)
-        if max_positions is not None and not config.skip_invalid_size_inputs:
-            check_positions(valid_set, config.valid_subset, max_positions)
-        elif max_positions is not None and sizes.max(initial=0) > max_positions:
-            logger.warning("validating without the %d %s pairs longer than the model's max_positions %d",
-                           int((sizes > max_positions).sum()), config.valid_subset, max_positions)
-            valid_batches = [kept for batch in valid_batches if len(kept := batch[sizes[batch] <= max_positions])]
-    if config.eval_bleu and valid_set is not None:  # a missing tokenizer package found now, not after an epoch
+    valid = []
+    for name in config.valid_subsets:
+        if name not in data.splits and config.valid_subsets == ["valid"]:
+            logger.warning("%s has no 'valid' split: training without validation (and without %s)",
+                           config.data, BEST)
+        elif name not in data.splits:
+            raise NmtError(f"{config.data} has no split {name!r} to validate on; it has: {', '.join(data.splits)}")
+        else:
+            valid.append(validation_split(data.split(name), name, config, max_positions))
+    if config.eval_bleu and valid:  # a missing tokenizer package found now, not after an epoch
         bleu_metric(MetricOptions(config.eval_bleu_tokenize, config.eval_bleu_lowercase, language=data.target_lang))
-    return TrainingData(data.vocabularies(), model_config, train_set, batches, valid_set, valid_batches)
+    return TrainingData(data.vocabularies(), model_config, train_set, batches, valid)
+
+
+def validation_split(dataset: ParallelDataset, name: str, config: TrainConfig,
+                     max_positions: int | None) -> ValidationSplit:
+    """A split's validation batches: any pair fits --max-tokens (a batch of its own); one over the
+    model's positions is an error, or left out with --skip-invalid-size-inputs."""
+    sizes = np.maximum(dataset.source.sizes, dataset.target.sizes)
+    max_tokens = None if config.max_tokens is None else max(config.max_tokens, int(sizes.max(initial=1)))
+    batches = make_batches(dataset, max_tokens, config.max_sentences)
+    if max_positions is not None and not config.skip_invalid_size_inputs:
+        check_positions(dataset, name, max_positions)
+    elif max_positions is not None and sizes.max(initial=0) > max_positions:
+        logger.warning("validating without the %d %s pairs longer than the model's max_positions %d",
+                       int((sizes > max_positions).sum()), name, max_positions)
+        batches = [kept for batch in batches if len(kept := batch[sizes[batch] <= max_positions])]
+    return ValidationSplit(name, dataset, batches)

@@ -130,14 +130,15 @@ class Display:
         self.scalars("train", update, {**figures, "lr": lr})
         self.record({"kind": "train", "epoch": epoch, "update": update, "lr": lr, **figures})
 
-    def valid_line(self, subset: str, epoch: int, update: int, figures: dict[str, float], best: float) -> None:
+    def valid_line(self, subset: str, epoch: int, update: int, figures: dict[str, float], best: float | None) -> None:
+        """One validation split's figures; ``best`` (the best loss so far) only on the split that decides it."""
         if not self.enabled:
             return
-        logger.info("valid on '%s' | epoch %d | update %d | %s | best loss %.3f", subset, epoch, update,
-                    format_figures(figures), best,
-                    extra={"fields": {"kind": "valid", "epoch": epoch, "update": update, "best_loss": best,
-                                      **figures}})
-        self.scalars("valid", update, figures)
+        logger.info("valid on '%s' | epoch %d | update %d | %s%s", subset, epoch, update, format_figures(figures),
+                    "" if best is None else f" | best loss {best:.3f}",
+                    extra={"fields": {"kind": "valid", "subset": subset, "epoch": epoch, "update": update,
+                                      **({} if best is None else {"best_loss": best}), **figures}})
+        self.scalars(subset, update, figures)  # tensorboard: valid/loss, valid1/loss, ...
         self.record({"kind": "valid", "subset": subset, "epoch": epoch, "update": update, **figures})
 
     def record(self, fields: dict[str, Any]) -> None:

@@ -271,25 +271,29 @@ class Trainer:
     # -- validation ------------------------------------------------------------------------------------
 
     def validate(self) -> bool:
-        """Validation loss (and BLEU with --eval-bleu); updates the best loss and the patience count.
+        """Validation loss (and BLEU with --eval-bleu) on each validation split; the first one's figures
+        update the best loss and the patience count.
 
         Returns whether this validation is the best so far (it then goes into checkpoint_best.pt).
         """
-        if self.data.valid_set is None:
+        if not self.data.valid:
             return False
         self.model.eval()
-        figures = validation_loss(self.model, self.data.valid_set, self.data.valid_batches,
-                                  self.config.label_smoothing, self.config.precision, self.device, self.context,
-                                  self.config.prefetch)
-        if self.config.eval_bleu:
-            figures["bleu"] = validation_bleu(self.model, self.data.valid_set, self.vocabs,
-                                              self.config.eval_bleu_beam, self.config.max_tokens,
-                                              self.config.precision, self.device, self.context,
-                                              self.config.eval_bleu_tokenize, self.config.eval_bleu_lowercase)
-        self.last_valid = figures
-        improved = record_validation(self.state, figures, self.config.best_checkpoint_metric)
-        self.display.valid_line(self.config.valid_subset, self.state.epoch, self.state.update, figures,
-                                self.state.best_valid_loss)
+        results = []
+        for split in self.data.valid:
+            figures = validation_loss(self.model, split.dataset, split.batches, self.config.label_smoothing,
+                                      self.config.precision, self.device, self.context, self.config.prefetch)
+            if self.config.eval_bleu:
+                figures["bleu"] = validation_bleu(self.model, split.dataset, self.vocabs, self.config.eval_bleu_beam,
+                                                  self.config.max_tokens, self.config.precision, self.device,
+                                                  self.context, self.config.eval_bleu_tokenize,
+                                                  self.config.eval_bleu_lowercase)
+            results.append((split.name, figures))
+        self.last_valid = results[0][1]
+        improved = record_validation(self.state, self.last_valid, self.config.best_checkpoint_metric)
+        for position, (name, figures) in enumerate(results):
+            self.display.valid_line(name, self.state.epoch, self.state.update, figures,
+                                    self.state.best_valid_loss if position == 0 else None)
         return improved
 
     # -- the loop --------------------------------------------------------------------------------------
