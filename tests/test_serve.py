@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import subprocess
 import sys
 import time
@@ -29,9 +30,13 @@ GIVE_UP = 180  # seconds: only so that a broken build fails instead of hanging
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory) -> Path:
-    vocab = Vocabulary.train([side for pair in numbers_pairs(300, seed=1) for side in pair], vocab_size=120)
-    return tiny_checkpoint(tmp_path_factory.mktemp("serve") / "model.pt", vocab)
+def vocab_for_serving() -> Vocabulary:
+    return Vocabulary.train([side for pair in numbers_pairs(300, seed=1) for side in pair], vocab_size=120)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(vocab_for_serving, tmp_path_factory) -> Path:
+    return tiny_checkpoint(tmp_path_factory.mktemp("serve") / "model.pt", vocab_for_serving)
 
 
 @pytest.fixture(scope="module")
@@ -211,3 +216,24 @@ def test_without_the_extra_the_error_says_what_to_install(checkpoint):
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=GIVE_UP)
     assert result.returncode == 1
     assert result.stderr == "error: nmt serve needs its optional dependencies: pip install 'nmt[serve]'\n"
+
+
+def test_a_sentence_too_long_for_the_model_is_refused_alone(vocab_for_serving, tmp_path_factory):
+    """Checked per request (422 with the reason), so it never fails the requests batched with it."""
+    short = tiny_checkpoint(tmp_path_factory.mktemp("short") / "model.pt", vocab_for_serving, max_positions=24)
+    for address in run_server(short, tmp_path_factory, "--batch-window-ms", "200"):
+        with ThreadPoolExecutor(2) as pool:
+            long = pool.submit(request, address, "POST", "/translate", {"text": ["five " * 40]})
+            time.sleep(0.05)  # inside the first request's batch window
+            fine = pool.submit(request, address, "POST", "/translate", {"text": ["five"], "max_len_b": 5})
+            (status, answer), (fine_status, _) = long.result(), fine.result()
+        assert status == 422 and re.match(r"text 1 has \d+ tokens \(EOS included\), over the model's max_positions 24",
+                                          answer["error"]), answer
+        assert fine_status == 200
+
+
+def test_a_queue_smaller_than_a_request_is_refused_at_start(checkpoint):
+    result = subprocess.run(serve_command(checkpoint, "--max-queue", "2", "--max-sentences", "3"), capture_output=True,
+                            text=True, timeout=GIVE_UP)
+    assert result.returncode == 1 and result.stderr == ("error: --max-queue 2 is below --max-sentences 3: a full "
+                                                         "request would always be refused (429)\n")

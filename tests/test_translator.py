@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 from pathlib import Path
 
 import pytest
@@ -22,11 +23,11 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 LINES = ["five", "Turn to page twelve.", "", "the number four", "My room number is eighty-two.", "seven"]
 
 
-def tiny_checkpoint(path: Path, vocab: Vocabulary, seed: int = 0) -> Path:
+def tiny_checkpoint(path: Path, vocab: Vocabulary, seed: int = 0, **model: Any) -> Path:
     """An untrained but deterministic tiny model (peaky distributions: no near-ties)."""
     torch.manual_seed(seed)
     arch = get_arch("transformer_tiny")
-    config = resolve_config(arch.config, {"d_model": 32, "ffn_dim": 64})
+    config = resolve_config(arch.config, {"d_model": 32, "ffn_dim": 64, **model})
     model = build_model(arch.model_name, config, len(vocab), len(vocab), PAD_ID)
     with torch.no_grad():
         model.tgt_embed.weight.mul_(4.0)

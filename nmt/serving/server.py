@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import ipaddress
 import json
 import math
@@ -27,10 +26,11 @@ from typing import Any, Literal
 import nmt
 from nmt.device import Precision
 from nmt.errors import NmtError
-from nmt.generation.generator import BatchingOptions, GenerateOptions, encode_sources, translate_ids
+from nmt.generation.generator import BatchingOptions, GenerateOptions, check_lengths, encode_sources, translate_ids
 from nmt.generation.search import SearchOptions
 from nmt.generation.translator import Translator
 from nmt.log import logger
+from nmt.options import check_values
 from nmt.serving.batcher import Batcher, QueueFull
 
 API_KEY_ENV = "NMT_API_KEY"
@@ -69,11 +69,10 @@ class ServeOptions:
         "help": "Seconds a request may wait for its translation; later it answers 503.", "min": 0.001})
 
     def validate(self) -> None:
-        for f in dataclasses.fields(self):
-            low, high, value = f.metadata.get("min"), f.metadata.get("max"), getattr(self, f.name)
-            if (low is not None and value < low) or (high is not None and value > high):
-                bounds = f"at least {low}" if high is None else f"between {low} and {high}"
-                raise NmtError(f"--{f.name.replace('_', '-')} must be {bounds}, got {value}")
+        check_values(self)
+        if self.max_queue < self.max_sentences:
+            raise NmtError(f"--max-queue {self.max_queue} is below --max-sentences {self.max_sentences}: a full request "
+                           "would always be refused (429)")
         if not is_loopback(self.host) and not self.api_key:
             raise NmtError(f"binding to {self.host} exposes the server beyond this machine: give --api-key KEY "
                            f"(or set {API_KEY_ENV})")
@@ -177,8 +176,13 @@ def create_app(translator: Translator, options: ServeOptions):
             search, _ = translator.options(**overrides)
         except NmtError as exc:
             raise ApiError(422, str(exc)) from exc
+        sources = encode_sources(translator.vocabs, texts)
+        try:  # here, not in the batch: one request's sentence must not fail the others batched with it
+            check_lengths(translator.model, sources)
+        except NmtError as exc:
+            raise ApiError(422, str(exc).replace("input line", "text")) from exc
         try:
-            future = batcher.submit(encode_sources(translator.vocabs, texts), search)
+            future = batcher.submit(sources, search)
         except QueueFull as exc:
             raise ApiError(429, str(exc)) from exc
         try:
