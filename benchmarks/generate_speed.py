@@ -104,12 +104,13 @@ def ct2_translator(path: Path, options: GenerateOptions, quantization: str, work
     directory = workdir / f"ct2-{quantization}"
     if not directory.exists():
         export_ctranslate2(ExportOptions(str(path), str(directory), quantization))
-    translator, vocabs = open_translator(directory, torch.device("cpu"), "default",  # computes in the stored type
-                                         options.batching.workers)
+    translator, vocabs, max_positions = open_translator(directory, torch.device("cpu"), "default",  # the stored type
+                                                        options.batching.workers)
     options = dataclasses.replace(options, search=dataclasses.replace(options.search, lenpen_style="fairseq"))
 
     def translate(lines: list[str]) -> list[list[int]]:
-        hypotheses = translate_ids_ctranslate2(translator, vocabs, source_ids(vocabs, lines), options)
+        hypotheses = translate_ids_ctranslate2(translator, vocabs, source_ids(vocabs, lines), options,
+                                                 max_positions=max_positions)
         return [hyps[0].tokens for hyps in hypotheses]
 
     return translate

@@ -55,9 +55,10 @@ def options_of_generate(**values) -> GenerateOptions:
 def ct2_hypotheses(exported, sources, options):
     from nmt.generation.ctranslate2_engine import open_translator, translate_ids_ctranslate2
 
-    translator, vocabs = open_translator(exported, torch.device("cpu"), "default", options.batching.workers)
+    translator, vocabs, max_positions = open_translator(exported, torch.device("cpu"), "default",
+                                                        options.batching.workers)
     assert translator.num_translators == options.batching.workers  # CTranslate2's inter_threads
-    return translate_ids_ctranslate2(translator, vocabs, sources, options)
+    return translate_ids_ctranslate2(translator, vocabs, sources, options, max_positions=max_positions)
 
 
 @needs_ct2
@@ -95,8 +96,8 @@ def test_every_variant_gives_nmts_log_probabilities(overrides, tmp_path):
             parameter.add_(torch.randn_like(parameter) * 0.2)
     path = tmp_path / "model.pt"
     save_checkpoint(path, model_state(model, arch.name, config, Vocabularies("en", "de", source, target)))
-    translator, vocabs = open_translator(export_ctranslate2(ExportOptions(str(path), str(tmp_path / "ct2"))),
-                                         torch.device("cpu"), "default")
+    translator, vocabs, _ = open_translator(export_ctranslate2(ExportOptions(str(path), str(tmp_path / "ct2"))),
+                                            torch.device("cpu"), "default")
     assert vocabs.source == source and vocabs.target == target
     for source_text, target_text in pairs[:5]:
         source_ids, target_ids = source.encode(source_text), target.encode(target_text) + [EOS_ID]
@@ -230,3 +231,21 @@ def test_missing_ctranslate2_is_a_one_line_hint(trained, tmp_path, monkeypatch, 
     monkeypatch.setitem(sys.modules, "ctranslate2", None)  # import fails as if not installed
     code, _, err = run_cli(monkeypatch, capsys, "export", "ctranslate2", str(trained), str(tmp_path / "out"))
     assert code == 1 and err == "error: CTranslate2 is not installed: pip install 'nmt[ct2]'\n"
+
+
+@needs_ct2
+def test_outputs_end_before_the_models_last_position_as_in_nmts_own_search(tmp_path):
+    from nmt.generation.ctranslate2_engine import load_ctranslate2
+    from test_translator import tiny_checkpoint
+
+    vocab = Vocabulary.train([side for pair in numbers_pairs(300, seed=1) for side in pair], vocab_size=120)
+    checkpoint = tiny_checkpoint(tmp_path / "short.pt", vocab, max_positions=16)
+    export_ctranslate2(ExportOptions(str(checkpoint), str(tmp_path / "ct2")))
+    options = options_of_generate(path=[str(tmp_path / "ct2")], engine="ctranslate2", beam=1, lenpen=0.0,
+                                  lenpen_style="fairseq", min_len=40, max_len_b=100)
+    translate, _ = load_ctranslate2(options, torch.device("cpu"))
+    source = [np.asarray(vocab.encode("five") + [EOS_ID])]
+    (hypotheses,) = translate(source, None)  # CTranslate2 refused position 16 before the cap
+    model, _ = prepare_model(str(checkpoint), torch.device("cpu"))
+    (ours,) = translate_ids(model, source, options.search, options.batching)
+    assert len(ours[0].tokens) == 16 and len(hypotheses[0].tokens) == 16  # 15 tokens and EOS, as nmt's own

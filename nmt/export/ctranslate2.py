@@ -80,7 +80,8 @@ def export_ctranslate2(options: ExportOptions) -> Path:
     workdir = make_workdir(outdir)
     try:
         spec.save(str(workdir))
-        write_vocabularies(workdir, Vocabularies.from_state(checkpoint["vocab"]), options)
+        write_vocabularies(workdir, Vocabularies.from_state(checkpoint["vocab"]), options,
+                           checkpoint["model_config"].get("max_positions"))
         replace_directory(workdir, outdir)
     except BaseException as exc:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -170,23 +171,31 @@ def pieces(vocab: Vocabulary) -> list[str]:
     return [vocab.piece(i) for i in range(len(vocab))]
 
 
-def write_vocabularies(directory: Path, vocabs: Vocabularies, options: ExportOptions) -> None:
-    """The sentencepiece model(s) beside the CTranslate2 model, and nmt.json naming them."""
+def write_vocabularies(directory: Path, vocabs: Vocabularies, options: ExportOptions,
+                       max_positions: int | None) -> None:
+    """The sentencepiece model(s) beside the CTranslate2 model, and nmt.json naming them (and the
+    positions the model has, which caps the output length as nmt's own search does)."""
     files = {"source": "sentencepiece.model", "target": "sentencepiece.model"} if vocabs.joint else \
         {"source": "source.model", "target": "target.model"}
     vocabs.source.save(directory / files["source"])
     vocabs.target.save(directory / files["target"])
     meta = {"source_lang": vocabs.source_lang, "target_lang": vocabs.target_lang,
             "source_spm": files["source"], "target_spm": files["target"],
-            "checkpoint": str(options.checkpoint), "quantization": options.quantization}
+            "checkpoint": str(options.checkpoint), "quantization": options.quantization,
+            "max_positions": max_positions}
     (directory / META_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+
+
+def export_meta(directory: Path) -> dict[str, Any]:
+    """nmt.json of a directory written by :func:`export_ctranslate2`."""
+    meta_path = directory / META_FILE
+    if not meta_path.is_file():
+        raise NmtError(f"{directory} is not a model directory from `nmt export ctranslate2` (no {META_FILE})")
+    return json.loads(meta_path.read_text(encoding="utf-8"))
 
 
 def load_vocabularies(directory: Path) -> Vocabularies:
     """The vocabularies of a directory written by :func:`export_ctranslate2`."""
-    meta_path = directory / META_FILE
-    if not meta_path.is_file():
-        raise NmtError(f"{directory} is not a model directory from `nmt export ctranslate2` (no {META_FILE})")
-    meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    meta = export_meta(directory)
     return Vocabularies(meta["source_lang"], meta["target_lang"], Vocabulary.load(directory / meta["source_spm"]),
                         Vocabulary.load(directory / meta["target_spm"]))

@@ -42,7 +42,7 @@ from nmt.checkpoint import Vocabularies
 from nmt.data.batching import batch_by_size
 from nmt.data.vocabulary import BOS_ID, EOS_ID, PAD_ID
 from nmt.errors import NmtError
-from nmt.export.ctranslate2 import ExportOptions, export_ctranslate2, import_ctranslate2, load_vocabularies
+from nmt.export.ctranslate2 import ExportOptions, export_ctranslate2, export_meta, import_ctranslate2, load_vocabularies
 from nmt.generation.search import Hypothesis, max_lengths
 from nmt.generation.workers import map_in_workers, threads_per_worker
 from nmt.log import logger
@@ -78,37 +78,43 @@ def load_ctranslate2(options: GenerateOptions, device: torch.device) -> tuple[Tr
         raise NmtError("--engine ctranslate2 decodes with one model: give one --path (ensembles need --engine nmt)")
     compute, reason = compute_type(options, device)
     logger.info("CTranslate2 compute type: %s (%s)", compute, reason)
-    translator, vocabs = open_translator(Path(options.path[0]), device, compute, options.batching.workers)
+    translator, vocabs, max_positions = open_translator(Path(options.path[0]), device, compute,
+                                                        options.batching.workers)
     if options.search.sampling:  # once: a stream's batches draw on, not the same samples again
         import_ctranslate2().set_random_seed(options.search.seed)
-    return lambda sources, progress: translate_ids_ctranslate2(translator, vocabs, sources, options, progress), vocabs
+    return lambda sources, progress: translate_ids_ctranslate2(translator, vocabs, sources, options, progress,
+                                                               max_positions), vocabs
 
 
 def open_translator(path: Path, device: torch.device, compute: str, workers: int = 1
-                    ) -> tuple[ctranslate2.Translator, Vocabularies]:
+                    ) -> tuple[ctranslate2.Translator, Vocabularies, int | None]:
     """An exported directory as it is; a checkpoint is exported to a temporary directory first
     (the translator reads its files into memory, so the directory can go right after). ``workers``
-    batches run at once (CTranslate2's inter_threads), sharing torch's thread count."""
+    batches run at once (CTranslate2's inter_threads), sharing torch's thread count. Also the
+    model's positions (None for an export made before nmt.json kept them)."""
     ctranslate2 = import_ctranslate2()
     with tempfile.TemporaryDirectory(prefix="nmt-ct2-") as tmp:
         directory = path if path.is_dir() else export_ctranslate2(ExportOptions(str(path), str(Path(tmp) / "model")))
-        vocabs = load_vocabularies(directory)
+        vocabs, max_positions = load_vocabularies(directory), export_meta(directory).get("max_positions")
         try:
             translator = ctranslate2.Translator(str(directory), device=device.type, device_index=device.index or 0,
                                                 compute_type=compute, inter_threads=workers,
                                                 intra_threads=threads_per_worker(workers))
         except (RuntimeError, ValueError) as exc:
             raise NmtError(f"CTranslate2 cannot run {path}: {str(exc).strip().splitlines()[0]}") from exc
-    return translator, vocabs
+    return translator, vocabs, max_positions
 
 
 def translate_ids_ctranslate2(translator: ctranslate2.Translator, vocabs: Vocabularies, sources: list[np.ndarray],
-                              options: GenerateOptions, progress: Progress | None = None) -> list[list[Hypothesis]]:
-    """Like ``translate_ids``: the ``nbest`` hypotheses of each source (ids ending in EOS), in order."""
+                              options: GenerateOptions, progress: Progress | None = None,
+                              max_positions: int | None = None) -> list[list[Hypothesis]]:
+    """Like ``translate_ids``: the ``nbest`` hypotheses of each source (ids ending in EOS), in order;
+    outputs end before the model's last position, as nmt's own search does."""
     from nmt.generation.generator import place_batches, plan_workload
 
     work = plan_workload(sources, options.search, options.batching, progress)
-    limits = max_lengths(torch.as_tensor(work.lengths - 1), options.search.max_len_a, options.search.max_len_b).numpy()
+    limits = max_lengths(torch.as_tensor(work.lengths - 1), options.search.max_len_a, options.search.max_len_b,
+                         max_positions).numpy()
     batches = []  # (source indices, their max length): one translate_batch call each
     for limit in np.unique(limits):
         group = work.todo[limits == limit]
