@@ -111,11 +111,22 @@ def plan_recipe(path: str | Path, stages: tuple[str, ...] = STAGES) -> Plan:
                 and not validates(plan.train, plan.preprocess):
             raise NmtError(f"{where}: `generate:` uses {BEST}, which training writes only when it validates: give "
                            "`preprocess: validpref`, an `average:` section or `generate: path`")
+        if "path" not in values and "generate" in stages and plan.average is not None \
+                and "train" in stages and "average" not in stages:
+            raise NmtError(f"{where}: --stages trains but does not average: `generate:` would translate with "
+                           f"{model_path}, made before this training; add the average stage")
+        if "path" not in values and "generate" in stages and not {"train", "average"} & set(stages) \
+                and not model_path.exists():
+            raise NmtError(f"{where}: `generate:` translates with {model_path}, which is not there: run the "
+                           f"{'average' if plan.average is not None else 'train'} stage first")
         if "output" not in values:
             plan.generate = dataclasses.replace(plan.generate, output=str(save_dir / f"{plan.generate.split}.hyp"))
     if (values := section(document, "score")) is not None:
         if plan.generate is None:
             raise NmtError(f"{where}: the `score:` section needs a `generate:` section")
+        if "ref" not in values and plan.generate.input is not None:
+            raise NmtError(f"{where}: `generate:` translates `input: {plan.generate.input}`, not a split of the "
+                           "data: give `score: ref` (its reference)")
         reference = [] if "ref" in values or "score" not in stages else \
             [str(reference_file(plan.preprocess, plan.generate.split))]
         language = {"language": plan.preprocess.target_lang} if plan.preprocess is not None else {}

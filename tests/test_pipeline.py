@@ -67,6 +67,8 @@ def test_the_check_covers_archived_training_text_and_a_reference_outside_the_cor
     path = tmp_path / "recipe.yaml"
     recipe["generate"]["output"] = str(tmp_path / "raw" / "train.en")
     path.write_text(yaml.safe_dump(recipe), encoding="utf-8")
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "averaged.pt").touch()  # what the generate stage alone translates with
     with pytest.raises(NmtError, match="is also the raw text of preprocess"):
         plan_recipe(path, ("generate",))
     (tmp_path / "ref.de").write_text("a reference\n")

@@ -143,3 +143,25 @@ def test_a_recipe_without_validation_cannot_generate_from_the_best_checkpoint(re
     document["generate"]["path"] = "elsewhere.pt"  # a model of the user's own: fine
     path.write_text(yaml.safe_dump(document), encoding="utf-8")
     plan_recipe(path)
+
+
+@pytest.mark.parametrize("stages,message", [
+    ("preprocess,train,generate", "--stages trains but does not average: `generate:` would translate with"),
+    ("generate,score", "averaged.pt, which is not there: run the average stage first"),
+])
+def test_stages_that_would_translate_with_a_missing_or_stale_model_fail_first(recipe, monkeypatch, capsys, stages,
+                                                                                message):
+    code, out, err = run_cli(monkeypatch, capsys, "run", recipe(), "--stages", stages)
+    assert code == 1 and out == ""
+    assert_one_line_error(err, message)
+
+
+def test_scoring_the_translation_of_an_input_file_needs_its_reference(recipe, tmp_path, monkeypatch, capsys):
+    path = recipe("generate", "input", str(tmp_path / "raw" / "valid.en"))
+    code, out, err = run_cli(monkeypatch, capsys, "run", path)
+    assert code == 1 and out == ""
+    assert_one_line_error(err, "not a split of the data: give `score: ref` (its reference)")
+    document = yaml.safe_load(path.read_text(encoding="utf-8"))
+    document["score"]["ref"] = [str(tmp_path / "raw" / "valid.de")]
+    path.write_text(yaml.safe_dump(document), encoding="utf-8")
+    assert plan_recipe(path).score.ref == [str(tmp_path / "raw" / "valid.de")]
