@@ -63,7 +63,8 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", encoding: str | None 
         with _reported(shown):
             path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-            os.fchmod(fd, 0o666 & ~current_umask())  # mkstemp makes 0600; give what a plain open() would
+            # mkstemp makes 0600; give what a plain open() would: the file's own mode when it exists
+            os.fchmod(fd, stat.S_IMODE(kind) if kind is not None else 0o666 & ~current_umask())
             with os.fdopen(fd, mode, **({} if binary else {"encoding": encoding})) as handle:
                 yield handle
                 handle.flush()

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import os
+import stat
 
-from nmt.files import same_file
+from nmt.files import atomic_write, same_file
 
 
 def test_same_file_sees_through_spellings_and_links(tmp_path, monkeypatch):
@@ -26,3 +27,19 @@ def test_same_file_sees_through_spellings_and_links(tmp_path, monkeypatch):
 def test_streams_and_devices_are_written_in_place_and_replace_nothing():
     assert not same_file("-", "-")
     assert not same_file("/dev/null", "/dev/null")
+
+
+def test_a_replaced_file_keeps_its_mode_and_a_new_one_gets_the_umasks(tmp_path):
+    private = tmp_path / "private.hyp"
+    private.write_text("old\n")
+    private.chmod(0o600)
+    with atomic_write(private) as handle:
+        handle.write("new\n")
+    assert private.read_text() == "new\n" and stat.S_IMODE(private.stat().st_mode) == 0o600
+    umask = os.umask(0o027)
+    try:
+        with atomic_write(tmp_path / "new.hyp") as handle:
+            handle.write("x\n")
+    finally:
+        os.umask(umask)
+    assert stat.S_IMODE((tmp_path / "new.hyp").stat().st_mode) == 0o640
