@@ -18,6 +18,7 @@ import torch
 
 from nmt.data.vocabulary import BOS_ID, EOS_ID
 from nmt.errors import NmtError
+from nmt.generation.ensemble import Ensemble
 from nmt.files import atomic_write, refuse_overwriting
 from nmt.log import logger
 from nmt.models.attention_maps import attention_maps, layer_index
@@ -80,9 +81,12 @@ def plot_attention(options: PlotAttentionOptions) -> Path:
     from nmt.generation.generator import prepare_model, translate_ids
 
     model, vocabs = prepare_model(options.path, torch.device("cpu"))
+    if isinstance(model, Ensemble):
+        raise NmtError("nmt plot attention draws one model's attention: give one --path, not an ensemble")
     source = vocabs.source.encode(options.text) + [EOS_ID]
     if len(source) < 2:
         raise NmtError("--text is empty: nothing to draw")
+    check_drawable(len(source), "--text")
     src = torch.tensor([source])
     if options.kind == "encoder":
         index = layer_index(options.layer, len(model.encoder_layers), "--layer")
@@ -92,6 +96,7 @@ def plot_attention(options: PlotAttentionOptions) -> Path:
     else:
         index = layer_index(options.layer, len(model.decoder_layers), "--layer")
         target = translate_ids(model, [np.asarray(source)])[0][0].tokens
+        check_drawable(len(target), "its translation")
         weights = attention_maps(model, src, torch.tensor([[BOS_ID] + target[:-1]])).cross[index][0]
         rows, columns = token_labels(vocabs.target, target), token_labels(vocabs.source, source)
         title = f"cross-attention of the translation \u201c{vocabs.target.decode(target)}\u201d"
@@ -105,6 +110,15 @@ def plot_attention(options: PlotAttentionOptions) -> Path:
     plt.close(figure)
     logger.info("wrote %s", written)
     return written
+
+
+MOST_TOKENS_DRAWN = 100  # a side of a heat map: 4 heads of 100 x 100 cells are a 12,000-pixel-wide figure
+
+
+def check_drawable(tokens: int, what: str) -> None:
+    if tokens > MOST_TOKENS_DRAWN:
+        raise NmtError(f"{what} has {tokens} tokens: a heat map takes at most {MOST_TOKENS_DRAWN} a side; "
+                       "plot a shorter sentence")
 
 
 def draw_heads(plt, weights: np.ndarray, heads: list[int], rows: list[str], columns: list[str], title: str):

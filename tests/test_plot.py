@@ -82,3 +82,11 @@ def test_curves_of_a_missing_save_dir_or_onto_the_metrics_file_are_one_line_erro
     code, _, err = run_cli(monkeypatch, capsys, "plot", "curves", str(tmp_path), "-o", str(tmp_path / "metrics.jsonl"))
     assert code == 1 and "is also the training metrics" in err
     assert (tmp_path / "metrics.jsonl").read_text() == "{}\n"
+
+
+def test_attention_plot_refuses_an_ensemble_and_a_sentence_too_long_to_draw(checkpoint, tmp_path):
+    with pytest.raises(NmtError, match="one model's attention: give one --path"):
+        plot_attention(PlotAttentionOptions(path=f"{checkpoint}:{checkpoint}", text="one", output=str(tmp_path / "e.png")))
+    with pytest.raises(NmtError, match=r"--text has \d+ tokens: a heat map takes at most 100 a side"):
+        plot_attention(PlotAttentionOptions(path=str(checkpoint), text="one two " * 60, output=str(tmp_path / "l.png")))
+    assert list(tmp_path.iterdir()) == []

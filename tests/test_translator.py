@@ -59,6 +59,7 @@ def test_translate_equals_generate_with_the_same_defaults(checkpoint, tmp_path):
     assert translator.translate(LINES, beam=1, max_len_b=3) == generate_lines(checkpoint, tmp_path, LINES, beam=1,
                                                                               max_len_b=3)
     assert translator.translate(LINES, beam=1, max_len_b=3) != translator.translate(LINES)  # options are used
+    assert translator.translate(line for line in LINES) == translator.translate(LINES)  # any iterable, read once
 
 
 def test_hypotheses_carry_scores_and_per_token_scores(checkpoint, tmp_path):
@@ -79,6 +80,8 @@ def test_bad_calls_are_clear_errors(checkpoint):
     translator = Translator.from_checkpoint(checkpoint, device="cpu")
     with pytest.raises(NmtError, match="list of strings"):
         translator.translate("five")
+    with pytest.raises(NmtError, match="list of strings"):
+        translator.translate(["five", 5])
     with pytest.raises(NmtError, match="unknown translation option.*beam_size"):
         translator.translate(["five"], beam_size=2)
     with pytest.raises(NmtError, match="--nbest"):

@@ -71,10 +71,13 @@ class Translator:
 
     def hypotheses(self, sentences: list[str], **options: Any) -> list[list[ScoredTranslation]]:
         """The ``nbest`` translations of each sentence, best first, with their scores."""
-        if isinstance(sentences, str) or not all(isinstance(s, str) for s in sentences):
+        if isinstance(sentences, str):
             raise NmtError("translate a list of strings (one sentence each), not a single string")
+        sentences = list(sentences)  # any iterable: a generator or a file is read once, here
+        if not all(isinstance(s, str) for s in sentences):
+            raise NmtError("translate a list of strings (one sentence each)")
         search, batching = self.options(**options)
-        found = translate_ids(self.model, encode_sources(self.vocabs, list(sentences)), search, batching, self.device,
+        found = translate_ids(self.model, encode_sources(self.vocabs, sentences), search, batching, self.device,
                               self.precision)
         return [[self.scored(h) for h in hyps] for hyps in found]
 
