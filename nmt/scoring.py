@@ -148,8 +148,8 @@ def _name(path: str | Path) -> str:
 
 
 def language_of(path: str | Path) -> str | None:
-    """The language code a file's name ends with (``test.ja``, ``test.zh.gz``), if it looks like one."""
-    name = Path(path).name.removesuffix(".gz")
+    """The language code a file's name ends with (``test.ja``, ``test.zh.gz``, ``test.zh.txt``), if it looks like one."""
+    name = Path(path).name.removesuffix(".gz").removesuffix(".txt")
     suffix = Path(name).suffix.lstrip(".")
     return suffix.lower() if re.fullmatch(r"[A-Za-z]{2,3}", suffix) else None
 

@@ -136,8 +136,8 @@ def test_target_language_picks_sacrebleus_tokenizer():
 
 
 def test_reference_suffix_gives_the_language():
-    assert [language_of(name) for name in ("test.zh", "news.ja.gz", "ref.txt.gz", "ref", "a.b.json")] == \
-        ["zh", "ja", "txt", None, None]
+    assert [language_of(name) for name in ("test.zh", "news.ja.gz", "ref.zh.txt", "ref.txt.gz", "ref", "a.b.json")] \
+        == ["zh", "ja", "zh", None, None, None]
 
 
 def test_cli_tokenize_language_and_signature(tmp_path):

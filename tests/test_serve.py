@@ -182,6 +182,16 @@ def test_wrong_method_path_and_key(server):
             assert status == 401 and "API key" in answer["error"]
 
 
+def test_the_bearer_scheme_is_case_insensitive(server):
+    for scheme in ("Bearer", "bearer", "BEARER"):
+        connection = http.client.HTTPConnection(*server, timeout=GIVE_UP)
+        try:
+            connection.request("GET", "/health", headers={"Authorization": f"{scheme} {KEY}"})
+            assert connection.getresponse().status == 200, scheme
+        finally:
+            connection.close()
+
+
 def test_a_full_queue_answers_429_and_the_rest_are_served(server):
     # Each request keeps the worker busy for 120 decoder steps; 12 x 8 sentences > the queue's 64.
     long = {"text": [f"number {i}" for i in range(8)], "beam": 4, "min_len": 120, "max_len_b": 120}

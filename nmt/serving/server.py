@@ -171,7 +171,8 @@ def create_app(translator: Translator, options: ServeOptions):
 
     @endpoint
     async def translate(request: Request) -> dict[str, Any]:
-        texts, overrides = parse_request(await read_body(request, options.max_characters * 4 + 65536), options)
+        # JSON may escape every character as \uXXXX, twice for one outside the BMP: 12 bytes a character
+        texts, overrides = parse_request(await read_body(request, options.max_characters * 12 + 65536), options)
         try:
             search, _ = translator.options(**overrides)
         except NmtError as exc:
@@ -223,7 +224,8 @@ def create_app(translator: Translator, options: ServeOptions):
 def authorize(request, api_key: str | None) -> None:
     if api_key is None:
         return
-    given = request.headers.get("x-api-key") or request.headers.get("authorization", "").removeprefix("Bearer ")
+    scheme, _, credentials = request.headers.get("authorization", "").partition(" ")
+    given = request.headers.get("x-api-key") or (credentials.strip() if scheme.lower() == "bearer" else "")
     if not secrets.compare_digest(given.encode(), api_key.encode()):
         raise ApiError(401, "missing or wrong API key (send Authorization: Bearer KEY or X-API-Key: KEY)")
 
