@@ -63,9 +63,9 @@ def resolve_precision(precision: str, device: torch.device) -> tuple[str, str]:
         return precision, "asked for"
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
-        if torch.cuda.is_bf16_supported():
+        if torch.cuda.get_device_capability(device)[0] >= 8:  # Ampere on; before it torch only emulates bf16
             return "bf16", f"auto: {name} supports bf16"
-        return "fp32", f"auto: {name} has no bf16"
+        return "fp32", f"auto: {name} has no native bf16"
     if device.type == "cpu":
         found = sorted(set(CPU_BF16_FLAGS) & cpu_flags())
         if found:

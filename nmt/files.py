@@ -10,6 +10,7 @@ import shutil
 import stat
 import sys
 import tempfile
+import zlib
 from pathlib import Path
 from typing import IO, Iterable, Iterator
 
@@ -238,7 +239,7 @@ def text_lines(handle: IO[bytes], name: str | os.PathLike) -> Iterator[str]:
             yield line
     except UnicodeDecodeError as exc:
         raise NmtError(f"{name}: line {line_no} is not valid UTF-8 ({exc.reason})") from exc
-    except (OSError, EOFError) as exc:
+    except (OSError, EOFError, zlib.error) as exc:  # zlib.error: a .gz damaged inside its deflate stream
         raise NmtError(f"cannot read {name}: {exc}") from exc
 
 

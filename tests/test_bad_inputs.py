@@ -12,6 +12,7 @@ a kernel that lets this process mount); elsewhere they skip and say so.
 from __future__ import annotations
 
 import contextlib
+import gzip
 import hashlib
 import os
 import subprocess
@@ -132,6 +133,20 @@ def invoke(world: Path, args: list[str]) -> None:
         sys.argv = argv
 
 
+def separate_vocabularies(world: Path) -> None:
+    if not (world / "sep-data").exists():
+        invoke(world, ["preprocess", "-s", "en", "-t", "de", "--trainpref", "raw/train", "--validpref", "raw/valid",
+                       "--destdir", "sep-data", "--vocab-size", "60", "--no-byte-fallback", "--no-joint", "-q"])
+
+
+def corrupt_gzip(world: Path) -> None:
+    """A .gz whose deflate stream is damaged (its header intact): zlib, not gzip's CRC, finds it."""
+    data = bytearray(gzip.compress((TEXT * 50).encode(), mtime=0))
+    data[10] ^= 0xFF  # the first byte of the deflate stream: "invalid code lengths set"
+    write(world / "bad" / "zlib.en.gz", bytes(data))
+    write(world / "bad" / "zlib.de", TEXT * 50)
+
+
 def save_dir_on_a_small_disk(world: Path) -> None:
     """A 1 MiB filesystem: room for the run's config.yaml (written by a first attempt), not for a checkpoint."""
     mount_tmpfs(world / "small", "size=1m")
@@ -194,6 +209,9 @@ CASES = [
                                      "--destdir", "out-data"], "not found",
      setup({"bad/link.de": TEXT}, lambda w: (w / "bad" / "link.en").is_symlink()
            or (w / "bad" / "link.en").symlink_to(w / "bad" / "gone.en"))),
+    ("preprocess-damaged-gzip", ["preprocess", "-s", "en", "-t", "de", "--trainpref", "bad/zlib", "--destdir",
+                                 "out-data"], "cannot read bad/zlib.en.gz: Error -3 while decompressing data",
+     setup(then=corrupt_gzip)),
     ("preprocess-vocab-size-zero", ["preprocess", "-s", "en", "-t", "de", "--trainpref", "raw/train",
                                     "--destdir", "out-data", "--vocab-size", "0"], "--vocab-size", NO_SETUP),
     ("preprocess-destdir-is-a-file", ["preprocess", "-s", "en", "-t", "de", "--trainpref", "raw/train",
@@ -209,6 +227,9 @@ CASES = [
     ("train-data-dir-not-preprocessed", ["train", "raw", "--save-dir", "t1", "-q"], "not a finished", NO_SETUP),
     ("train-meta-json-not-a-record", ["train", "bad/meta", "--save-dir", "t1", "-q"], "is not an `nmt preprocess` record",
      setup({"bad/meta/meta.json": '{"source_lang": "en"}'})),
+    ("train-tied-embeddings-separate-vocabularies", ["train", "sep-data", "--arch", "transformer_tiny", "-q",
+                                                     "--save-dir", "t1"], "needs a joint vocabulary",
+     setup(then=separate_vocabularies)),
     ("train-pair-over-max-positions", [*TRAIN, "--set", "max_positions=10", "--save-dir", "t1"],
      "over the model's max_positions 10; pass --skip-invalid-size-inputs", NO_SETUP),
     ("train-unknown-arch", ["train", "data", "--arch", "transformer_huge", "--save-dir", "t1", "-q"],

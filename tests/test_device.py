@@ -28,10 +28,13 @@ def test_auto_on_cpu_follows_the_bf16_flags(monkeypatch, flags, expected, reason
     assert resolve_precision("auto", CPU) == (expected, reason)
 
 
-@pytest.mark.parametrize("supported,expected", [(True, "bf16"), (False, "fp32")])
-def test_auto_on_cuda_follows_the_device(monkeypatch, supported, expected):
+@pytest.mark.parametrize("capability,expected", [((9, 0), "bf16"), ((8, 0), "bf16"), ((7, 5), "fp32"),
+                                                 ((6, 0), "fp32")])
+def test_auto_on_cuda_takes_bf16_where_the_gpu_computes_it_natively(monkeypatch, capability, expected):
+    # torch.cuda.is_bf16_supported() says yes on a T4 (7.5) too, where bf16 is only emulated
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Fake GPU")
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: supported)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: True)
     precision, reason = resolve_precision("auto", torch.device("cuda"))
     assert precision == expected and "Fake GPU" in reason
 

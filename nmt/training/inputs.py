@@ -46,6 +46,11 @@ def check_inputs(config: TrainConfig, world_size: int = 1) -> TrainingData:
     model_config = resolve_config(arch.config, config.model)
     if config.lr is None and not hasattr(model_config, "d_model"):
         raise NmtError(f"arch {config.arch} has no d_model for the paper's learning rate; give --lr")
+    vocabs = data.vocabularies()
+    if getattr(model_config, "share_embeddings", None) == "all" and not vocabs.joint:
+        raise NmtError(f"{config.arch} ties the source and target embeddings (share_embeddings: all), which needs a "
+                       f"joint vocabulary; {config.data} has one per language: preprocess with --joint, or give "
+                       "--set share_embeddings=decoder")
     max_positions = getattr(model_config, "max_positions", None)
     train_set = data.split(config.train_subset)
     batches = TrainingBatches(train_set, config.max_tokens, config.max_sentences, config.required_batch_size_multiple,
@@ -64,7 +69,7 @@ def check_inputs(config: TrainConfig, world_size: int = 1) -> TrainingData:
             valid.append(validation_split(data.split(name), name, config, max_positions))
     if config.eval_bleu and valid:  # a missing tokenizer package found now, not after an epoch
         bleu_metric(MetricOptions(config.eval_bleu_tokenize, config.eval_bleu_lowercase, language=data.target_lang))
-    return TrainingData(data.vocabularies(), model_config, train_set, batches, valid)
+    return TrainingData(vocabs, model_config, train_set, batches, valid)
 
 
 def validation_split(dataset: ParallelDataset, name: str, config: TrainConfig,
