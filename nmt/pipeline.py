@@ -101,7 +101,7 @@ def plan_recipe(path: str | Path, stages: tuple[str, ...] = STAGES) -> Plan:
             raise NmtError(f"{where}: the `average:` section needs num_epoch_checkpoints or num_update_checkpoints "
                            "(exactly one)")
         model_path = Path(plan.average.output)
-        if plan.train is not None:
+        if plan.train is not None and plan.average.inputs == [str(save_dir)]:  # averaging this run's checkpoints
             check_checkpoints_kept(plan.train, plan.average, where)
     plan.checkpoint = str(model_path)
     if (values := section(document, "generate")) is not None:
@@ -124,7 +124,7 @@ def plan_recipe(path: str | Path, stages: tuple[str, ...] = STAGES) -> Plan:
     if (values := section(document, "score")) is not None:
         if plan.generate is None:
             raise NmtError(f"{where}: the `score:` section needs a `generate:` section")
-        if "ref" not in values and plan.generate.input is not None:
+        if "ref" not in values and plan.generate.input is not None and "score" in stages:
             raise NmtError(f"{where}: `generate:` translates `input: {plan.generate.input}`, not a split of the "
                            "data: give `score: ref` (its reference)")
         reference = [] if "ref" in values or "score" not in stages else \

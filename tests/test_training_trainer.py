@@ -293,3 +293,19 @@ def test_finetune_from_model_starts_a_new_run_from_the_weights(tiny_data_dir, tm
         train(tiny_config(tiny_data_dir, tmp_path / "third", restore_file=str(first), **options))
     with pytest.raises(NmtError, match="--finetune-from-model not found: missing.pt"):
         train(tiny_config(tiny_data_dir, tmp_path / "third", finetune_from_model="missing.pt"))
+
+
+@pytest.mark.slow
+def test_the_skipped_epoch_end_is_done_even_when_the_stop_was_also_the_last_update(tiny_data_dir, tmp_path,
+                                                                                   monkeypatch, messages):
+    with monkeypatch.context() as patch:
+        patch.setattr("nmt.training.trainer.StopRequest", lambda second_aborts: StopAtUpdate(9, second_aborts))
+        with pytest.raises(Stopped):
+            train(tiny_config(tiny_data_dir, tmp_path, max_update=9))
+    assert not (tmp_path / "checkpoint1.pt").exists()
+    summary = train(tiny_config(tiny_data_dir, tmp_path, max_update=9))
+    assert summary.updates == 9 and summary.valid_loss is not None  # validated, not "nothing to do"
+    assert (tmp_path / "checkpoint1.pt").exists() and (tmp_path / "checkpoint_best.pt").exists()
+    assert not any(m.startswith("nothing to do") for m in messages)
+    assert train(tiny_config(tiny_data_dir, tmp_path, max_update=9)).stop_reason == "reached --max-update 9"
+    assert any(m.startswith("nothing to do") for m in messages)  # the third run: the epoch's end is done

@@ -129,7 +129,7 @@ def find_resume_checkpoint(save_dir: Path, restore_file: str | None,
             raise NmtError(f"{flag} not found: {given}")
         checkpoint = load_checkpoint(path)
         if finetune_from_model is not None:
-            checkpoint = {key: checkpoint[key] for key in MODEL_KEYS}
+            checkpoint = {key: checkpoint[key] for key in MODEL_KEYS if key in checkpoint}
         return ResumePoint(path, checkpoint, in_save_dir=False)
     try:
         return ResumePoint(last, load_checkpoint(last), in_save_dir=True)

@@ -221,7 +221,8 @@ def spawn(target: Callable[[Any], Any], argument: Any, nproc: int) -> Any:
                         for process in processes:
                             if process.is_alive():
                                 os.kill(process.pid, stop.signum)
-                    multiprocessing.connection.wait([process.sentinel for process in processes], timeout=0.2)
+                    # only the live ones: an exited worker's sentinel stays ready and would make this spin
+                    multiprocessing.connection.wait([p.sentinel for p in processes if p.is_alive()], timeout=0.2)
                     if any(gave_up(rank, process, results) for rank, process in enumerate(processes)):
                         break  # the others would wait for it forever; its reason is in its result file
         finally:  # after a give-up or a second signal, the workers left are ended at once

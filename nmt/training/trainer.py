@@ -287,7 +287,7 @@ class Trainer:
                 figures["bleu"] = validation_bleu(self.model, split.dataset, self.vocabs, self.config.eval_bleu_beam,
                                                   self.config.max_tokens, self.config.precision, self.device,
                                                   self.context, self.config.eval_bleu_tokenize,
-                                                  self.config.eval_bleu_lowercase)
+                                                  self.config.eval_bleu_lowercase, np.sort(np.concatenate(split.batches)))
             results.append((split.name, figures))
         self.last_valid = results[0][1]
         improved = record_validation(self.state, self.last_valid, self.config.best_checkpoint_metric)
@@ -317,9 +317,13 @@ class Trainer:
         run_meter = Meter()
         stop = stop_reason(config, state, time_up=config.max_time_seconds is not None
                            and state.elapsed >= config.max_time_seconds)
-        if stop:
+        # A stop on an epoch's last update saved before the epoch's end (validation, its checkpoint): do that first.
+        finishing = stop is not None and state.position >= len(self.data.batches) - left_out > 0
+        if stop and not finishing:
             logger.info("nothing to do: %s", stop)
         with StopRequest(second_aborts=not context.is_distributed) as interrupt:
+            if finishing:
+                stop = self.train_epoch(run_meter, interrupt)
             while stop is None:
                 stop = self.train_epoch(run_meter, interrupt)
         self.display.close()

@@ -48,8 +48,10 @@ def validation_loss(model: nn.Module, dataset: ParallelDataset, batches: list[np
 
 def validation_bleu(model: nn.Module, dataset: ParallelDataset, vocabs: Vocabularies, beam: int,
                     max_tokens: int | None, precision: str, device: torch.device,
-                    context: DistributedContext, tokenize: str = "auto", lowercase: bool = False) -> float:
-    """Corpus BLEU (sacrebleu) of beam-search translations against the decoded references.
+                    context: DistributedContext, tokenize: str = "auto", lowercase: bool = False,
+                    pairs_used: np.ndarray | None = None) -> float:
+    """Corpus BLEU (sacrebleu) of beam-search translations against the decoded references, over
+    ``pairs_used`` (the split's indices validated; all of them when None).
 
     The references are the binarized targets decoded by sentencepiece, i.e. normalized text,
     close to but not always the raw reference file: a figure to watch, not to report.
@@ -58,7 +60,8 @@ def validation_bleu(model: nn.Module, dataset: ParallelDataset, vocabs: Vocabula
     from nmt.generation.search import SearchOptions
     from nmt.scoring import MetricOptions, score
 
-    mine = range(context.rank, len(dataset), context.world_size)
+    used = np.arange(len(dataset)) if pairs_used is None else pairs_used
+    mine = used[context.rank::context.world_size].tolist()
     hypotheses = translate_ids(model, [dataset.source[i] for i in mine], SearchOptions(beam=beam),
                                BatchingOptions(max_tokens=max_tokens), device, precision)
     pairs = [(vocabs.target.decode(hyps[0].tokens), vocabs.target.decode(dataset.target[i]))
