@@ -41,11 +41,12 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from nmt.checkpoint import Vocabularies, model_state, save_checkpoint
+from nmt.checkpoint.format import Vocabularies, model_state, save_checkpoint
 from nmt.data.vocabulary import EOS_ID, PAD_ID, Vocabulary
 from nmt.files import read_lines
 from nmt.device import resolve_precision
-from nmt.generation.generator import GenerateOptions, prepare_model, translate_ids
+from nmt.generation.inference import prepare_model, translate_ids
+from nmt.generation.options import GenerateOptions
 from nmt.options import build
 from nmt.models.registry import build_model, get_arch
 from nmt.scoring import score

@@ -33,7 +33,7 @@ import yaml
 from nmt.checkpoint.averaging import average
 from nmt.device import describe_cpu, resolve_device, resolve_precision
 from nmt.errors import NmtError
-from nmt.generation.generator import generate
+from nmt.generation.generate import generate
 from nmt.log import setup_logging
 from nmt.pipeline import Plan, plan_recipe, reference_file
 from nmt.scoring import score_files

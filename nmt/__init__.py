@@ -1,6 +1,8 @@
 """nmt: neural machine translation with the Transformer."""
 
-__version__ = "0.1.0"
+from nmt.version import __version__
+
+__all__ = ["Translator", "__version__"]
 
 
 def __getattr__(name: str):

@@ -16,12 +16,12 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
-import nmt
 from nmt.checkpoint.averaging import AverageOptions, average as average_checkpoints
 from nmt.data.preprocess import PreprocessOptions, preprocess as run_preprocess, summary_table
 from nmt.errors import NmtError, Stopped
 from nmt.export.ctranslate2 import ExportOptions
-from nmt.generation.generator import GenerateOptions, generate as run_generation
+from nmt.generation.generate import generate as run_generation
+from nmt.generation.options import GenerateOptions
 from nmt.log import logger, state
 from nmt.commands import command
 from nmt.options import build
@@ -31,6 +31,7 @@ from nmt.recipe import STAGES
 from nmt.scoring import ScoreOptions, format_results, parse_metrics, score_files
 from nmt.serving.server import ServeOptions
 from nmt.training.config import TrainConfig, load_train_config
+from nmt.version import __version__
 
 try:  # newer typer carries its own copy of click
     from typer._click.exceptions import ClickException, NoArgsIsHelpError
@@ -48,7 +49,7 @@ app = typer.Typer(
 
 def version_callback(value: bool) -> None:
     if value:
-        typer.echo(f"nmt {nmt.__version__}")
+        typer.echo(f"nmt {__version__}")
         raise typer.Exit()
 
 

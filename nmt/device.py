@@ -5,13 +5,13 @@ from __future__ import annotations
 import contextlib
 import os
 from pathlib import Path
-from typing import ContextManager, Literal
+from typing import ContextManager
 
 import torch
 
+from nmt.device_options import InferenceDeviceOptions
 from nmt.errors import NmtError
 
-Precision = Literal["auto", "fp32", "bf16", "fp16"]  # the options' type: their choices
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # bf16 matrix instructions; without them oneDNN emulates bf16
 
@@ -86,3 +86,18 @@ def autocast(device: torch.device, precision: str) -> ContextManager:
     if device.type == "cpu" and dtype is torch.float16:
         raise NmtError("fp16 autocast is for GPUs; on CPU use --precision bf16")
     return torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def inference_device(options: InferenceDeviceOptions, engine: str = "nmt") -> tuple[torch.device, str, str]:
+    """Where and in which precision to decode, and why. int8 (dynamic quantization) runs on the CPU
+    and computes in fp32, so ``auto`` resolves to cpu/fp32 for it and bf16/fp16 are refused.
+    CTranslate2 resolves ``auto`` itself (its kernels, not torch's, decide what runs natively)."""
+    if options.quantize == "int8":  # InferenceDeviceOptions checked the device and precision
+        return torch.device("cpu"), "fp32", "int8 layers compute in fp32"
+    resolved = resolve_device(options.device)
+    if engine == "ctranslate2":
+        return resolved, options.precision, "CTranslate2 chooses its compute type"
+    precision, reason = resolve_precision(options.precision, resolved)
+    autocast(resolved, precision)  # an impossible precision fails before the model is loaded
+    return resolved, precision, reason
+

@@ -24,7 +24,7 @@ from nmt.data.corpus import SPLIT_KINDS, SplitFiles, find_splits, split_prefixes
 from nmt.data.preprocess import PreprocessOptions
 from nmt.errors import NmtError
 from nmt.files import refuse_overwriting
-from nmt.generation.generator import GenerateOptions
+from nmt.generation.options import GenerateOptions
 from nmt.log import logger
 from nmt.options import build, check_keys, flat_values
 from nmt.recipe import STAGES, data_dir, read_document, section, train_values
@@ -234,7 +234,7 @@ def run_plan(plan: Plan) -> PipelineReport:
         return f"{options.output} (from {len(used)} checkpoints)"
 
     def run_generate() -> str:
-        from nmt.generation.generator import generate
+        from nmt.generation.generate import generate
 
         generate(plan.generate)
         return str(plan.generate.output)

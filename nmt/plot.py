@@ -78,7 +78,7 @@ def token_labels(vocab, ids: list[int]) -> list[str]:
 
 def plot_attention(options: PlotAttentionOptions) -> Path:
     plt = pyplot()
-    from nmt.generation.generator import prepare_model, translate_ids
+    from nmt.generation.inference import prepare_model, translate_ids
 
     model, vocabs = prepare_model(options.path, torch.device("cpu"))
     if isinstance(model, Ensemble):

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from nmt.checkpoint import Vocabularies, load_checkpoint, model_state, save_checkpoint
+from nmt.checkpoint.format import Vocabularies, load_checkpoint, model_state, save_checkpoint
 from nmt.cli import main
 from nmt.data.dataset import DataDir, write_token_array
 from nmt.data.vocabulary import EOS_ID, PAD_ID, Vocabulary

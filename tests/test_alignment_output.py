@@ -7,7 +7,8 @@ import json
 import pytest
 
 from nmt.errors import NmtError
-from nmt.generation.generator import GenerateOptions, generate as run_generation
+from nmt.generation.generate import generate as run_generation
+from nmt.generation.options import GenerateOptions
 from nmt.options import build
 
 def options(**values) -> GenerateOptions:

@@ -114,7 +114,7 @@ def test_a_model_trained_to_copy_aligns_on_the_diagonal(tmp_path):
     import random
 
     from conftest import make_data_dir
-    from nmt.generation.generator import prepare_model
+    from nmt.generation.inference import prepare_model
     from nmt.training.config import load_train_config
     from nmt.training.trainer import train
 

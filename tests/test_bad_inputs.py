@@ -25,7 +25,7 @@ import pytest
 import torch
 
 from conftest import make_data_dir, numbers_pairs
-from nmt.checkpoint import load_checkpoint, save_checkpoint
+from nmt.checkpoint.format import load_checkpoint, save_checkpoint
 from nmt.cli import main
 from nmt.models.registry import build_model, get_arch, resolve_config
 

@@ -8,7 +8,7 @@ import threading
 import numpy as np
 import pytest
 
-from nmt.generation.search import SearchOptions
+from nmt.generation.options import SearchOptions
 from nmt.generation.search import Hypothesis
 from nmt.serving.batcher import Batcher, QueueFull
 

@@ -1,7 +1,7 @@
 import torch
 import pytest
 
-from nmt.checkpoint import (Vocabularies, load_checkpoint, model_from_checkpoint, model_state,
+from nmt.checkpoint.format import (Vocabularies, load_checkpoint, model_from_checkpoint, model_state,
                             save_checkpoint)
 from nmt.data.vocabulary import PAD_ID, Vocabulary
 from nmt.errors import NmtError

@@ -9,7 +9,7 @@ import torch
 import yaml
 
 from nmt import device as device_module
-from nmt.checkpoint import load_checkpoint
+from nmt.checkpoint.format import load_checkpoint
 from nmt.device import autocast, resolve_precision
 from nmt.errors import NmtError
 

@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 import torch
 
-from nmt.checkpoint import load_checkpoint, model_from_checkpoint
+from nmt.checkpoint.format import load_checkpoint, model_from_checkpoint
 from nmt.data.dataset import DataDir
 from nmt.data.vocabulary import BOS_ID, Vocabulary
 from nmt.generation.ensemble import Ensemble
-from nmt.generation.generator import prepare_model, translate_ids
-from nmt.generation.search import SearchOptions
+from nmt.generation.inference import prepare_model, translate_ids
+from nmt.generation.options import SearchOptions
 from nmt.scoring import score
 from nmt.training.config import load_train_config
 from nmt.training.trainer import train

@@ -10,12 +10,14 @@ import numpy as np
 import pytest
 import torch
 
-from nmt.checkpoint import Vocabularies, load_checkpoint, model_state, save_checkpoint
+from nmt.checkpoint.format import Vocabularies, load_checkpoint, model_state, save_checkpoint
 from nmt.cli import main
 from nmt.data.vocabulary import BOS_ID, EOS_ID, PAD_ID, Vocabulary
 from nmt.errors import NmtError
 from nmt.export.ctranslate2 import ExportOptions, export_ctranslate2
-from nmt.generation.generator import GenerateOptions, generate, prepare_model, translate_ids
+from nmt.generation.generate import generate
+from nmt.generation.inference import prepare_model, translate_ids
+from nmt.generation.options import GenerateOptions
 from nmt.options import build
 from nmt.models.registry import build_model, get_arch, resolve_config
 from nmt.training.config import load_train_config

@@ -12,13 +12,16 @@ import numpy as np
 import pytest
 import torch
 
-from nmt.checkpoint import Vocabularies, model_state, save_checkpoint
+from nmt.checkpoint.format import Vocabularies, model_state, save_checkpoint
 from nmt.data.dataset import DataDir
 from nmt.data.vocabulary import EOS_ID, PAD_ID
 from nmt.errors import NmtError
-import nmt.generation.generator as generator_module
-from nmt.generation.generator import (GenerateOptions, check_workers, generate, inference_device, prepare_model,
-                                      translate_ids)
+import nmt.generation.inference as inference_module
+from nmt.device import inference_device
+from nmt.device_options import InferenceDeviceOptions
+from nmt.generation.generate import generate
+from nmt.generation.inference import prepare_model, translate_ids
+from nmt.generation.options import check_workers, GenerateOptions
 from nmt.generation.workers import map_in_workers
 from nmt.options import build
 from nmt.models.registry import build_model, get_arch, resolve_config
@@ -116,7 +119,7 @@ def test_workers_run_batches_at_the_same_time_with_their_share_of_the_threads(ch
     split = DataDir.open(data_dir).split("test")
     sources = [split.source[i] for i in range(len(split))]
     seen, lock, both_running = [], threading.Lock(), threading.Barrier(2, timeout=30)
-    search = generator_module.beam_search
+    search = inference_module.beam_search
 
     def watched(*args, **kwargs):
         with lock:
@@ -127,7 +130,7 @@ def test_workers_run_batches_at_the_same_time_with_their_share_of_the_threads(ch
         return search(*args, **kwargs)
 
     set_threads = []
-    monkeypatch.setattr(generator_module, "beam_search", watched)
+    monkeypatch.setattr(inference_module, "beam_search", watched)
     monkeypatch.setattr(torch, "get_num_threads", lambda: 4)  # as if the process had 4 threads: 2 per worker
     monkeypatch.setattr(torch, "set_num_threads", set_threads.append)
     chosen = options(checkpoint, beam=2, max_len_b=4, batch_size=4, max_tokens=None, workers=2)
@@ -271,11 +274,11 @@ def test_int8_quantization_runs_and_mostly_agrees(checkpoint, data_dir):
 
 def test_int8_decodes_on_the_cpu_in_fp32_whatever_auto_would_pick():
     # auto resolves to bf16 on CPUs with avx512_bf16: int8 layers cannot take bf16 inputs.
-    assert inference_device("auto", "auto", "int8")[:2] == (torch.device("cpu"), "fp32")
+    assert inference_device(InferenceDeviceOptions("auto", "auto", "int8"))[:2] == (torch.device("cpu"), "fp32")
     with pytest.raises(NmtError, match="int8 computes in fp32"):
-        inference_device("auto", "bf16", "int8")
+        InferenceDeviceOptions("auto", "bf16", "int8")
     with pytest.raises(NmtError, match="int8 is for CPU"):
-        inference_device("cuda", "auto", "int8")
+        InferenceDeviceOptions("cuda", "auto", "int8")
 
 
 def test_bf16_generation_runs_on_cpu(checkpoint, data_dir):

@@ -15,8 +15,8 @@ from conftest import assert_one_line_error, run_cli, run_nmt
 from nmt.cli import app
 from nmt.commands import COMMAND_OPTIONS
 from nmt.errors import NmtError
-from nmt.generation.generator import BatchingOptions, GenerateOptions
-from nmt.generation.search import SearchOptions
+from nmt.device_options import InferenceDeviceOptions
+from nmt.generation.options import BatchingOptions, GenerateOptions, SearchOptions
 from nmt.options import build, coerce, flag, merge, options_of
 from nmt.training.config import TrainConfig, load_train_config
 
@@ -101,7 +101,7 @@ def test_coerce_refuses_with_one_line(value, kind, message):
     (lambda: BatchingOptions(batch_size=0), "--batch-size must be at least 1, got 0"),
     (lambda: BatchingOptions(max_tokens=-5), "--max-tokens must be at least 1, got -5"),
     (lambda: BatchingOptions(max_tokens=None), "give --max-tokens or --batch-size"),
-    (lambda: GenerateOptions(input="-", quantize="int4"), "--quantize must be one of none, int8"),
+    (lambda: InferenceDeviceOptions(quantize="int4"), "--quantize must be one of none, int8"),
     (lambda: TrainConfig(warmup_updates=0), "--warmup-updates must be at least 1, got 0"),
 ])
 def test_options_check_their_own_values(make, message):
@@ -120,7 +120,7 @@ def test_unknown_keys_suggest_the_closest_option():
 def test_build_nests_composed_options_under_flat_names():
     options = build(GenerateOptions, {"input": "-", "beam": "5", "max_tokens": "100", "precision": "bf16"})
     assert options.search == SearchOptions(beam=5) and options.batching == BatchingOptions(max_tokens=100)
-    assert options.precision == "bf16"
+    assert options.compute.precision == "bf16"
     assert build(GenerateOptions, {"input": "-"}).search == SearchOptions()  # the defaults fill the rest
 
 

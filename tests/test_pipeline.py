@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from conftest import MULTI30K, run_cli, run_nmt
-from nmt.checkpoint import load_checkpoint
+from nmt.checkpoint.format import load_checkpoint
 from nmt.demo import demo_recipe
 from nmt.demo_data import write_demo_corpus
 from nmt.errors import NmtError

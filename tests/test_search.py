@@ -13,8 +13,8 @@ import torch
 
 from nmt.data.vocabulary import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from nmt.errors import NmtError
-from nmt.generation.search import (NEG_INF, Hypothesis, SearchOptions, beam_search, constrain, is_done, length_penalty,
-                                   max_lengths, select_top)
+from nmt.generation.options import SearchOptions
+from nmt.generation.search import beam_search, constrain, Hypothesis, is_done, length_penalty, max_lengths, NEG_INF, select_top
 from nmt.models.registry import build_model, get_arch, resolve_config
 
 VOCAB = 7  # PAD UNK BOS EOS + three words; UNK counts as a word too

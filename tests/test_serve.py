@@ -19,7 +19,10 @@ pytest.importorskip("uvicorn", reason="nmt serve needs the serve extra: pip inst
 from nmt import Translator  # noqa: E402
 from nmt.data.vocabulary import Vocabulary  # noqa: E402
 from nmt.options import build
-from nmt.generation.generator import GenerateOptions, generate, inference_device  # noqa: E402
+from nmt.device import inference_device  # noqa: E402
+from nmt.device_options import InferenceDeviceOptions  # noqa: E402
+from nmt.generation.generate import generate  # noqa: E402
+from nmt.generation.options import GenerateOptions  # noqa: E402
 
 from conftest import numbers_pairs  # noqa: E402
 from test_translator import tiny_checkpoint  # noqa: E402
@@ -122,7 +125,7 @@ def test_health_and_info(server):
     assert status == 200 and health["status"] == "ok"
     status, info = request(server, "GET", "/info")
     assert status == 200 and info["arch"] == ["transformer_tiny"] and info["vocab"]["source"] == 120
-    resolved_precision = inference_device("auto", "auto", "none")[1]  # what the server's defaults resolve to here
+    resolved_precision = inference_device(InferenceDeviceOptions())[1]  # what the server's defaults resolve to here
     assert info["languages"] == {"source": "en", "target": "de"} and info["precision"] == resolved_precision
     assert info["defaults"]["beam"] == 4 and info["limits"]["max_sentences"] == 8
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from nmt.checkpoint import load_checkpoint
+from nmt.checkpoint.format import load_checkpoint
 from nmt.training.trainer import train
 from conftest import assert_one_line_error, assert_same_weights, interrupted_at, run_nmt, tiny_config
 

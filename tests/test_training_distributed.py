@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from nmt.checkpoint import load_checkpoint
+from nmt.checkpoint.format import load_checkpoint
 from nmt.errors import NmtError
 from nmt.log import logger, setup_logging
 from nmt.training.distributed import spawn

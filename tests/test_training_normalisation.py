@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from nmt.checkpoint import load_checkpoint
+from nmt.checkpoint.format import load_checkpoint
 from nmt.data.batching import Batch
 from nmt.data.vocabulary import PAD_ID
 from nmt.training.distributed import DistributedContext

@@ -7,7 +7,7 @@ import json
 
 import torch
 
-from nmt.checkpoint import load_checkpoint
+from nmt.checkpoint.format import load_checkpoint
 from nmt.cli import main
 from nmt.log import logger, setup_logging
 from nmt.training.distributed import processes_for_this_machine

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from conftest import MULTI30K, assert_same_weights, make_data_dir, numbers_pairs, tiny_config
-from nmt.checkpoint import load_checkpoint, model_from_checkpoint
+from nmt.checkpoint.format import load_checkpoint, model_from_checkpoint
 from nmt.errors import NmtError, Stopped
 from nmt.training.distributed import StopRequest
 from nmt.files import read_lines
@@ -178,8 +178,8 @@ def test_out_of_memory_batches_are_skipped_then_fatal(tiny_data_dir, tmp_path, m
 @pytest.mark.slow
 def test_eval_bleu_reports_bleu_of_the_validation_set(tiny_data_dir, tmp_path, messages):
     from nmt.data.dataset import DataDir
-    from nmt.generation.generator import prepare_model, translate_ids
-    from nmt.generation.search import SearchOptions
+    from nmt.generation.inference import prepare_model, translate_ids
+    from nmt.generation.options import SearchOptions
     from nmt.scoring import MetricOptions, score
 
     summary = train(tiny_config(tiny_data_dir, tmp_path, max_epoch=3, eval_bleu=True, eval_bleu_beam=2))

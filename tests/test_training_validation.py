@@ -9,7 +9,7 @@ import re
 import numpy as np
 import pytest
 
-from nmt.checkpoint import load_checkpoint
+from nmt.checkpoint.format import load_checkpoint
 from nmt.data.dataset import DataDir
 from nmt.errors import NmtError
 from nmt.training.inputs import check_inputs

@@ -10,11 +10,12 @@ import pytest
 import torch
 
 from nmt import Translator
-from nmt.checkpoint import Vocabularies, model_state, save_checkpoint
+from nmt.checkpoint.format import Vocabularies, model_state, save_checkpoint
 from nmt.data.vocabulary import PAD_ID, Vocabulary
 from nmt.errors import NmtError
 from nmt.options import build
-from nmt.generation.generator import GenerateOptions, generate
+from nmt.generation.generate import generate
+from nmt.generation.options import GenerateOptions
 from nmt.models.registry import build_model, get_arch, resolve_config
 
 from conftest import numbers_pairs

@@ -24,11 +24,11 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
-import nmt
 from nmt.data.vocabulary import PAD_ID, Vocabularies
 from nmt.errors import NmtError, Stopped
 from nmt.files import atomic_write
 from nmt.models.registry import build_model, config_from_dict
+from nmt.version import __version__
 
 REQUIRED_KEYS = ("model_name", "arch", "model_config", "vocab", "model")
 
@@ -36,7 +36,7 @@ REQUIRED_KEYS = ("model_name", "arch", "model_config", "vocab", "model")
 def make_checkpoint(model_name: str, arch: str, model_config: dict[str, Any], vocab: dict[str, Any],
                     model: dict[str, torch.Tensor], **extra: Any) -> dict[str, Any]:
     """The one place a checkpoint dict is assembled; ``extra`` adds training state or provenance."""
-    return {"nmt_version": nmt.__version__, "model_name": model_name, "arch": arch, "model_config": model_config,
+    return {"nmt_version": __version__, "model_name": model_name, "arch": arch, "model_config": model_config,
             "vocab": vocab, "model": model, **extra}
 
 

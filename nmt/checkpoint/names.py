@@ -15,6 +15,8 @@ import re
 from pathlib import Path
 from typing import Literal
 
+from nmt.errors import NmtError
+
 LAST = "checkpoint_last.pt"
 BEST = "checkpoint_best.pt"
 NUMBERED = {"epoch": re.compile(r"checkpoint(\d+)\.pt"), "update": re.compile(r"checkpoint_(\d+)_(\d+)\.pt")}
@@ -38,3 +40,13 @@ def numbered_checkpoints(directory: Path, kind: Literal["epoch", "update"]) -> l
     found = [(tuple(int(group) for group in match.groups())[::-1], path) for path in directory.iterdir()
              if (match := NUMBERED[kind].fullmatch(path.name))]
     return [path for _, path in sorted(found)]
+
+
+def split_paths(path: str) -> list[str]:
+    """``a.pt:b.pt`` (fairseq's spelling) -> the checkpoints to ensemble; a file that exists is one path."""
+    if Path(path).exists():
+        return [path]
+    paths = path.split(":")
+    if not all(paths):
+        raise NmtError(f"--path {path!r} has an empty checkpoint name; write a.pt:b.pt")
+    return paths

@@ -34,7 +34,6 @@ import sentencepiece as spm
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-import nmt
 from nmt.data.corpus import SplitFiles, file_lines, find_splits, read_chunks
 from nmt.data.dataset import META_FILE, DataDir, smallest_dtype
 from nmt.data.vocabulary import EOS_ID, UNK_ID, Vocabulary
@@ -42,6 +41,7 @@ from nmt.errors import NmtError
 from nmt.files import atomic_write, clean_workdirs_beside, fsync_dir
 from nmt.log import logger, stderr_console
 from nmt.options import check_values
+from nmt.version import __version__
 
 LANG_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
 NOT_RECORDED = ("destdir", "workers", "force")  # options that never change the output
@@ -151,7 +151,7 @@ def make_workdir(destdir: Path) -> Path:
 def write_dataset(workdir: Path, splits: list[SplitFiles], vocabs: dict[str, Vocabulary], options: PreprocessOptions,
                   recorded: dict, progress: Progress, chunk_lines: int = CHUNK_LINES) -> None:
     """Everything of a data directory into workdir, meta.json last."""
-    meta = {"format": 1, "nmt_version": nmt.__version__, "source_lang": options.source_lang,
+    meta = {"format": 1, "nmt_version": __version__, "source_lang": options.source_lang,
             "target_lang": options.target_lang, **save_vocabularies(workdir, vocabs, options), "splits": {},
             **recorded}
     for split in splits:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 from torch import Tensor
 
-from nmt.checkpoint import Vocabularies, load_checkpoint, model_from_checkpoint
+from nmt.checkpoint.format import Vocabularies, load_checkpoint, model_from_checkpoint
 from nmt.data.preprocess import make_workdir, replace_directory
 from nmt.data.vocabulary import BOS_ID, EOS_ID, UNK_ID, Vocabulary
 from nmt.errors import NmtError

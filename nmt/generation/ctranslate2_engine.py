@@ -38,19 +38,19 @@ import numpy as np
 import torch
 from rich.progress import Progress
 
-from nmt.checkpoint import Vocabularies
+from nmt.checkpoint.format import Vocabularies
 from nmt.data.batching import batch_by_size
 from nmt.data.vocabulary import BOS_ID, EOS_ID, PAD_ID
 from nmt.errors import NmtError
 from nmt.export.ctranslate2 import ExportOptions, export_ctranslate2, export_meta, import_ctranslate2, load_vocabularies
+from nmt.generation.inference import TranslateSources, place_batches, plan_workload
+from nmt.generation.options import GenerateOptions
 from nmt.generation.search import Hypothesis, max_lengths
 from nmt.generation.workers import map_in_workers, threads_per_worker
 from nmt.log import logger
 
 if TYPE_CHECKING:
     import ctranslate2
-
-    from nmt.generation.generator import GenerateOptions, TranslateSources
 
 
 def check_options(options: GenerateOptions) -> None:
@@ -62,13 +62,13 @@ def check_options(options: GenerateOptions) -> None:
 def compute_type(options: GenerateOptions, device: torch.device) -> tuple[str, str]:
     """CTranslate2's compute type for ``--quantize`` / ``--precision``, and why. ``auto`` asks
     CTranslate2 itself, whose kernels decide: it refuses bfloat16 on CPUs where nmt's autocast runs it."""
-    if options.quantize == "int8":
+    if options.compute.quantize == "int8":
         return "int8", "--quantize int8"
-    if options.precision == "auto":
+    if options.compute.precision == "auto":
         if "bfloat16" in import_ctranslate2().get_supported_compute_types(device.type):
             return "bfloat16", f"CTranslate2 runs bfloat16 on this {device.type}"
         return "default", f"CTranslate2 has no bfloat16 on this {device.type}: the export's own type"
-    return {"bf16": "bfloat16", "fp16": "float16"}.get(options.precision, "default"), f"--precision {options.precision}"
+    return {"bf16": "bfloat16", "fp16": "float16"}.get(options.compute.precision, "default"), f"--precision {options.compute.precision}"
 
 
 def load_ctranslate2(options: GenerateOptions, device: torch.device) -> tuple[TranslateSources, Vocabularies]:
@@ -110,8 +110,6 @@ def translate_ids_ctranslate2(translator: ctranslate2.Translator, vocabs: Vocabu
                               max_positions: int | None = None) -> list[list[Hypothesis]]:
     """Like ``translate_ids``: the ``nbest`` hypotheses of each source (ids ending in EOS), in order;
     outputs end before the model's last position, as nmt's own search does."""
-    from nmt.generation.generator import place_batches, plan_workload
-
     work = plan_workload(sources, options.search, options.batching, progress)
     limits = max_lengths(torch.as_tensor(work.lengths - 1), options.search.max_len_a, options.search.max_len_b,
                          max_positions).numpy()

@@ -10,22 +10,8 @@ returns, which leaves normalized log-probabilities unchanged (their logsumexp is
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 from torch import Tensor, nn
-
-from nmt.errors import NmtError
-
-
-def split_paths(path: str) -> list[str]:
-    """``a.pt:b.pt`` (fairseq's spelling) -> the checkpoints to ensemble; a file that exists is one path."""
-    if Path(path).exists():
-        return [path]
-    paths = path.split(":")
-    if not all(paths):
-        raise NmtError(f"--path {path!r} has an empty checkpoint name; write a.pt:b.pt")
-    return paths
 
 
 class EnsembleCache:

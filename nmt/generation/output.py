@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
-from nmt.checkpoint import Vocabularies
+from nmt.checkpoint.format import Vocabularies
 from nmt.files import atomic_write
 from nmt.generation.alignment import WordAttention
 from nmt.generation.search import Hypothesis

@@ -13,54 +13,16 @@ surviving beams. The encoder output keeps one row per sentence, which its beams 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
 
 import torch
 from torch import Tensor
 
 from nmt.data.vocabulary import BOS_ID, EOS_ID, PAD_ID
 from nmt.errors import NmtError
-from nmt.options import check_values
+from nmt.generation.options import SearchOptions
 from nmt.generation.searchable import SearchableModel
 
 NEG_INF = float("-inf")
-
-
-@dataclass(frozen=True)
-class SearchOptions:
-    """How to search: beam size, length penalty and limits, or sampling. Checks its own bounds."""
-
-    beam: int = field(default=4, metadata={"help": "Beam size (1 = greedy).", "min": 1})
-    lenpen: float = field(default=0.6, metadata={"help": "Length penalty alpha.", "min": -5.0, "max": 5.0})
-    lenpen_style: Literal["gnmt", "fairseq"] = field(default="gnmt", metadata={
-        "help": "gnmt: score / ((5+|Y|)/6)^alpha (the paper's); fairseq: score / |Y|^alpha."})
-    max_len_a: float = field(default=1.0, metadata={"help": "Max output length = a * source length + b.", "min": 0})
-    max_len_b: int = field(default=50, metadata={"help": "See --max-len-a.", "min": 0})
-    min_len: int = field(default=1, metadata={"help": "Min output length (EOS excluded).", "min": 0})
-    no_repeat_ngram_size: int = field(default=0, metadata={"help": "Never repeat an n-gram of this size (0 = off).",
-                                                           "min": 0})
-    nbest: int = field(default=1, metadata={"help": "Hypotheses to output per sentence, at most --beam.", "min": 1})
-    stop: Literal["exact", "finished"] = field(default="exact", metadata={
-        "help": "When a sentence's search ends. exact: once no unfinished hypothesis can beat its --beam finished "
-                "ones; finished: as soon as --beam hypotheses have finished (fairseq's and CTranslate2's rule; "
-                "faster with a positive --lenpen, and can return another translation)."})
-    sampling: bool = field(default=False, metadata={"help": "Sample instead of searching."})
-    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature (positive)."})
-    topk: int = field(default=0, metadata={"help": "Sample from the k likeliest tokens (0 = all).", "min": 0})
-    topp: float = field(default=0.0, metadata={"help": "Nucleus sampling mass (0 = off).", "min": 0.0, "max": 1.0})
-    seed: int = field(default=1, metadata={"help": "Random seed for sampling."})
-
-    def __post_init__(self) -> None:
-        check_values(self)
-        if self.nbest > self.beam:
-            raise NmtError(f"--nbest must be between 1 and --beam ({self.beam}), got {self.nbest}")
-        if self.temperature <= 0:
-            raise NmtError(f"--temperature must be positive, got {self.temperature}")
-        if (self.topk or self.topp) and not self.sampling:
-            raise NmtError("--topk/--topp only apply with --sampling")
-        if self.max_len_a == 0 and self.min_len > max(1, self.max_len_b):  # max_lengths gives at least 1
-            raise NmtError(f"--min-len {self.min_len} is over the max length --max-len-b {self.max_len_b} "
-                           "(with --max-len-a 0)")
 
 
 @dataclass

@@ -19,11 +19,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from nmt.checkpoint import Vocabularies
+from nmt.checkpoint.format import Vocabularies
 from nmt.errors import NmtError
-from nmt.generation.generator import (BatchingOptions, GenerateOptions, encode_sources, inference_device, prepare_model,
-                                     translate_ids)
-from nmt.generation.search import Hypothesis, SearchOptions
+from nmt.device import inference_device
+from nmt.device_options import InferenceDeviceOptions
+from nmt.generation.inference import encode_sources, prepare_model, translate_ids
+from nmt.generation.options import BatchingOptions, SearchOptions
+from nmt.generation.search import Hypothesis
 from nmt.log import logger
 from nmt.options import build, options_of
 
@@ -49,16 +51,15 @@ class Translator:
     path: str  # the checkpoint(s), ':'-separated for an ensemble
 
     @classmethod
-    def from_checkpoint(cls, path: str | Path, device: str = "auto", precision: str = GenerateOptions.precision,
+    def from_checkpoint(cls, path: str | Path, device: str = "auto", precision: str = "auto",
                         quantize: str | None = None) -> Translator:
         """Load a checkpoint (``a.pt:b.pt`` for an ensemble) for ``device`` (auto, cpu, cuda, cuda:N)."""
-        quantize = quantize or "none"
-        if quantize not in ("none", "int8"):
-            raise NmtError(f"unknown quantization {quantize!r}; use int8 or None")
-        resolved, precision, reason = inference_device(device, precision, quantize)
+        compute = build(InferenceDeviceOptions, {"device": device, "precision": precision,
+                                                 "quantize": quantize or "none"})
+        resolved, precision, reason = inference_device(compute)
         logger.debug("precision: %s (%s)", precision, reason)
-        model, vocabs = prepare_model(str(path), resolved, quantize)
-        return cls(model, vocabs, resolved, precision, quantize, str(path))
+        model, vocabs = prepare_model(str(path), resolved, compute.quantize)
+        return cls(model, vocabs, resolved, precision, compute.quantize, str(path))
 
     def options(self, **overrides: Any) -> tuple[SearchOptions, BatchingOptions]:
         """``nmt generate``'s search and batching options, with the given ones changed (and checked)."""

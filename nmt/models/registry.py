@@ -61,19 +61,13 @@ def register_arch(model_name: str, arch_name: str) -> Callable[[Callable[[], Any
     return decorate
 
 
-def _ensure_builtin_models_loaded() -> None:
-    import nmt.models.transformer  # noqa: F401  (registers the transformer archs)
-
-
 def get_arch(name: str) -> Arch:
-    _ensure_builtin_models_loaded()
     if name not in ARCHS:
         raise NmtError(f"unknown arch {name!r}{did_you_mean(name, ARCHS)}; known: {', '.join(sorted(ARCHS))}")
     return ARCHS[name]
 
 
 def get_model_class(name: str) -> type[nn.Module]:
-    _ensure_builtin_models_loaded()
     if name not in MODELS:
         raise NmtError(f"unknown model {name!r}; known: {', '.join(sorted(MODELS))}")
     return MODELS[name]

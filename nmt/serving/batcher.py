@@ -17,7 +17,8 @@ from typing import Callable
 
 import numpy as np
 
-from nmt.generation.search import Hypothesis, SearchOptions
+from nmt.generation.options import SearchOptions
+from nmt.generation.search import Hypothesis
 
 TranslateFn = Callable[[list[np.ndarray], SearchOptions], list[list[Hypothesis]]]
 

@@ -21,17 +21,17 @@ import secrets
 import socket
 import time
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
-import nmt
-from nmt.device import Precision
+from nmt.device_options import PANEL as DEVICE_PANEL, InferenceDeviceOptions
 from nmt.errors import NmtError
-from nmt.generation.generator import BatchingOptions, GenerateOptions, check_lengths, encode_sources, translate_ids
-from nmt.generation.search import SearchOptions
+from nmt.generation.inference import check_lengths, encode_sources, translate_ids
+from nmt.generation.options import BatchingOptions, SearchOptions
 from nmt.generation.translator import Translator
 from nmt.log import logger
 from nmt.options import check_values
 from nmt.serving.batcher import Batcher, QueueFull
+from nmt.version import __version__
 
 API_KEY_ENV = "NMT_API_KEY"
 MAX_LEN_A, MAX_LEN_B = 4.0, 512  # output length limits: a request cannot make the server decode for ever
@@ -50,10 +50,8 @@ class ServeOptions:
                                               "max": 65535})
     api_key: str | None = field(default=None, metadata={
         "help": f"Require this key on every request (Authorization: Bearer KEY or X-API-Key); env {API_KEY_ENV}."})
-    device: str = field(default=GenerateOptions.device, metadata={"help": "auto (the GPU when there is one), cpu, cuda or cuda:N."})
-    precision: Precision = field(default=GenerateOptions.precision, metadata={"help": "Autocast precision."})
-    quantize: Literal["none", "int8"] = field(default=GenerateOptions.quantize, metadata={
-        "help": "CPU only: int8 dynamic quantization."})
+    compute: InferenceDeviceOptions = field(default_factory=InferenceDeviceOptions, metadata={
+        "help": "Device options.", "panel": DEVICE_PANEL})
     max_sentences: int = field(default=64, metadata={"help": "Sentences per request at most (413 beyond).",
                                                      "min": 1})
     max_characters: int = field(default=20_000, metadata={"help": "Characters per request at most (413 beyond).",
@@ -244,12 +242,12 @@ async def read_body(request, limit: int) -> bytes:
 
 
 def server_info(translator: Translator, options: ServeOptions) -> dict[str, Any]:
-    from nmt.checkpoint import load_checkpoint
-    from nmt.generation.ensemble import split_paths
+    from nmt.checkpoint.format import load_checkpoint
+    from nmt.checkpoint.names import split_paths
 
     vocabs = translator.vocabs
     return {
-        "version": nmt.__version__,
+        "version": __version__,
         "arch": [load_checkpoint(path, mmap=True)["arch"] for path in split_paths(translator.path)],
         "languages": {"source": vocabs.source_lang, "target": vocabs.target_lang},
         "vocab": {"source": len(vocabs.source), "target": len(vocabs.target), "joint": vocabs.joint},
@@ -268,7 +266,8 @@ def serve(options: ServeOptions) -> None:
         import uvicorn
     except ImportError:
         raise NmtError("nmt serve needs its optional dependencies: pip install 'nmt[serve]'") from None
-    translator = Translator.from_checkpoint(options.path, options.device, options.precision, options.quantize)
+    translator = Translator.from_checkpoint(options.path, options.compute.device, options.compute.precision,
+                                            options.compute.quantize)
     app = create_app(translator, options)
     family = socket.AF_INET6 if ":" in options.host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)

@@ -16,7 +16,7 @@ from typing import Any, Iterator, NamedTuple
 
 import torch
 
-from nmt.checkpoint import load_checkpoint, save_checkpoint
+from nmt.checkpoint.format import load_checkpoint, save_checkpoint
 from nmt.checkpoint.names import (BEST, LAST, epoch_checkpoint_name, numbered_checkpoints,
                                   update_checkpoint_name)
 from nmt.errors import NmtError

@@ -27,7 +27,7 @@ from typing import Any, Literal, Mapping
 
 import yaml
 
-from nmt.device import Precision
+from nmt.device_options import Precision
 from nmt.errors import NmtError
 from nmt.files import atomic_write
 from nmt.options import build, check_values, merge

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from nmt.checkpoint import check_compatible, model_state
+from nmt.checkpoint.format import check_compatible, model_state
 from nmt.checkpoint.names import LAST
 from nmt.data.vocabulary import PAD_ID
 from nmt.device import autocast, resolve_device, resolve_precision

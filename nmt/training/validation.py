@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from nmt.checkpoint import Vocabularies
+from nmt.checkpoint.format import Vocabularies
 from nmt.data.dataset import ParallelDataset
 from nmt.data.vocabulary import PAD_ID
 from nmt.device import autocast
@@ -56,8 +56,8 @@ def validation_bleu(model: nn.Module, dataset: ParallelDataset, vocabs: Vocabula
     The references are the binarized targets decoded by sentencepiece, i.e. normalized text,
     close to but not always the raw reference file: a figure to watch, not to report.
     """
-    from nmt.generation.generator import BatchingOptions, translate_ids
-    from nmt.generation.search import SearchOptions
+    from nmt.generation.inference import translate_ids
+    from nmt.generation.options import BatchingOptions, SearchOptions
     from nmt.scoring import MetricOptions, score
 
     used = np.arange(len(dataset)) if pairs_used is None else pairs_used

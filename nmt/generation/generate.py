@@ -1,0 +1,213 @@
+"""``nmt generate``: translate a binarized split or raw text with a checkpoint, write the output
+and optionally score it.
+
+Files are read whole and batched by length (nmt/generation/inference.py); raw text from a pipe or
+a terminal is translated as it arrives (streaming.py), each batch written and flushed before more
+is read. Output lines stay aligned with input lines, and the output file is written atomically.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+import torch
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeElapsedColumn
+from rich.text import Text
+from torch import nn
+
+from nmt.checkpoint.format import Vocabularies
+from nmt.data.dataset import DataDir
+from nmt.device import inference_device
+from nmt.errors import NmtError
+from nmt.files import atomic_write, read_lines, refuse_overwriting
+from nmt.generation.alignment import word_attentions
+from nmt.generation.ctranslate2_engine import load_ctranslate2
+from nmt.generation.ensemble import Ensemble
+from nmt.generation.inference import TranslateSources, encode_sources, prepare_model, sampling_generator, translate_ids
+from nmt.generation.options import GenerateOptions
+from nmt.generation.output import Translation, write_translations
+from nmt.generation.streaming import LineReader, is_stream
+from nmt.log import logger, stderr_console
+from nmt.models.attention_maps import layer_index
+from nmt.scoring import MetricOptions, MetricResult, score
+
+
+@dataclass
+class GenerateResult:
+    translations: list[Translation]  # in input order
+    scores: list[MetricResult]  # BLEU against the reference, with --score-reference
+    seconds: float  # translation time, loading excluded
+    output_tokens: int  # tokens of the best hypotheses, EOS included
+
+
+class TokenRateColumn(ProgressColumn):
+    def render(self, task) -> Text:
+        tokens = task.fields.get("tokens", 0)
+        return Text(f"{tokens / task.elapsed:,.0f} tokens/s" if task.elapsed else "")
+
+
+def progress_bar(show: bool) -> Progress:
+    """Sentences done and output tokens/s on stderr; never on stdout, where translations go."""
+    return Progress(TextColumn("translating"), BarColumn(), MofNCompleteColumn(), TextColumn("sentences"),
+                    TokenRateColumn(), TimeElapsedColumn(), console=stderr_console, transient=True,
+                    disable=not show)
+
+
+def read_inputs(options: GenerateOptions, vocabs: Vocabularies) -> tuple[list[np.ndarray], list[str], list[str] | None]:
+    """Source token ids, source text and (for a binarized split) reference text."""
+    if options.data is not None:
+        datadir = DataDir.open(options.data)
+        if (datadir.source_lang, datadir.target_lang) != (vocabs.source_lang, vocabs.target_lang):
+            raise NmtError(f"{options.data} is {datadir.source_lang}-{datadir.target_lang} but the checkpoint "
+                           f"translates {vocabs.source_lang}-{vocabs.target_lang}")
+        if datadir.vocabulary(datadir.source_lang) != vocabs.source:
+            raise NmtError(f"{options.data} was made with another sentencepiece model than the checkpoint's")
+        split = datadir.split(options.split)
+        sources = [split.source[i] for i in range(len(split))]
+        references = [vocabs.target.decode(split.target[i]) for i in range(len(split))]
+        return sources, [vocabs.source.decode(s) for s in sources], references
+    lines = read_lines(options.input)
+    if not lines:
+        raise NmtError(f"{'stdin' if options.input == '-' else options.input} is empty: nothing to translate")
+    return encode_sources(vocabs, lines), lines, None
+
+
+def split_text_files(options: GenerateOptions) -> tuple[str | None, str | None]:
+    """The raw source and target files `nmt preprocess` made the split from, as meta.json records
+    them (they may be gone since); None where it has none."""
+    entry = DataDir.open(options.data).meta["splits"].get(options.split, {})
+    return entry.get("source_file"), entry.get("target_file")
+
+
+def raw_references(options: GenerateOptions, count: int) -> list[str] | None:
+    """The split's target text as given to `nmt preprocess`, if that file is still there, unchanged in length."""
+    path = split_text_files(options)[1]
+    if not path or not Path(path).is_file():
+        return None
+    lines = read_lines(path)
+    return lines if len(lines) == count else None
+
+
+def score_against_references(options: GenerateOptions, hypotheses: list[str], decoded: list[str], language: str
+                             ) -> list[MetricResult]:
+    """BLEU against the raw reference file when it can be found; else against the binarized target
+    side as sentencepiece decodes it (normalized text, UNK shown as " ⁇ "), with a warning."""
+
+    references = raw_references(options, len(hypotheses))
+    if references is None:
+        logger.warning("the raw reference file of split %r was not found: scoring against its binarized target "
+                       "side (sentencepiece-normalized); for a reportable BLEU run `nmt score --ref FILE`",
+                       options.split)
+        references = decoded
+    return score(hypotheses, [references], options=MetricOptions(options.tokenize, options.lowercase, language))
+
+
+
+
+class Engine(NamedTuple):
+    """What translates: a function from source ids to hypotheses, and the vocabularies."""
+
+    translate: TranslateSources
+    vocabs: Vocabularies
+    model: nn.Module | None  # nmt's model (for attention weights); None for CTranslate2
+
+
+def load_engine(options: GenerateOptions, device: torch.device) -> Engine:
+    """nmt's decoder (one model or an ensemble) or CTranslate2's, as --engine says."""
+    if options.engine == "ctranslate2":
+        return Engine(*load_ctranslate2(options, device), None)
+    model, vocabs = prepare_model(options.path, device, options.compute.quantize)
+    generator = sampling_generator(options.search, device) if options.search.sampling else None  # one stream of draws
+    return Engine(lambda sources, progress=None: translate_ids(model, sources, options.search, options.batching,
+                                                               device, options.compute.precision, progress, generator),
+                  vocabs, model)
+
+
+def translate_stream(engine: Engine, options: GenerateOptions, device: torch.device) -> list[Translation]:
+    """Translate stdin as lines arrive, writing and flushing each batch before reading on."""
+    reader = LineReader(name="stdin")
+    translations: list[Translation] = []
+    while lines := reader.next_batch(options.buffer_size):
+        sources = encode_sources(engine.vocabs, lines)
+        hypotheses = engine.translate(sources, None)
+        batch = [Translation(len(translations) + i, line, hyps) for i, (line, hyps) in enumerate(zip(lines, hypotheses))]
+        if options.print_alignment or options.print_attention:
+            attach_attention(engine.model, engine.vocabs, sources, batch, options, device)
+        write_translations(batch, engine.vocabs, None, options.format, options.print_scores)
+        translations += batch
+    if not translations:
+        raise NmtError("stdin is empty: nothing to translate")
+    return translations
+
+
+def attach_attention(model: nn.Module, vocabs: Vocabularies, sources: list[np.ndarray],
+                     translations: list[Translation], options: GenerateOptions, device: torch.device) -> None:
+    """Re-score the chosen hypotheses once with attention weights (search never pays for them).
+
+    ``sources`` are the translations' source ids, in the same order. An ensemble aligns with its first model.
+    """
+    model = model.models[0] if isinstance(model, Ensemble) else model
+    layer = layer_index(options.alignment_layer, len(model.decoder_layers), "--alignment-layer")
+    pairs = [(t, h, source) for t, source in zip(translations, sources) for h in t.hypotheses]
+    attentions = word_attentions(model, vocabs, [source for _, _, source in pairs], [h.tokens for _, h, _ in pairs],
+                                 layer, device)
+    for t in translations:
+        t.attention = []
+    for (t, _, _), attention in zip(pairs, attentions):
+        t.attention.append(attention)
+
+
+def write_attention(translations: list[Translation], path: str) -> None:
+    with atomic_write(path) as handle:
+        for t in translations:
+            handle.write(json.dumps({"index": t.index, **t.attention[0].to_json()}, ensure_ascii=False) + "\n")
+
+
+def generate(options: GenerateOptions, show_progress: bool = True) -> GenerateResult:
+    """Translate, write the output (atomically to a file, or to stdout) and, with
+    ``score_reference``, score the best hypotheses against the split's reference.
+
+    Raw text from a pipe or terminal to stdout is translated as it arrives (``buffer_size``
+    lines at a time, or what is waiting); files are read whole and batched by length."""
+    if options.data is not None:
+        raw = [path for path in split_text_files(options) if path]
+        refuse_overwriting("--output", options.output, {"raw text of the split": raw})
+        refuse_overwriting("--print-attention", options.print_attention, {"raw text of the split": raw})
+    device, precision, reason = inference_device(options.compute, options.engine)
+    options = dataclasses.replace(options, compute=dataclasses.replace(options.compute, precision=precision))
+    engine = load_engine(options, device)
+    vocabs = engine.vocabs
+    start = time.perf_counter()
+    references = None
+    if options.input == "-" and options.output is None and is_stream(sys.stdin):
+        translations = translate_stream(engine, options, device)
+    else:
+        sources, source_texts, references = read_inputs(options, vocabs)
+        start = time.perf_counter()
+        with progress_bar(show_progress and stderr_console.is_terminal) as progress:
+            hypotheses = engine.translate(sources, progress)
+        translations = [Translation(i, source_texts[i], hyps, references[i] if references else None)
+                        for i, hyps in enumerate(hypotheses)]
+        if options.print_alignment or options.print_attention:
+            attach_attention(engine.model, vocabs, sources, translations, options, device)
+        write_translations(translations, vocabs, options.output, options.format, options.print_scores)
+    seconds = time.perf_counter() - start
+    if options.print_attention:
+        write_attention(translations, options.print_attention)
+    output_tokens = sum(len(t.hypotheses[0].tokens) for t in translations)
+    logger.info("translated %d sentences in %.1f s (%.1f sentences/s, %.0f tokens/s); precision: %s (%s)",
+                len(translations), seconds, len(translations) / max(seconds, 1e-9), output_tokens / max(seconds, 1e-9),
+                precision, reason)
+    scores = []
+    if options.score_reference:
+        scores = score_against_references(options, [t.best(vocabs) for t in translations], references,
+                                          vocabs.target_lang)
+    return GenerateResult(translations, scores, seconds, output_tokens)
+

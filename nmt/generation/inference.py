@@ -1,0 +1,171 @@
+"""Translating token ids with nmt's own decoder: the library every surface calls (`nmt generate`, the
+Python API, the server, validation BLEU, attention plots, the CTranslate2 engine's batching).
+
+Sources are sorted by length and batched (``max_tokens`` counts source tokens times beam) to cut
+padding; hypotheses come back in input order and do not depend on the batching (each sentence's
+search is independent, and padding is masked). An empty source (EOS only) gets an empty
+translation without running the model. The model runs under ``torch.inference_mode`` with
+optional autocast (bf16/fp16), or on CPU with int8 dynamic quantization of its linear layers, the
+output projection included (given a module of its own for it); attention's matrix products stay
+fp32 then.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable
+
+import numpy as np
+import torch
+from rich.progress import Progress
+from torch import nn
+
+from nmt.checkpoint.format import Vocabularies, load_checkpoint, model_from_checkpoint
+from nmt.checkpoint.names import split_paths
+from nmt.data.batching import batch_by_size, collate
+from nmt.data.vocabulary import EOS_ID, UNK_ID
+from nmt.device import autocast
+from nmt.errors import NmtError
+from nmt.generation.ensemble import Ensemble
+from nmt.generation.options import BatchingOptions, SearchOptions, check_workers
+from nmt.generation.search import beam_search, Hypothesis, model_positions
+from nmt.generation.workers import map_in_workers
+from nmt.log import logger
+
+
+TranslateSources = Callable[[list[np.ndarray], Progress | None], list[list[Hypothesis]]]  # as translate_ids
+
+
+def prepare_model(checkpoint_path: str | Path | list[str], device: torch.device, quantize: str = "none"
+                  ) -> tuple[nn.Module, Vocabularies]:
+    """The model of a checkpoint, or an Ensemble of several (``a.pt:b.pt``, or a list; they must share
+    vocabularies)."""
+    given = checkpoint_path if isinstance(checkpoint_path, list) else [checkpoint_path]
+    paths = [path for item in given for path in split_paths(str(item))]
+    models, vocabs = [], None
+    for path in paths:
+        model, its_vocabs = model_from_checkpoint(load_checkpoint(path))
+        if vocabs is not None and its_vocabs != vocabs:
+            raise NmtError(f"cannot ensemble {path} with {paths[0]}: their vocabularies or languages differ")
+        models.append(inference_model(model, quantize))
+        vocabs = its_vocabs
+    return (models[0] if len(models) == 1 else Ensemble(models)).to(device), vocabs
+
+
+def inference_model(model: nn.Module, quantize: str) -> nn.Module:
+    model.eval()
+    if quantize == "int8":
+        model.separate_output_layer()  # the largest product of every step; int8 only sees modules
+        with warnings.catch_warnings():  # torch.ao's eager quantization warns it will move to torchao
+            warnings.simplefilter("ignore")
+            model = torch.ao.quantization.quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8)
+    return model
+
+
+def empty_hypotheses(nbest: int) -> list[Hypothesis]:
+    return [Hypothesis(tokens=[EOS_ID], score=0.0, positional_scores=[0.0]) for _ in range(nbest)]
+
+
+@dataclass
+class Workload:
+    """What both engines start from: the result list (empty sources already answered), the sources
+    to search, their lengths, the token budget of a batch of sentences, and the progress bar's task."""
+    results: list[list[Hypothesis]]
+    todo: np.ndarray  # positions in ``sources`` of the sentences to search
+    lengths: np.ndarray  # their lengths, EOS included
+    max_tokens: int | None  # per batch of source tokens: --max-tokens shared by the beams
+    task: int | None
+
+
+def plan_workload(sources: list[np.ndarray], search: SearchOptions, batching: BatchingOptions,
+                  progress: Progress | None) -> Workload:
+    """Answer the empty sources at once and size the batches of the others."""
+    results = [empty_hypotheses(search.nbest) if len(s) <= 1 else [] for s in sources]
+    todo = np.asarray([i for i, s in enumerate(sources) if len(s) > 1], dtype=np.int64)
+    lengths = np.fromiter((len(sources[i]) for i in todo), dtype=np.int64, count=len(todo))
+    # A sentence's beams take about beam * (source length + some output) rows of work.
+    max_tokens = None if batching.max_tokens is None else max(batching.max_tokens // search.beam,
+                                                              int(lengths.max(initial=1)))
+    task = progress.add_task("translating", total=len(sources), completed=len(sources) - len(todo)) \
+        if progress else None
+    return Workload(results, todo, lengths, max_tokens, task)
+
+
+def translate_ids(model: nn.Module, sources: list[np.ndarray], search: SearchOptions | None = None,
+                  batching: BatchingOptions | None = None, device: torch.device = torch.device("cpu"),
+                  precision: str = "fp32", progress: Progress | None = None,
+                  generator: torch.Generator | None = None) -> list[list[Hypothesis]]:
+    """The ``nbest`` hypotheses for each source (token ids ending in EOS), in the order given.
+
+    Sampling draws from ``generator``; without one, from a new one seeded with ``search.seed`` (so
+    callers translating in several calls, such as a stream, pass theirs to draw on)."""
+    search, batching = search or SearchOptions(), batching or BatchingOptions()
+    check_lengths(model, sources)
+    check_workers(search, batching, device.type)
+    if search.sampling and generator is None:
+        generator = sampling_generator(search, device)
+    work = plan_workload(sources, search, batching, progress)
+
+    def search_batch(indices: np.ndarray) -> list[list[Hypothesis]]:
+        with torch.inference_mode(), autocast(device, precision):  # both are per thread
+            batch = collate(indices, [sources[i] for i in indices]).to(device)
+            return beam_search(model, batch.source, search, generator)
+
+    batches = [work.todo[positions]
+               for positions in batch_by_size(work.lengths, None, work.max_tokens, batching.batch_size)]
+    # Also entered here: with one worker the batches run in this thread, and autocast keeps its
+    # low-precision copies of the weights only until its outermost context ends.
+    with torch.inference_mode(), autocast(device, precision):
+        place_batches(work.results, batches, map_in_workers(search_batch, batches, batching.workers), progress,
+                      work.task)
+    return work.results
+
+
+def place_batches(results: list[list[Hypothesis]], batches: list[np.ndarray],
+                  hypotheses: Iterable[list[list[Hypothesis]]], progress: Progress | None, task: int | None) -> None:
+    """Put each batch's hypotheses at its sources' positions as the batches finish, advancing the
+    progress bar by sentences and output tokens."""
+    output_tokens = 0
+    for indices, batch_hypotheses in zip(batches, hypotheses):
+        for index, hyps in zip(indices.tolist(), batch_hypotheses):
+            results[index] = hyps
+        if progress:
+            output_tokens += sum(len(results[i][0].tokens) for i in indices)
+            progress.update(task, advance=len(indices), tokens=output_tokens)
+
+
+def sampling_generator(search: SearchOptions, device: torch.device) -> torch.Generator:
+    return torch.Generator(device=device).manual_seed(search.seed)
+
+
+def check_lengths(model: nn.Module, sources: list[np.ndarray]) -> None:
+    """A source longer than the model's positions is an error before any work, not a failure mid-batch."""
+    limit = model_positions(model)
+    longest = max(range(len(sources)), key=lambda i: len(sources[i]), default=None)
+    if limit is not None and longest is not None and len(sources[longest]) > limit:
+        raise NmtError(f"input line {longest + 1} has {len(sources[longest])} tokens (EOS included), over the "
+                       f"model's max_positions {limit}")
+
+
+def encode_sources(vocabs: Vocabularies, lines: list[str]) -> list[np.ndarray]:
+    """Source token ids ending in EOS, one array per line; unknown characters are reported, not hidden."""
+    ids = vocabs.source.encode_batch(lines)
+    warn_unknown(vocabs, lines, ids)
+    return [np.asarray(sentence + [EOS_ID], dtype=np.int64) for sentence in ids]
+
+
+def warn_unknown(vocabs: Vocabularies, lines: list[str], ids: list[list[int]]) -> int:
+    """One warning line when the source vocabulary cannot represent some input (a sentencepiece model
+    without byte fallback meeting unseen characters): the model reads them as <unk> and they vanish."""
+    unknown = sum(sentence.count(UNK_ID) for sentence in ids)
+    if unknown:
+        affected = [line for line, sentence in zip(lines, ids) if UNK_ID in sentence]
+        characters = sorted({c for line in affected for c in line if UNK_ID in vocabs.source.encode(c)})
+        shown = " ".join(c if c.isprintable() else f"U+{ord(c):04X}" for c in characters[:10]) + \
+            (" ..." if len(characters) > 10 else "")
+        logger.warning("%d input token(s) in %d sentence(s) were unknown to the %s vocabulary and read as <unk> "
+                       "(characters it cannot represent: %s)", unknown, len(affected), vocabs.source_lang, shown)
+    return unknown
+

@@ -1,0 +1,146 @@
+"""The options of ``nmt generate``, the API and the server's search: what to translate, how to
+search and batch, on what device. Torch-free, so that `nmt --help` does not import torch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from nmt.checkpoint.names import split_paths
+from nmt.device_options import PANEL, InferenceDeviceOptions
+from nmt.errors import NmtError
+from nmt.files import refuse_overwriting
+from nmt.options import check_values
+from nmt.scoring import AUTO, LOWERCASE_HELP, TOKENIZE_HELP, BleuTokenizer
+
+
+@dataclass(frozen=True)
+class SearchOptions:
+    """How to search: beam size, length penalty and limits, or sampling. Checks its own bounds."""
+
+    beam: int = field(default=4, metadata={"help": "Beam size (1 = greedy).", "min": 1})
+    lenpen: float = field(default=0.6, metadata={"help": "Length penalty alpha.", "min": -5.0, "max": 5.0})
+    lenpen_style: Literal["gnmt", "fairseq"] = field(default="gnmt", metadata={
+        "help": "gnmt: score / ((5+|Y|)/6)^alpha (the paper's); fairseq: score / |Y|^alpha."})
+    max_len_a: float = field(default=1.0, metadata={"help": "Max output length = a * source length + b.", "min": 0})
+    max_len_b: int = field(default=50, metadata={"help": "See --max-len-a.", "min": 0})
+    min_len: int = field(default=1, metadata={"help": "Min output length (EOS excluded).", "min": 0})
+    no_repeat_ngram_size: int = field(default=0, metadata={"help": "Never repeat an n-gram of this size (0 = off).",
+                                                           "min": 0})
+    nbest: int = field(default=1, metadata={"help": "Hypotheses to output per sentence, at most --beam.", "min": 1})
+    stop: Literal["exact", "finished"] = field(default="exact", metadata={
+        "help": "When a sentence's search ends. exact: once no unfinished hypothesis can beat its --beam finished "
+                "ones; finished: as soon as --beam hypotheses have finished (fairseq's and CTranslate2's rule; "
+                "faster with a positive --lenpen, and can return another translation)."})
+    sampling: bool = field(default=False, metadata={"help": "Sample instead of searching."})
+    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature (positive)."})
+    topk: int = field(default=0, metadata={"help": "Sample from the k likeliest tokens (0 = all).", "min": 0})
+    topp: float = field(default=0.0, metadata={"help": "Nucleus sampling mass (0 = off).", "min": 0.0, "max": 1.0})
+    seed: int = field(default=1, metadata={"help": "Random seed for sampling."})
+
+    def __post_init__(self) -> None:
+        check_values(self)
+        if self.nbest > self.beam:
+            raise NmtError(f"--nbest must be between 1 and --beam ({self.beam}), got {self.nbest}")
+        if self.temperature <= 0:
+            raise NmtError(f"--temperature must be positive, got {self.temperature}")
+        if (self.topk or self.topp) and not self.sampling:
+            raise NmtError("--topk/--topp only apply with --sampling")
+        if self.max_len_a == 0 and self.min_len > max(1, self.max_len_b):  # max_lengths gives at least 1
+            raise NmtError(f"--min-len {self.min_len} is over the max length --max-len-b {self.max_len_b} "
+                           "(with --max-len-a 0)")
+
+
+
+@dataclass(frozen=True)
+class BatchingOptions:
+    """How sentences are grouped for the model; the output never depends on it."""
+
+    max_tokens: int | None = field(default=8000, metadata={"help": "Source tokens x beam per batch.", "min": 1})
+    batch_size: int | None = field(default=None, metadata={"help": "Sentences per batch at most.", "min": 1})
+    workers: int = field(default=1, metadata={
+        "help": "Batches decoded at the same time, each on its own thread, sharing the CPU threads (CTranslate2's "
+                "inter_threads); each gets at least one, so more workers than threads share cores. Not with "
+                "--sampling.", "min": 1})
+
+    def __post_init__(self) -> None:
+        check_values(self)
+        if self.max_tokens is None and self.batch_size is None:
+            raise NmtError("give --max-tokens or --batch-size")
+
+
+@dataclass(frozen=True)
+class GenerateOptions:
+    """The options of ``nmt generate``: what to translate, where to write it, on what device, and the
+    search and batching options composed in. Option names are the CLI's and the recipe's keys."""
+
+    data: str | None = field(default=None, metadata={
+        "help": "Data directory from `nmt preprocess` (or use --input).", "argument": True, "metavar": "[DATA_DIR]"})
+    path: list[str] = field(default_factory=lambda: ["checkpoints/checkpoint_best.pt"], metadata={
+        "help": "Checkpoint to translate with; several (a.pt:b.pt, or --path repeated) decode as an ensemble."})
+    split: str = field(default="test", metadata={"help": "Split of DATA_DIR to translate."})
+    input: str | None = field(default=None, metadata={
+        "help": "Raw source text instead of DATA_DIR, one sentence a line ('-' = stdin, translated as lines arrive).",
+        "flags": ["--input", "-i"]})
+    output: str | None = field(default=None, metadata={
+        "help": "Write here (atomically) instead of stdout.", "flags": ["--output", "-o"]})
+    buffer_size: int | None = field(default=None, metadata={
+        "help": "Streaming stdin: translate N lines at a time (waiting for N) instead of whatever has arrived.",
+        "min": 1})
+    format: Literal["plain", "fairseq"] = field(default="plain", metadata={
+        "help": "plain: one translation per line; fairseq: S-/T-/H-/D-/P- lines."})
+    print_scores: bool = field(default=False, metadata={
+        "help": "Plain format: prefix each line with its score and a tab."})
+    print_alignment: bool = field(default=False, metadata={
+        "help": "Add each translation's word alignment (srcpos-tgtpos pairs from the cross-attention): a tab-separated "
+                "column in plain format, A- lines in fairseq format."})
+    alignment_layer: int | None = field(default=None, metadata={
+        "help": "Decoder layer whose heads' mean attention gives the alignment, from 1; unset: the penultimate.",
+        "min": 1})
+    print_attention: str | None = field(default=None, metadata={
+        "help": "Write each best translation's word-level soft attention to this JSON-lines file."})
+    score_reference: bool = field(default=False, metadata={
+        "help": "Print BLEU (on stderr) against the split's raw reference file, or its target side if that is gone."})
+    tokenize: BleuTokenizer = field(default=AUTO, metadata={"help": f"With --score-reference: {TOKENIZE_HELP}"})
+    lowercase: bool = field(default=False, metadata={"help": f"With --score-reference: {LOWERCASE_HELP}"})
+    engine: Literal["nmt", "ctranslate2"] = field(default="nmt", metadata={
+        "help": "nmt: its own decoder; ctranslate2: CTranslate2 (the ct2 extra of nmt) on --path, a directory "
+                "from `nmt export ctranslate2` or a checkpoint (exported to a temporary directory). Needs "
+                "--lenpen-style fairseq; outputs can differ: see nmt/generation/ctranslate2_engine.py."})
+    compute: InferenceDeviceOptions = field(default_factory=InferenceDeviceOptions, metadata={
+        "help": "Device options.", "panel": PANEL})
+    search: SearchOptions = field(default_factory=SearchOptions, metadata={
+        "help": "Search options.", "panel": "Search"})
+    batching: BatchingOptions = field(default_factory=BatchingOptions, metadata={
+        "help": "Batching options.", "panel": "Batching"})
+
+    def __post_init__(self) -> None:
+        check_values(self)
+        if (self.data is None) == (self.input is None):
+            raise NmtError("give either DATA_DIR (with --split) or --input FILE|-")
+        if self.alignment_layer is not None and not (self.print_alignment or self.print_attention):
+            raise NmtError("--alignment-layer applies with --print-alignment or --print-attention")
+        if self.engine == "ctranslate2" and (self.print_alignment or self.print_attention):
+            raise NmtError("--print-alignment and --print-attention need --engine nmt (attention weights)")
+        check_workers(self.search, self.batching)
+        if self.print_scores and self.format != "plain":
+            raise NmtError("--print-scores is for --format plain (fairseq's H- lines carry the scores)")
+        if self.buffer_size is not None and (self.input != "-" or self.output is not None):
+            raise NmtError("--buffer-size applies to translating stdin as it arrives (--input - and no --output)")
+        inputs = {"--input": self.input, "--path": [item for path in self.path for item in split_paths(path)]}
+        refuse_overwriting("--output", self.output, {**inputs, "--print-attention": self.print_attention})
+        refuse_overwriting("--print-attention", self.print_attention, inputs)
+        if self.score_reference and self.data is None:
+            raise NmtError("--score-reference needs a binarized split (DATA_DIR --split); "
+                           "for raw input use `nmt score --ref FILE` on the output")
+
+
+def check_workers(search: SearchOptions, batching: BatchingOptions, device_type: str | None = None) -> None:
+    """Sampling draws from one random generator: batches on several threads would make the draws
+    depend on the threads' timing. On a GPU one batch already fills the device, and the attention
+    backend switch (attention.py) is process-wide, not per thread."""
+    if batching.workers > 1 and search.sampling:
+        raise NmtError("--workers > 1 cannot be used with --sampling: the draws would depend on the threads' timing")
+    if batching.workers > 1 and device_type not in (None, "cpu"):
+        raise NmtError(f"--workers > 1 is for CPU decoding; on {device_type} use larger batches (--max-tokens)")
+
