@@ -99,7 +99,8 @@ def nmt_translator(path: Path, options: GenerateOptions) -> Translator:
 def ct2_translator(path: Path, options: GenerateOptions, quantization: str, workdir: Path) -> Translator:
     """The model exported to CTranslate2 (once per weight type, into ``workdir``), decoded as
     `--engine ctranslate2` does, with torch's thread count (shared among --workers, its inter_threads)."""
-    from nmt.export.ctranslate2 import ExportOptions, export_ctranslate2
+    from nmt.export.ctranslate2 import export_ctranslate2
+    from nmt.export.options import ExportOptions
     from nmt.generation.ctranslate2_engine import open_translator, translate_ids_ctranslate2
 
     directory = workdir / f"ct2-{quantization}"

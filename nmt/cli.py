@@ -4,6 +4,9 @@
 field becomes an option with its help, default and choices, so adding an option is one field and
 its use. The command function receives the options given on the command line; the library
 fills in the recipe's and the defaults and checks the values.
+
+Only the options dataclasses (torch-free) are imported here; each command imports the library
+function it calls when it runs, so `nmt --help` and `nmt score` never import torch.
 """
 
 from __future__ import annotations
@@ -11,27 +14,28 @@ from __future__ import annotations
 import logging
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 from rich.console import Console
 
-from nmt.checkpoint.averaging import AverageOptions, average as average_checkpoints
-from nmt.data.preprocess import PreprocessOptions, preprocess as run_preprocess, summary_table
+from nmt.checkpoint.options import AverageOptions
+from nmt.commands import command
+from nmt.data.preprocess import PreprocessOptions
 from nmt.errors import NmtError, Stopped
-from nmt.export.ctranslate2 import ExportOptions
-from nmt.generation.generate import generate as run_generation
+from nmt.export.options import ExportOptions
 from nmt.generation.options import GenerateOptions
 from nmt.log import logger, state
-from nmt.commands import command
 from nmt.options import build
-from nmt.pipeline import PipelineReport, plan_recipe, run_plan
-from nmt.plot import PlotAttentionOptions, PlotCurvesOptions
+from nmt.plot.options import PlotAttentionOptions, PlotCurvesOptions
 from nmt.recipe import STAGES
-from nmt.scoring import ScoreOptions, format_results, parse_metrics, score_files
+from nmt.scoring import ScoreOptions
 from nmt.serving.server import ServeOptions
 from nmt.training.config import TrainConfig, load_train_config
 from nmt.version import __version__
+
+if TYPE_CHECKING:
+    from nmt.pipeline import PipelineReport
 
 try:  # newer typer carries its own copy of click
     from typer._click.exceptions import ClickException, NoArgsIsHelpError
@@ -73,6 +77,8 @@ def average(given: dict, inputs_flag: Annotated[bool, typer.Option(
         "--inputs", help="Optional, fairseq's spelling: `--inputs a.pt b.pt` is the same as `a.pt b.pt`.")] = False
             ) -> None:
     """Average the parameters of checkpoints (the paper: last 5 for base, last 20 for big)."""
+    from nmt.checkpoint.averaging import average as average_checkpoints
+
     options = build(AverageOptions, given, "average")
     average_checkpoints(options.inputs, options.output, options.num_epoch_checkpoints, options.num_update_checkpoints)
 
@@ -80,6 +86,8 @@ def average(given: dict, inputs_flag: Annotated[bool, typer.Option(
 @command(app, PreprocessOptions)
 def preprocess(given: dict) -> None:
     """Train sentencepiece on parallel text and binarize it into a data directory for train and generate."""
+    from nmt.data.preprocess import preprocess as run_preprocess, summary_table
+
     datadir = run_preprocess(build(PreprocessOptions, given, "preprocess"), show_progress=state["progress"])
     if logger.isEnabledFor(logging.INFO):
         Console().print(summary_table(datadir))
@@ -88,6 +96,8 @@ def preprocess(given: dict) -> None:
 @command(app, ScoreOptions)
 def score(given: dict) -> None:
     """Score a system output with sacrebleu (BLEU tokenized for the target language, cased) and print the signatures."""
+    from nmt.scoring import format_results, parse_metrics, score_files
+
     options = build(ScoreOptions, given, "score")
     results = score_files(options.system, options.ref, parse_metrics(options.metrics), options.metric)
     typer.echo(format_results(results, as_json=options.json_output))
@@ -102,7 +112,7 @@ def train(given: dict, config: Annotated[Optional[Path], typer.Option(
     Several GPUs on one machine: --nproc N. Several machines: torchrun --nnodes M --nproc-per-node N
     --rdzv-endpoint HOST:PORT -m nmt train ... (each process takes its share of every batch list).
     """
-    from nmt.training.trainer import train as run_training  # torch.distributed and the model: only for train
+    from nmt.training.trainer import train as run_training
 
     run_training(load_train_config(given, config))
 
@@ -114,6 +124,8 @@ def generate(given: dict) -> None:
     Output: one line per input line (--nbest K: K lines), in input order; an empty input line gives an
     empty translation.
     """
+    from nmt.generation.generate import generate as run_generation
+
     result = run_generation(build(GenerateOptions, given, "generate"), show_progress=state["progress"])
     for metric in result.scores:  # stderr: stdout holds only translations
         typer.echo(metric.formatted, err=True)
@@ -135,7 +147,7 @@ app.add_typer(plot_app, name="plot")
 @command(plot_app, PlotAttentionOptions, "attention", "plot ")
 def plot_attention(given: dict) -> None:
     """Heat maps of one layer's attention heads for a sentence (the paper's Figures 3-5)."""
-    from nmt.plot import plot_attention as draw
+    from nmt.plot.attention import plot_attention as draw
 
     draw(build(PlotAttentionOptions, given, "plot attention"))
 
@@ -143,7 +155,7 @@ def plot_attention(given: dict) -> None:
 @command(plot_app, PlotCurvesOptions, "curves", "plot ")
 def plot_curves(given: dict) -> None:
     """Train/valid loss, valid BLEU, learning rate and tokens/s against updates, from SAVE_DIR/metrics.jsonl."""
-    from nmt.plot import plot_curves as draw
+    from nmt.plot.curves import plot_curves as draw
 
     draw(build(PlotCurvesOptions, given, "plot curves"))
 
@@ -167,6 +179,8 @@ def run(recipe: Annotated[Path, typer.Argument(
         dry_run: Annotated[bool, typer.Option(
             help="Check the whole recipe, print every stage's resolved options, and run nothing.")] = False) -> None:
     """Run a recipe's whole pipeline: preprocess -> train -> average -> generate -> score."""
+    from nmt.pipeline import plan_recipe, run_plan
+
     chosen = tuple(stage.strip() for stage in stages.split(",") if stage.strip())
     if not chosen:
         raise NmtError(f"--stages names no stage; stages: {', '.join(STAGES)}")

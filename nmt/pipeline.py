@@ -18,7 +18,7 @@ from typing import Any, Callable
 import yaml
 from rich.table import Table
 
-from nmt.checkpoint.averaging import AverageOptions
+from nmt.checkpoint.options import AverageOptions
 from nmt.checkpoint.names import BEST
 from nmt.data.corpus import SPLIT_KINDS, SplitFiles, find_splits, split_prefixes, text_file_names
 from nmt.data.preprocess import PreprocessOptions

@@ -4,7 +4,8 @@ import subprocess
 import pytest
 import torch
 
-from nmt.checkpoint.averaging import AverageOptions, average, average_checkpoints, last_checkpoints
+from nmt.checkpoint.averaging import average, average_checkpoints, last_checkpoints
+from nmt.checkpoint.options import AverageOptions
 from nmt.checkpoint.format import Vocabularies, load_checkpoint, model_from_checkpoint, model_state, save_checkpoint
 from nmt.data.vocabulary import PAD_ID, Vocabulary
 from nmt.errors import NmtError

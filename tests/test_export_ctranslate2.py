@@ -14,7 +14,8 @@ from nmt.checkpoint.format import Vocabularies, load_checkpoint, model_state, sa
 from nmt.cli import main
 from nmt.data.vocabulary import BOS_ID, EOS_ID, PAD_ID, Vocabulary
 from nmt.errors import NmtError
-from nmt.export.ctranslate2 import ExportOptions, export_ctranslate2
+from nmt.export.ctranslate2 import export_ctranslate2
+from nmt.export.options import ExportOptions
 from nmt.generation.generate import generate
 from nmt.generation.inference import prepare_model, translate_ids
 from nmt.generation.options import GenerateOptions

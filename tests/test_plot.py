@@ -9,7 +9,9 @@ import pytest
 
 from conftest import run_cli
 from nmt.errors import NmtError
-from nmt.plot import PlotAttentionOptions, PlotCurvesOptions, plot_attention, plot_curves
+from nmt.plot.attention import plot_attention
+from nmt.plot.curves import plot_curves
+from nmt.plot.options import PlotAttentionOptions, PlotCurvesOptions
 from nmt.training.metrics_file import MetricsFile
 
 matplotlib = pytest.importorskip("matplotlib", reason="nmt plot needs the plot extra (pip install 'nmt[plot]')")

@@ -7,8 +7,6 @@ a model-only checkpoint (no optimizer state) that loads like any other.
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -16,11 +14,11 @@ import torch
 from torch import Tensor
 
 from nmt.checkpoint.format import check_compatible, load_checkpoint, make_checkpoint, save_checkpoint
-from nmt.checkpoint.names import LAST, is_training_checkpoint_name, numbered_checkpoints
+from nmt.checkpoint.names import numbered_checkpoints
+from nmt.checkpoint.options import check_output_name
 from nmt.errors import NmtError
 from nmt.files import refuse_overwriting
 from nmt.log import logger
-from nmt.options import check_values
 
 
 def last_checkpoints(directory: str | Path, num_epoch_checkpoints: int | None = None,
@@ -112,38 +110,6 @@ def average_checkpoints(paths: list[str | Path]) -> dict[str, Any]:
             averaged[key] = sums.pop(key).div_(len(paths)).to(dtype)
     return make_checkpoint(first["model_name"], first["arch"], first["model_config"], first["vocab"], averaged,
                            averaged_from=[str(path) for path in paths])
-
-
-@dataclass(frozen=True)
-class AverageOptions:
-    """The options of ``nmt average`` (and a recipe's ``average:`` section, whose input is the save dir)."""
-
-    inputs: list[str] = field(metadata={
-        "help": "A save dir (with --num-epoch-checkpoints/--num-update-checkpoints) or the checkpoint files to "
-                "average.",
-        "argument": True, "metavar": "INPUTS..."})
-    output: str = field(metadata={"help": "Where to write the averaged model-only checkpoint.",
-                                  "flags": ["--output", "-o"]})
-    num_epoch_checkpoints: int | None = field(default=None, metadata={
-        "help": "Average the last N checkpoint{epoch}.pt files of the save dir.", "min": 1})
-    num_update_checkpoints: int | None = field(default=None, metadata={
-        "help": "Average the last N checkpoint_{epoch}_{update}.pt files of the save dir.", "min": 1})
-
-    def __post_init__(self) -> None:
-        check_values(self)
-        check_output_name(self.output, self.inputs)
-
-
-def check_output_name(output: str | Path, inputs: list[str] | list[Path]) -> None:
-    """The averaged model is model-only: in a save dir (one of the inputs, or a directory holding
-    checkpoint_last.pt), under a training checkpoint's name, training would resume from it (losing
-    the optimizer and update count) or prune it."""
-    output = Path(output)
-    folder = os.path.realpath(output.parent)
-    in_save_dir = (output.parent / LAST).exists() or any(os.path.realpath(path) == folder for path in inputs)
-    if in_save_dir and is_training_checkpoint_name(output.name):
-        raise NmtError(f"--output {output} has the name of a training checkpoint of that save dir, which training "
-                       "resumes from or prunes: name the averaged model another way, e.g. averaged.pt")
 
 
 def average(inputs: list[str | Path], output: str | Path, num_epoch_checkpoints: int | None = None,

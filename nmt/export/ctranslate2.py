@@ -17,9 +17,8 @@ from __future__ import annotations
 
 import json
 import shutil
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from torch import Tensor
@@ -28,28 +27,16 @@ from nmt.checkpoint.format import Vocabularies, load_checkpoint, model_from_chec
 from nmt.data.preprocess import make_workdir, replace_directory
 from nmt.data.vocabulary import BOS_ID, EOS_ID, UNK_ID, Vocabulary
 from nmt.errors import NmtError
+from nmt.export.options import ExportOptions
 from nmt.log import logger
 from nmt.models.transformer import sinusoidal_positions
 
 if TYPE_CHECKING:
     from ctranslate2.specs import TransformerSpec
 
-Quantization = Literal["float32", "int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16",
-                       "bfloat16"]
 META_FILE = "nmt.json"
 EXPORTABLE_MODELS = ("transformer",)
 LAYER_NORM_EPS = 1e-5  # torch.nn.LayerNorm's default, which nmt's Transformer uses
-
-
-@dataclass(frozen=True)
-class ExportOptions:
-    checkpoint: str = field(metadata={"help": "The nmt checkpoint to export.", "argument": True,
-                                      "metavar": "CHECKPOINT"})
-    outdir: str = field(metadata={"help": "The CTranslate2 model directory to write (replaced only once complete).",
-                                  "argument": True, "metavar": "OUTDIR"})
-    quantization: Quantization = field(default="float32", metadata={
-        "help": "Weight type CTranslate2 stores (int8: about 4x smaller; it can still compute in another type)."})
-    force: bool = field(default=False, metadata={"help": "Replace OUTDIR if it holds an earlier export."})
 
 
 def import_ctranslate2():

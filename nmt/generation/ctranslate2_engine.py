@@ -42,7 +42,8 @@ from nmt.checkpoint.format import Vocabularies
 from nmt.data.batching import batch_by_size
 from nmt.data.vocabulary import BOS_ID, EOS_ID, PAD_ID
 from nmt.errors import NmtError
-from nmt.export.ctranslate2 import ExportOptions, export_ctranslate2, export_meta, import_ctranslate2, load_vocabularies
+from nmt.export.ctranslate2 import export_ctranslate2, export_meta, import_ctranslate2, load_vocabularies
+from nmt.export.options import ExportOptions
 from nmt.generation.inference import TranslateSources, place_batches, plan_workload
 from nmt.generation.options import GenerateOptions
 from nmt.generation.search import Hypothesis, max_lengths
