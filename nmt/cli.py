@@ -18,7 +18,8 @@ from rich.console import Console
 
 import nmt
 from nmt.checkpoint.averaging import AverageOptions, average as average_checkpoints
-from nmt.data.preprocess import PreprocessOptions, preprocess as run_preprocess, summary_table
+from nmt.data.preprocess import PreprocessOptions, preprocess as run_preprocess
+from nmt.data.summary import summary_table
 from nmt.errors import NmtError, Stopped
 from nmt.export.ctranslate2 import ExportOptions
 from nmt.generation.generator import GenerateOptions, generate as run_generation
