@@ -40,9 +40,7 @@ class SplitMeta:
         return {key: value for key, value in dataclasses.asdict(self).items() if value is not None}
 
     @classmethod
-    def from_json(cls, entry: Any) -> "SplitMeta":
-        if not isinstance(entry, dict) or not isinstance(entry.get("sentences"), int):
-            raise ValueError
+    def from_json(cls, entry: dict[str, Any]) -> "SplitMeta":
         return cls(**{f.name: entry[f.name] for f in dataclasses.fields(cls) if f.name in entry})
 
 
@@ -75,16 +73,12 @@ class DatasetMeta:
             record = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
             raise NmtError(f"cannot read {path}: {exc}") from exc
-        try:
-            if not isinstance(record, dict) or not all(isinstance(record.get(k), kind) for k, kind in REQUIRED.items()) \
-                    or not {record["source_lang"], record["target_lang"]} <= set(record["vocab_files"]):
-                raise ValueError
-            splits = {name: SplitMeta.from_json(entry) for name, entry in record["splits"].items()}
-        except ValueError:
+        if not is_record(record):
             raise NmtError(f"{path} is not an `nmt preprocess` record (it needs {', '.join(REQUIRED)}); "
-                           "run preprocess again") from None
+                           "run preprocess again")
         known = {f.name for f in dataclasses.fields(cls)} - {"splits"}
-        return cls(splits=splits, **{key: value for key, value in record.items() if key in known})
+        return cls(splits={name: SplitMeta.from_json(entry) for name, entry in record["splits"].items()},
+                   **{key: value for key, value in record.items() if key in known})
 
     def save(self, directory: Path) -> None:
         record = {"format": self.format, "nmt_version": self.nmt_version, "source_lang": self.source_lang,
@@ -95,3 +89,12 @@ class DatasetMeta:
         with atomic_write(directory / META_FILE) as handle:
             json.dump(record, handle, indent=2, ensure_ascii=False)
             handle.write("\n")
+
+
+def is_record(record: Any) -> bool:
+    """Whether a parsed meta.json holds what reading needs: the REQUIRED keys, a model file for each
+    language, and each split's number of sentences."""
+    return isinstance(record, dict) and all(isinstance(record.get(key), kind) for key, kind in REQUIRED.items()) \
+        and {record["source_lang"], record["target_lang"]} <= set(record["vocab_files"]) \
+        and all(isinstance(entry, dict) and isinstance(entry.get("sentences"), int)
+                for entry in record["splits"].values())

@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from nmt.data.meta import META_FILE, DatasetMeta
 from nmt.data.corpus import SplitFiles
+from nmt.data.meta import META_FILE, DatasetMeta
 from nmt.errors import NmtError
 
 
