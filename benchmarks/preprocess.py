@@ -19,8 +19,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from nmt.data.binarize import encoded_chunks
 from nmt.data.corpus import SplitFiles, find_splits
-from nmt.data.preprocess import CHUNK_LINES, PreprocessOptions, encoded_chunks, preprocess
+from nmt.data.preprocess import CHUNK_LINES, PreprocessOptions, preprocess
 from nmt.data.vocabulary import Vocabulary
 from nmt.files import read_lines
 

@@ -19,6 +19,7 @@ Needs ../shared/data/multi30k beside the repository (or --data / NMT_MULTI30K).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
@@ -65,25 +66,22 @@ def write_corpus(data: Path, directory: Path, repeats: int) -> str:
 def tile_data_dir(source: Path, destination: Path, times: int) -> None:
     """A data directory whose train split is ``source``'s ``times`` over (written side by side, not in memory)."""
     from nmt.data.dataset import DataDir
-    from nmt.data.preprocess import npy_header
+    from nmt.data.meta import SplitMeta
+    from nmt.data.token_file import TokenFileWriter
 
     data = DataDir.open(source)
     destination.mkdir(parents=True, exist_ok=True)
-    for name in data.meta["vocab_files"].values():
+    for name in data.meta.vocab_files.values():
         (destination / name).write_bytes((source / name).read_bytes())
     for lang in (data.source_lang, data.target_lang):
         tokens = np.load(source / f"train.{lang}.tokens.npy")
-        offsets = np.load(source / f"train.{lang}.offsets.npy")
-        with open(destination / f"train.{lang}.tokens.npy", "wb") as handle:
-            handle.write(npy_header(tokens.dtype, len(tokens) * times))
-            for _ in range(times):
-                handle.write(tokens.tobytes())
-        lengths = np.tile(np.diff(offsets).astype(np.int32), times)
-        tiled = np.zeros(len(lengths) + 1, dtype=np.int64)
-        np.cumsum(lengths, out=tiled[1:])
-        np.save(destination / f"train.{lang}.offsets.npy", tiled)
-    meta = dict(data.meta, splits={"train": {"sentences": len(data.split("train")) * times}})
-    DataDir(destination, meta).write_meta()
+        sizes = np.diff(np.load(source / f"train.{lang}.offsets.npy"))
+        writer = TokenFileWriter(destination / f"train.{lang}", tokens.dtype)
+        for _ in range(times):
+            writer.append(tokens, sizes)
+        writer.close()
+    splits = {"train": SplitMeta(sentences=len(data.split("train")) * times)}
+    dataclasses.replace(data.meta, splits=splits).save(destination)
 
 
 def startup(data_dir: str, max_tokens: int) -> dict[str, float]:

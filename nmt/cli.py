@@ -86,7 +86,8 @@ def average(given: dict, inputs_flag: Annotated[bool, typer.Option(
 @command(app, PreprocessOptions)
 def preprocess(given: dict) -> None:
     """Train sentencepiece on parallel text and binarize it into a data directory for train and generate."""
-    from nmt.data.preprocess import preprocess as run_preprocess, summary_table
+    from nmt.data.preprocess import preprocess as run_preprocess
+    from nmt.data.summary import summary_table
 
     datadir = run_preprocess(build(PreprocessOptions, given, "preprocess"), show_progress=state["progress"])
     if logger.isEnabledFor(logging.INFO):

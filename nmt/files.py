@@ -10,6 +10,7 @@ import shutil
 import stat
 import sys
 import tempfile
+import uuid
 import zlib
 from pathlib import Path
 from typing import IO, Iterable, Iterator
@@ -180,6 +181,46 @@ def lock_holder(directory: Path) -> str:
             if fields[1] == "FLOCK" and fields[5] == inode:
                 return f"pid {fields[4]}"
     return "another process"
+
+
+@contextlib.contextmanager
+def atomic_directory(destdir: Path) -> Iterator[Path]:
+    """A new empty directory to fill, renamed to ``destdir`` when the block ends without error and
+    deleted when it does not: ``destdir`` is never seen half-written (``atomic_write`` for a directory).
+
+    It is made beside ``destdir`` as ``.NAME.tmp-*`` (same filesystem: the rename is atomic), when
+    entering, so an unwritable place fails before the work; a kill -9 may leave it, for
+    ``clean_workdirs_beside``. An old ``destdir`` is moved aside, and deleted once the new one is in place.
+    """
+    workdir = destdir.parent / f".{destdir.name}.tmp-{uuid.uuid4().hex[:8]}"
+    try:
+        destdir.parent.mkdir(parents=True, exist_ok=True)
+        workdir.mkdir()
+    except OSError as exc:
+        raise NmtError(f"cannot create a directory in {destdir.parent}: {exc.strerror or exc}") from exc
+    try:
+        yield workdir
+        _replace_directory(workdir, destdir)
+    except BaseException:
+        shutil.rmtree(workdir, ignore_errors=True)
+        raise
+
+
+def _replace_directory(new: Path, destdir: Path) -> None:
+    """Rename ``new`` to ``destdir``; an old destdir is moved aside first (back on failure) and deleted last."""
+    old = None
+    if destdir.exists():
+        old = destdir.parent / f".{destdir.name}.old-{uuid.uuid4().hex[:8]}"
+        os.rename(destdir, old)
+    try:
+        os.rename(new, destdir)
+    except BaseException:
+        if old is not None:
+            os.rename(old, destdir)
+        raise
+    fsync_dir(destdir.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def clean_workdirs_beside(destdir: Path) -> None:

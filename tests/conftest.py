@@ -17,6 +17,7 @@ import torch
 from nmt.checkpoint.format import Vocabularies, load_checkpoint, model_state, save_checkpoint
 from nmt.cli import main
 from nmt.data.dataset import DataDir, write_token_array
+from nmt.data.meta import DatasetMeta, SplitMeta
 from nmt.data.vocabulary import EOS_ID, PAD_ID, Vocabulary
 from nmt.demo_data import demo_pairs, sample_numbers
 from nmt.models.registry import build_model, get_arch
@@ -44,10 +45,8 @@ def make_data_dir(directory: Path, splits: dict[str, list[tuple[str, str]]], voc
         for lang, side in ((source_lang, 0), (target_lang, 1)):
             sentences = [vocab.encode(pair[side]) + [EOS_ID] for pair in pairs]
             write_token_array(directory / f"{split}.{lang}", sentences, len(vocab))
-    DataDir(directory, {"source_lang": source_lang, "target_lang": target_lang,
-                        "splits": {split: {"sentences": len(pairs)} for split, pairs in splits.items()},
-                        "vocab_files": {source_lang: "spm.model", target_lang: "spm.model"},
-                        "joint": True}).write_meta()
+    DatasetMeta(source_lang, target_lang, vocab_files={source_lang: "spm.model", target_lang: "spm.model"},
+                splits={split: SplitMeta(sentences=len(pairs)) for split, pairs in splits.items()}).save(directory)
     return directory
 
 

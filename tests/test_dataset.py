@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 
 from nmt.data.dataset import DataDir, ParallelDataset, TokenArray, save_token_array, smallest_dtype, write_token_array
+from nmt.data.meta import DatasetMeta, SplitMeta
 from nmt.data.vocabulary import EOS_ID, Vocabulary
 from nmt.errors import NmtError
 
@@ -57,10 +56,10 @@ def make_datadir(path, vocab: Vocabulary) -> DataDir:
     vocab.save(path / "spm.model")
     for lang, text in (("en", "the dog runs"), ("de", "a cat sits")):
         write_token_array(path / f"train.{lang}", [vocab.encode(text) + [EOS_ID]], len(vocab))
-    datadir = DataDir(path, {"source_lang": "en", "target_lang": "de", "splits": {"train": {"sentences": 1}},
-                             "vocab_files": {"en": "spm.model", "de": "spm.model"}})
-    datadir.write_meta()
-    return datadir
+    meta = DatasetMeta("en", "de", vocab_files={"en": "spm.model", "de": "spm.model"},
+                       splits={"train": SplitMeta(sentences=1)})
+    meta.save(path)
+    return DataDir(path, meta)
 
 
 def test_datadir_round_trip(tmp_path):
@@ -85,7 +84,3 @@ def test_datadir_open_refuses_unfinished_or_broken_directories(tmp_path):
     with pytest.raises(NmtError, match="cannot read .*meta.json"):
         DataDir.open(tmp_path / "half")
 
-
-def test_write_meta_is_plain_json(tmp_path):
-    DataDir(tmp_path, {"source_lang": "en", "target_lang": "de", "note": "größe"}).write_meta()
-    assert json.loads((tmp_path / "meta.json").read_text(encoding="utf-8"))["note"] == "größe"

@@ -1,11 +1,15 @@
-"""same_file: what an output must never be, whatever way its path is spelled."""
+"""same_file: what an output must never be, whatever way its path is spelled; atomic_write's file
+modes; atomic_directory's all-or-nothing replacement."""
 
 from __future__ import annotations
 
 import os
 import stat
 
-from nmt.files import atomic_write, same_file
+import pytest
+
+from nmt.errors import NmtError
+from nmt.files import atomic_directory, atomic_write, same_file
 
 
 def test_same_file_sees_through_spellings_and_links(tmp_path, monkeypatch):
@@ -43,3 +47,28 @@ def test_a_replaced_file_keeps_its_mode_and_a_new_one_gets_the_umasks(tmp_path):
     finally:
         os.umask(umask)
     assert stat.S_IMODE((tmp_path / "new.hyp").stat().st_mode) == 0o640
+
+
+def test_atomic_directory_replaces_the_old_one_only_when_the_block_completes(tmp_path):
+    destdir = tmp_path / "out"
+    with atomic_directory(destdir) as workdir:
+        (workdir / "a").write_text("first")
+        assert not destdir.exists()  # nothing there until the block completes
+    assert [p.name for p in tmp_path.iterdir()] == ["out"] and (destdir / "a").read_text() == "first"
+    with pytest.raises(KeyboardInterrupt):
+        with atomic_directory(destdir) as workdir:
+            (workdir / "a").write_text("second")
+            raise KeyboardInterrupt
+    assert [p.name for p in tmp_path.iterdir()] == ["out"] and (destdir / "a").read_text() == "first"
+    with atomic_directory(destdir) as workdir:
+        (workdir / "b").write_text("third")
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]  # the old one moved aside, then deleted
+    assert [p.name for p in destdir.iterdir()] == ["b"]
+
+
+def test_atomic_directory_where_no_directory_can_be_made_is_one_line(tmp_path):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(NmtError, match=f"^cannot create a directory in {tmp_path}/file: "):
+        with atomic_directory(tmp_path / "file" / "out"):
+            pass
+    assert (tmp_path / "file").read_text() == "x"

@@ -42,8 +42,8 @@ def data_dir(tmp_path_factory):
     raw = root / "test.de"
     raw.write_text("".join(target + "\n" for _, target in pairs[300:]), encoding="utf-8")
     datadir = DataDir.open(directory)
-    datadir.meta["splits"]["test"]["target_file"] = str(raw)
-    datadir.write_meta()
+    datadir.meta.splits["test"].target_file = str(raw)
+    datadir.meta.save(directory)
     return directory
 
 
@@ -228,8 +228,8 @@ def test_score_reference_uses_the_raw_reference_and_falls_back_to_the_split(data
     reference = tmp_path / "test.de"
     shutil.copy(tmp_path / "h", reference)
     datadir = DataDir.open(copy)
-    datadir.meta["splits"]["test"]["target_file"] = str(reference)
-    datadir.write_meta()
+    datadir.meta.splits["test"].target_file = str(reference)
+    datadir.meta.save(copy)
     result = generate(options(checkpoint, data=str(copy), score_reference=True, output=str(tmp_path / "h")))
     assert [m.name for m in result.scores] == ["BLEU"] and result.scores[0].score == pytest.approx(100.0)
 
@@ -248,7 +248,7 @@ def test_score_reference_takes_the_bleu_tokenizer_and_case(data_dir, checkpoint,
     chosen = generate(options(checkpoint, data=str(data_dir), score_reference=True, output=str(tmp_path / "h"),
                               tokenize="char", lowercase=True))
     raw = (tmp_path / "h").read_text(encoding="utf-8").splitlines()
-    reference = open(DataDir.open(data_dir).meta["splits"]["test"]["target_file"], encoding="utf-8").read().splitlines()
+    reference = open(DataDir.open(data_dir).meta.splits["test"].target_file, encoding="utf-8").read().splitlines()
     expected = score(raw, [reference], options=MetricOptions("char", lowercase=True))[0]
     assert "|tok:char|" in chosen.scores[0].signature and "case:lc" in chosen.scores[0].signature
     assert chosen.scores[0].score == expected.score != default.scores[0].score
@@ -341,7 +341,7 @@ def test_an_output_that_is_an_input_is_refused_and_left_whole(checkpoint, tmp_pa
 
 def test_the_raw_text_of_a_translated_split_is_never_an_output(data_dir, checkpoint):
     """Else --score-reference would read the hypotheses back as the reference (BLEU 100)."""
-    reference = Path(DataDir.open(data_dir).meta["splits"]["test"]["target_file"])
+    reference = Path(DataDir.open(data_dir).meta.splits["test"].target_file)
     before = reference.read_bytes()
     for flag in ("output", "print_attention"):
         with pytest.raises(NmtError, match=f"--{flag.replace('_', '-')} .*test.de is also the raw text of the split"):

@@ -18,8 +18,9 @@ import typer.main
 from nmt.cli import app
 from nmt.data import preprocess as preprocess_module
 from nmt.data.corpus import split_names
+from nmt.data.binarize import drop_reasons
 from nmt.data.dataset import DataDir
-from nmt.data.preprocess import PreprocessOptions, drop_reasons, preprocess
+from nmt.data.preprocess import PreprocessOptions, preprocess
 from nmt.data.vocabulary import EOS_ID, UNK_ID
 from nmt.errors import NmtError
 from nmt.log import logger
@@ -90,20 +91,21 @@ def test_builds_a_data_directory_that_round_trips(corpus, tmp_path):
     datadir = preprocess(make_options(corpus, tmp_path), show_progress=False)
     meta = datadir.meta
     assert datadir.path == tmp_path / "bin" and datadir.splits == ["train", "valid", "test"]
-    assert meta["joint"] and meta["vocab_files"] == {"en": "spm.model", "de": "spm.model"}
-    assert meta["vocab_sizes"] == {"en": 100, "de": 100}
-    assert meta["spm_sha256"]["en"] == datadir.vocabulary("en").sha256
-    assert meta["nmt_version"] and meta["options"]["vocab_size"] == 100 and "workers" not in meta["options"]
+    assert meta.joint and meta.vocab_files == {"en": "spm.model", "de": "spm.model"}
+    assert meta.vocab_sizes == {"en": 100, "de": 100}
+    assert meta.spm_sha256["en"] == datadir.vocabulary("en").sha256
+    assert meta.nmt_version and meta.options["vocab_size"] == 100 and "workers" not in meta.options
     for split in ("train", "valid", "test"):
         source, target = read_text(corpus / f"{split}.en"), read_text(corpus / f"{split}.de")
         assert_round_trips(datadir, split, source, target)
-        entry = meta["splits"][split]
+        entry = meta.splits[split]
         data = datadir.split(split)
-        assert entry["sentences"] == len(source) and entry["input_lines"] == len(source)
-        assert entry["source_tokens"] == len(data.source.tokens) and entry["target_tokens"] == len(data.target.tokens)
+        assert entry.sentences == len(source) and entry.input_lines == len(source)
+        assert entry.source_tokens == len(data.source.tokens) and entry.target_tokens == len(data.target.tokens)
         assert data.source.tokens.dtype == np.uint16
-    assert meta["splits"]["train"]["dropped"] == {"empty": 0, "too_long": 0, "ratio": 0}
-    assert "dropped" not in meta["splits"]["valid"]
+    assert meta.splits["train"].dropped == {"empty": 0, "too_long": 0, "ratio": 0}
+    assert meta.splits["valid"].dropped is None
+    assert "dropped" not in json.loads((datadir.path / "meta.json").read_text())["splits"]["valid"]
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary directory left
 
 
@@ -112,7 +114,7 @@ def test_several_valid_and_test_prefixes_get_fairseq_split_names(corpus, tmp_pat
     options = make_options(corpus, tmp_path, validpref=f"{corpus}/valid,{corpus}/valid_b", testpref=f"{corpus}/test")
     datadir = preprocess(options, show_progress=False)
     assert datadir.splits == ["train", "valid", "valid1", "test"]
-    assert len(datadir.split("valid1")) == 5 and datadir.meta["splits"]["valid1"]["source_file"].endswith(".en.gz")
+    assert len(datadir.split("valid1")) == 5 and datadir.meta.splits["valid1"].source_file.endswith(".en.gz")
     assert split_names("test", 3) == ["test", "test1", "test2"]
 
 
@@ -125,8 +127,8 @@ def test_train_drops_empty_too_long_and_badly_proportioned_pairs_only(corpus, tm
     write_pair(corpus, "noisy", english, german)
     options = make_options(corpus, tmp_path, trainpref=str(corpus / "noisy"), max_len=60, max_len_ratio=4)
     datadir = preprocess(options, show_progress=False)
-    assert datadir.meta["splits"]["train"]["dropped"] == {"empty": 2, "too_long": 1, "ratio": 1}
-    assert datadir.meta["splits"]["train"]["input_lines"] == 200
+    assert datadir.meta.splits["train"].dropped == {"empty": 2, "too_long": 1, "ratio": 1}
+    assert datadir.meta.splits["train"].input_lines == 200
     kept = [i for i in range(200) if i not in bad]
     assert_round_trips(datadir, "train", [english[i] for i in kept], [german[i] for i in kept])
 
@@ -143,19 +145,19 @@ def test_drop_reasons_count_each_pair_once_and_zero_disables():
 
 def test_separate_vocabularies_and_reusing_a_model(corpus, tmp_path):
     separate = preprocess(make_options(corpus, tmp_path, joint=False, vocab_size=80), show_progress=False)
-    assert separate.meta["vocab_files"] == {"en": "spm.en.model", "de": "spm.de.model"}
-    assert not separate.meta["joint"] and separate.vocabulary("en") != separate.vocabulary("de")
+    assert separate.meta.vocab_files == {"en": "spm.en.model", "de": "spm.de.model"}
+    assert not separate.meta.joint and separate.vocabulary("en") != separate.vocabulary("de")
     models = f"{separate.path}/spm.en.model,{separate.path}/spm.de.model"
     reused = preprocess(make_options(corpus, tmp_path, destdir=str(tmp_path / "reused"), trainpref=None,
                                      validpref=None, spm_model=models), show_progress=False)
-    assert reused.splits == ["test"] and reused.meta["spm_sha256"] == separate.meta["spm_sha256"]
+    assert reused.splits == ["test"] and reused.meta.spm_sha256 == separate.meta.spm_sha256
     assert_round_trips(reused, "test", read_text(corpus / "test.en"), read_text(corpus / "test.de"))
 
 
 def test_unigram_model_type(corpus, tmp_path):
     datadir = preprocess(make_options(corpus, tmp_path, model_type="unigram"), show_progress=False)
     proto = datadir.vocabulary("en").processor
-    assert len(proto) == 100 and datadir.meta["options"]["model_type"] == "unigram"
+    assert len(proto) == 100 and datadir.meta.options["model_type"] == "unigram"
 
 
 def test_unknown_characters_in_valid_are_counted_as_unk(corpus, tmp_path):
@@ -163,7 +165,7 @@ def test_unknown_characters_in_valid_are_counted_as_unk(corpus, tmp_path):
     english[4] = "A dog with a ñandú."
     write_pair(corpus, "valid", english, german)
     datadir = preprocess(make_options(corpus, tmp_path), show_progress=False)
-    assert datadir.meta["splits"]["valid"]["source_unk"] >= 1 and datadir.meta["splits"]["valid"]["target_unk"] == 0
+    assert datadir.meta.splits["valid"].source_unk >= 1 and datadir.meta.splits["valid"].target_unk == 0
     assert UNK_ID in datadir.split("valid").source[4]
     assert_round_trips(datadir, "valid", english, german)
 
@@ -173,7 +175,7 @@ def test_byte_fallback_keeps_unknown_characters_as_bytes(corpus, tmp_path):
     english[4] = "A dog in 東京 with a ñandú 🐕."
     write_pair(corpus, "valid", english, german)
     datadir = preprocess(make_options(corpus, tmp_path, vocab_size=320, byte_fallback=True), show_progress=False)
-    assert datadir.meta["splits"]["valid"]["source_unk"] == 0
+    assert datadir.meta.splits["valid"].source_unk == 0
     vocab = datadir.vocabulary("en")
     assert vocab.decode(datadir.split("valid").source[4]) == english[4]  # the text itself, not " ⁇ "
     pieces = [vocab.piece(int(i)) for i in datadir.split("valid").source[4]]
@@ -193,7 +195,7 @@ def test_chunk_boundaries_and_workers_do_not_change_the_output(corpus, tmp_path)
         chunked = preprocess(make_options(corpus, tmp_path, destdir=str(tmp_path / f"c{chunk_lines}"), workers=workers),
                              show_progress=False, chunk_lines=chunk_lines)
         assert data_files(chunked) == data_files(whole), (chunk_lines, workers)
-        assert chunked.meta["splits"] == whole.meta["splits"]
+        assert chunked.meta.splits == whole.meta.splits
         # sentencepiece trained with the workers' threads: the same pieces (its model file records num_threads)
         assert vocabulary_pieces(chunked) == vocabulary_pieces(whole)
 
@@ -208,7 +210,7 @@ def test_a_missing_final_newline_loses_no_line(corpus, tmp_path):
     write_pair(corpus, "valid", english, german)
     (corpus / "valid.de").write_bytes((corpus / "valid.de").read_bytes().rstrip(b"\n"))
     datadir = preprocess(make_options(corpus, tmp_path), show_progress=False, chunk_lines=8)
-    assert datadir.meta["splits"]["valid"]["input_lines"] == 40
+    assert datadir.meta.splits["valid"].input_lines == 40
     assert_round_trips(datadir, "valid", english, german)
 
 
@@ -263,7 +265,7 @@ def test_same_request_is_up_to_date_a_different_one_needs_force(corpus, tmp_path
     with pytest.raises(NmtError, match=r"differs in: input files"):
         preprocess(options, show_progress=False)
     rebuilt = preprocess(dataclasses.replace(options, vocab_size=90, force=True), show_progress=False)
-    assert rebuilt.meta["vocab_sizes"]["en"] == 90 and len(rebuilt.split("test")) == 31
+    assert rebuilt.meta.vocab_sizes["en"] == 90 and len(rebuilt.split("test")) == 31
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bin", "text"]  # the old one moved aside, then deleted
 
 
@@ -303,7 +305,7 @@ def test_multi30k_end_to_end_round_trip(tmp_path):
     datadir = preprocess(options, show_progress=False)
     for split, prefix in (("train", "val"), ("valid", "test_2016_flickr")):
         source, target = read_text(MULTI30K / f"{prefix}.en.gz"), read_text(MULTI30K / f"{prefix}.de.gz")
-        assert datadir.meta["splits"][split]["input_lines"] == len(source)
+        assert datadir.meta.splits[split].input_lines == len(source)
         assert_round_trips(datadir, split, source, target)  # so nothing was dropped from train either
 
 
@@ -327,7 +329,7 @@ def test_cli_builds_and_prints_a_summary(corpus, tmp_path, monkeypatch, capsys):
     assert code == 0, err
     assert "train" in out and "valid" in out and "300" in out and "dropped" in out
     assert "encoding train" in err  # the progress bar
-    assert DataDir.open(tmp_path / "bin").meta["splits"]["valid"]["sentences"] == 40
+    assert DataDir.open(tmp_path / "bin").meta.splits["valid"].sentences == 40
 
 
 def test_cli_json_logs_have_no_progress_bars(corpus, tmp_path, monkeypatch, capsys):
@@ -416,7 +418,7 @@ def test_destdir_with_another_dataset_is_refused_and_left_alone(corpus, tmp_path
                           "joint", "--force")
     assert {p.name: p.read_bytes() for p in (tmp_path / "bin").iterdir()} == before
     code, _, err = run_cli(monkeypatch, capsys, *cli_args(corpus, tmp_path, "--no-joint", "--force"), "--quiet")
-    assert code == 0 and DataDir.open(tmp_path / "bin").meta["joint"] is False
+    assert code == 0 and DataDir.open(tmp_path / "bin").meta.joint is False
 
 
 def test_destdir_with_other_files_is_refused_even_with_force(corpus, tmp_path, monkeypatch, capsys):
@@ -494,6 +496,6 @@ def test_the_raw_files_are_recorded_wherever_generate_runs_from(corpus, tmp_path
     monkeypatch.chdir(corpus.parent)
     relative = corpus.name
     options = make_options(corpus, tmp_path, trainpref=f"{relative}/train", validpref=None, testpref=f"{relative}/test")
-    entry = preprocess(options, show_progress=False).meta["splits"]["test"]
+    entry = preprocess(options, show_progress=False).meta.splits["test"]
     monkeypatch.chdir(tmp_path)  # `nmt generate --score-reference` from another directory still finds them
-    assert Path(entry["source_file"]) == corpus.resolve() / "test.en" and Path(entry["target_file"]).is_file()
+    assert Path(entry.source_file) == corpus.resolve() / "test.en" and Path(entry.target_file).is_file()

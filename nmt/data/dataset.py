@@ -7,27 +7,21 @@ Layout of a data directory written by ``nmt preprocess``::
     {split}.{lang}.tokens.npy      all sentences' token ids (each ending in EOS), concatenated
     {split}.{lang}.offsets.npy     int64, n+1 offsets into tokens
 
-Splits are train, valid, valid1, ..., test, test1, ... meta.json holds source_lang, target_lang,
-joint, vocab_files / vocab_sizes / spm_sha256 (each lang -> value), splits (name -> sentences,
-input_lines, source_tokens, target_tokens (EOS included), source_unk, target_unk, source_file,
-target_file, and for train: dropped {empty, too_long, ratio}), options, inputs, nmt_version, format.
+Splits are train, valid, valid1, ..., test, test1, ...; meta.json is described in nmt/data/meta.py.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from nmt.data.meta import DatasetMeta
 from nmt.data.vocabulary import Vocabularies, Vocabulary
 from nmt.errors import NmtError
 from nmt.files import atomic_write
-
-META_FILE = "meta.json"
-META_KEYS = {"source_lang": str, "target_lang": str, "splits": dict, "vocab_files": dict}  # what reading needs
 
 
 def smallest_dtype(vocab_size: int) -> np.dtype:
@@ -93,52 +87,36 @@ class DataDir:
     """A finished ``nmt preprocess`` output directory."""
 
     path: Path
-    meta: dict
+    meta: DatasetMeta
 
     @classmethod
     def open(cls, path: str | os.PathLike) -> "DataDir":
         path = Path(path)
         if not path.is_dir():
             raise NmtError(f"data directory not found: {path}")
-        meta_path = path / META_FILE
-        if not meta_path.exists():
-            raise NmtError(f"{path} is not a finished `nmt preprocess` output (no {META_FILE}); run preprocess again")
-        try:
-            meta = json.loads(meta_path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            raise NmtError(f"cannot read {meta_path}: {exc}") from exc
-        if not isinstance(meta, dict) or not all(isinstance(meta.get(key), kind) for key, kind in META_KEYS.items()) \
-                or not {meta["source_lang"], meta["target_lang"]} <= set(meta["vocab_files"]):
-            raise NmtError(f"{meta_path} is not an `nmt preprocess` record (it needs {', '.join(META_KEYS)}); "
-                           "run preprocess again")
-        return cls(path, meta)
+        return cls(path, DatasetMeta.load(path))
 
     @property
     def source_lang(self) -> str:
-        return self.meta["source_lang"]
+        return self.meta.source_lang
 
     @property
     def target_lang(self) -> str:
-        return self.meta["target_lang"]
+        return self.meta.target_lang
 
     @property
     def splits(self) -> list[str]:
-        return list(self.meta["splits"])
+        return list(self.meta.splits)
 
     def vocabulary(self, lang: str) -> Vocabulary:
-        return Vocabulary.load(self.path / self.meta["vocab_files"][lang])
+        return Vocabulary.load(self.path / self.meta.vocab_files[lang])
 
     def vocabularies(self) -> Vocabularies:
         return Vocabularies(self.source_lang, self.target_lang, self.vocabulary(self.source_lang),
                             self.vocabulary(self.target_lang))
 
     def split(self, name: str) -> ParallelDataset:
-        if name not in self.meta["splits"]:
+        if name not in self.meta.splits:
             raise NmtError(f"{self.path} has no split {name!r}; it has: {', '.join(self.splits)}")
         return ParallelDataset(TokenArray(self.path / f"{name}.{self.source_lang}"),
                                TokenArray(self.path / f"{name}.{self.target_lang}"))
-
-    def write_meta(self) -> None:
-        with atomic_write(self.path / META_FILE) as handle:
-            json.dump(self.meta, handle, indent=2, ensure_ascii=False)
-            handle.write("\n")

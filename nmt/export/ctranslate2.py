@@ -16,7 +16,6 @@ sentencepiece model(s) and ``nmt.json`` (languages and file names), so that ``nm
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,10 +23,10 @@ import numpy as np
 from torch import Tensor
 
 from nmt.checkpoint.format import Vocabularies, load_checkpoint, model_from_checkpoint
-from nmt.data.preprocess import make_workdir, replace_directory
 from nmt.data.vocabulary import BOS_ID, EOS_ID, UNK_ID, Vocabulary
 from nmt.errors import NmtError
 from nmt.export.options import ExportOptions
+from nmt.files import atomic_directory
 from nmt.log import logger
 from nmt.models.transformer import sinusoidal_positions
 
@@ -64,17 +63,13 @@ def export_ctranslate2(options: ExportOptions) -> Path:
     spec = transformer_spec(checkpoint)
     spec.validate()
     spec.optimize(quantization=options.quantization)
-    workdir = make_workdir(outdir)
     try:
-        spec.save(str(workdir))
-        write_vocabularies(workdir, Vocabularies.from_state(checkpoint["vocab"]), options,
-                           checkpoint["model_config"].get("max_positions"))
-        replace_directory(workdir, outdir)
-    except BaseException as exc:
-        shutil.rmtree(workdir, ignore_errors=True)
-        if isinstance(exc, OSError):
-            raise NmtError(f"cannot write {outdir}: {exc}") from exc
-        raise
+        with atomic_directory(outdir) as workdir:
+            spec.save(str(workdir))
+            write_vocabularies(workdir, Vocabularies.from_state(checkpoint["vocab"]), options,
+                               checkpoint["model_config"].get("max_positions"))
+    except OSError as exc:
+        raise NmtError(f"cannot write {outdir}: {exc}") from exc
     logger.info("exported %s (%s) to %s as CTranslate2 %s", options.checkpoint, checkpoint["arch"], outdir,
                 options.quantization)
     return outdir

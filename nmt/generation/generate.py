@@ -82,8 +82,8 @@ def read_inputs(options: GenerateOptions, vocabs: Vocabularies) -> tuple[list[np
 def split_text_files(options: GenerateOptions) -> tuple[str | None, str | None]:
     """The raw source and target files `nmt preprocess` made the split from, as meta.json records
     them (they may be gone since); None where it has none."""
-    entry = DataDir.open(options.data).meta["splits"].get(options.split, {})
-    return entry.get("source_file"), entry.get("target_file")
+    entry = DataDir.open(options.data).meta.splits.get(options.split)
+    return (entry.source_file, entry.target_file) if entry else (None, None)
 
 
 def raw_references(options: GenerateOptions, count: int) -> list[str] | None:

@@ -10,13 +10,12 @@ are entered by the function each worker runs.
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Iterable, Iterator, TypeVar
+import functools
+from typing import Callable, Iterable, Iterator
 
 import torch
 
-Item = TypeVar("Item")
-Result = TypeVar("Result")
+from nmt.parallel import Item, Result, ordered_map
 
 
 def threads_per_worker(workers: int) -> int:
@@ -34,8 +33,7 @@ def map_in_workers(function: Callable[[Item], Result], items: Iterable[Item], wo
         return
     original = torch.get_num_threads()
     try:
-        with ThreadPoolExecutor(workers, thread_name_prefix="nmt-decode", initializer=torch.set_num_threads,
-                                initargs=(threads_per_worker(workers),)) as pool:
-            yield from pool.map(function, items)
+        yield from ordered_map(function, items, workers, name="nmt-decode",
+                               initializer=functools.partial(torch.set_num_threads, threads_per_worker(workers)))
     finally:
         torch.set_num_threads(original)

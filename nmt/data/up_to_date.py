@@ -1,0 +1,56 @@
+"""Whether ``nmt preprocess`` has anything to do: a destdir holding this very dataset (same options,
+input files of the same size and mtime) is kept; only a dataset is ever replaced, and only with --force."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from nmt.data.corpus import SplitFiles
+from nmt.data.meta import META_FILE, DatasetMeta
+from nmt.errors import NmtError
+
+
+def fingerprints(splits: list[SplitFiles], spm_model: str | None) -> dict[str, dict[str, int]]:
+    """Size and mtime of every input file: enough to tell that a finished directory is current."""
+    paths = [p for split in splits for p in (split.source, split.target)]
+    paths += [Path(p) for p in spm_model.split(",")] if spm_model else []
+    result = {}
+    for path in paths:
+        try:
+            stat = path.stat()
+        except OSError as exc:
+            raise NmtError(f"cannot read {path}: {exc.strerror or exc}") from exc
+        result[str(path.resolve())] = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+    return result
+
+
+def is_up_to_date(destdir: Path, options: dict[str, Any], inputs: dict[str, dict[str, int]], force: bool,
+                  texts: list[Path]) -> bool:
+    """True if destdir already holds this very dataset (``options`` and ``inputs`` as meta.json records
+    them). Only a dataset (another one with force) is ever replaced, and never one that holds the text
+    it is made from: replacing deletes the old directory (a --spm-model inside it is read before and
+    saved again)."""
+    if not destdir.exists():
+        return False
+    if not destdir.is_dir():
+        raise NmtError(f"--destdir {destdir} exists and is not a directory")
+    if not any(destdir.iterdir()):
+        return False
+    if not (destdir / META_FILE).exists():
+        raise NmtError(f"--destdir {destdir} already exists and is not a finished nmt dataset (no {META_FILE}); "
+                       "choose another --destdir (--force only replaces a dataset)")
+    meta = DatasetMeta.load(destdir)
+    changed = [key for key, value in options.items() if meta.options.get(key) != value]
+    if meta.inputs != inputs:
+        changed.append("input files")
+    if not changed and not force:
+        return True
+    inside = [path for path in texts if path.resolve().is_relative_to(destdir.resolve())]
+    if inside:
+        raise NmtError(f"--destdir {destdir} holds the input {inside[0]}: rebuilding it would delete it; "
+                       "move the input out of it or choose another --destdir")
+    if force:
+        return False
+    raise NmtError(f"--destdir {destdir} already holds a different dataset (differs in: {', '.join(changed)}); "
+                   "use --force to replace it")
