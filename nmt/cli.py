@@ -20,7 +20,7 @@ import typer
 from rich.console import Console
 
 from nmt.checkpoint.options import AverageOptions
-from nmt.commands import command
+from nmt.commands import Group, command
 from nmt.data.preprocess import PreprocessOptions
 from nmt.errors import NmtError, Stopped
 from nmt.export.options import ExportOptions
@@ -47,6 +47,7 @@ app = typer.Typer(
     help="Neural machine translation with the Transformer: preprocess, train, average, generate, score.",
     no_args_is_help=True,
     add_completion=False,
+    cls=Group,
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
@@ -141,7 +142,7 @@ def serve(given: dict) -> None:
 
 
 plot_app = typer.Typer(help="Draw attention maps and training curves as PNG files (needs the plot extra of nmt).",
-                       no_args_is_help=True)
+                       no_args_is_help=True, cls=Group)
 app.add_typer(plot_app, name="plot")
 
 
@@ -161,7 +162,7 @@ def plot_curves(given: dict) -> None:
     draw(build(PlotCurvesOptions, given, "plot curves"))
 
 
-export_app = typer.Typer(help="Export a checkpoint to another inference engine.", no_args_is_help=True)
+export_app = typer.Typer(help="Export a checkpoint to another inference engine.", no_args_is_help=True, cls=Group)
 app.add_typer(export_app, name="export")
 
 
@@ -174,7 +175,7 @@ def export_ctranslate2(given: dict) -> None:
 
 
 @command(app)
-def run(recipe: Annotated[Path, typer.Argument(
+def run(recipe: Annotated[Path, typer.Argument(metavar="RECIPE",
             help="YAML recipe with preprocess/train/average/generate/score sections.")],
         stages: Annotated[str, typer.Option(help="Comma-separated stages to run.")] = ",".join(STAGES),
         dry_run: Annotated[bool, typer.Option(
@@ -203,7 +204,7 @@ def print_report(report: PipelineReport) -> None:
 @command(app)
 def demo(workdir: Annotated[Path, typer.Option(help="Where the demo writes its data, model and translations.")] =
          Path("nmt-demo"),
-         max_update: Annotated[int, typer.Option(min=1, help="Training updates.")] = 300) -> None:
+         max_update: Annotated[int, typer.Option(help="Training updates (at least 1).")] = 300) -> None:
     """Train and evaluate on an embedded toy task (numbers in words, EN->DE) on the CPU: no download."""
     from nmt.demo import run_demo
 

@@ -12,9 +12,16 @@ from __future__ import annotations
 import inspect
 import types
 import typing
+from pathlib import Path
 from typing import Annotated, Any, Callable, Literal, Optional
 
 import typer
+from typer.core import TyperCommand, TyperGroup
+
+try:  # newer typer carries its own copy of click
+    import typer._click as click
+except ImportError:
+    import click
 
 from nmt.log import setup_logging
 from nmt.options import Option, options_of, parse_overrides
@@ -32,12 +39,41 @@ COMMON = [  # every command's logging options
 ]
 
 
+def without_flag_types(params: list) -> list:
+    """A flag takes no value: typer would show it as <bool> (`--quiet <bool>`), inviting `--quiet true`."""
+    for param in params:
+        if getattr(param, "is_flag", False) and not getattr(param, "count", False):
+            param.metavar = ""
+    return params
+
+
+class Command(TyperCommand):
+    def get_params(self, ctx: click.Context) -> list:
+        return without_flag_types(super().get_params(ctx))
+
+
+class Group(TyperGroup):
+    """For ``typer.Typer(cls=Group)``: the group's own flags (--help, --version) shown without a type."""
+
+    def get_params(self, ctx: click.Context) -> list:
+        return without_flag_types(super().get_params(ctx))
+
+
 def cli_type(option: Option) -> Any:
     """What typer parses; nmt.options.coerce then makes the field's type (tuples, KEY=VALUE mappings)."""
     kind = option.type
     if typing.get_origin(kind) in (typing.Union, types.UnionType):
         (kind,) = [arg for arg in typing.get_args(kind) if arg is not type(None)]
+    if option.metadata.get("path"):  # shown as <path>; invoke gives the library text, as the recipes do
+        return list[Path] if typing.get_origin(kind) is list else Path
     return {tuple: str, dict: list[str]}.get(typing.get_origin(kind), kind)
+
+
+def as_text(value: Any) -> Any:
+    """typer's Path values as the text the options dataclasses hold."""
+    if isinstance(value, Path):
+        return str(value)
+    return [as_text(item) for item in value] if isinstance(value, (list, tuple)) else value
 
 
 def parameter(option: Option) -> inspect.Parameter:
@@ -73,14 +109,14 @@ def command(group: typer.Typer, options_class: type | None = None, name: str | N
         def invoke(**values: Any) -> None:
             context = values.pop("context")
             setup_logging(values.pop("verbose"), values.pop("quiet"), values.pop("log_format"))
-            given = {name: values.pop(name) for name in fields}
+            given = {name: as_text(values.pop(name)) for name in fields}
             given = {name: parse_overrides(value) if typing.get_origin(fields[name].type) is dict else value
                      for name, value in given.items() if context.get_parameter_source(name).name == "COMMANDLINE"}
             run(*([given] if options_class else []), **values)
 
         invoke.__signature__ = inspect.Signature(params)
         invoke.__doc__ = run.__doc__
-        group.command(name or run.__name__)(invoke)
+        group.command(name or run.__name__, cls=Command)(invoke)
         if options_class:
             COMMAND_OPTIONS[prefix + (name or run.__name__)] = options_class
         return run

@@ -88,6 +88,8 @@ def seconds_per_update(recipe: dict, repeats: int = 3) -> float:
 
 def run_demo(workdir: str | Path = "nmt-demo", max_update: int = 300, train_size: int = 20_000) -> PipelineReport:
     workdir = Path(workdir)
+    if max_update < 1:
+        raise NmtError(f"--max-update must be at least 1, got {max_update}")
     try:
         (workdir / "raw").mkdir(parents=True, exist_ok=True)
     except OSError as exc:

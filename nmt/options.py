@@ -6,7 +6,8 @@ Every command's options are a dataclass whose fields carry their own description
 
 ``help`` is required; ``min``/``max`` are inclusive bounds; choices come from a ``Literal`` type;
 ``panel`` names the rich help panel; ``flags`` gives explicit CLI names (``["--input", "-i"]``);
-``argument`` makes the field a positional argument shown as ``metavar``. A field whose type is
+``argument`` makes the field a positional argument shown as ``metavar``; ``path`` shows a text
+option as a file or directory. Any other key is an error (a misspelt ``mni`` would drop a bound). A field whose type is
 itself an options dataclass is composed: its fields are options of the outer command too, under
 the same names (``GenerateOptions.search.beam`` is ``--beam`` and ``beam:``).
 
@@ -30,6 +31,7 @@ from typing import Any, Mapping
 from nmt.errors import NmtError
 
 COMMAND_LINE = "the command line"
+METADATA_KEYS = frozenset({"help", "min", "max", "panel", "flags", "argument", "metavar", "path"})
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,8 @@ def options_of(cls: type) -> dict[str, Option]:
     for spec in dataclasses.fields(cls):
         if "help" not in spec.metadata:
             raise TypeError(f"{cls.__name__}.{spec.name} needs metadata={{'help': ...}}")
+        if unknown := set(spec.metadata) - METADATA_KEYS:
+            raise TypeError(f"{cls.__name__}.{spec.name}: unknown metadata key(s) {', '.join(sorted(unknown))}")
         kind = hints[spec.name]
         if is_options_class(kind):
             inner = {name: dataclasses.replace(option, owner=(spec.name, *option.owner),

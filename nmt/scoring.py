@@ -62,9 +62,9 @@ class MetricResult:
 class ScoreOptions:
     """The options of ``nmt score`` (and a recipe's ``score:`` section, where system and ref are filled in)."""
 
-    system: str = field(metadata={"help": "Detokenized system output, one line per segment ('-' = stdin).",
+    system: str = field(metadata={"path": True, "help": "Detokenized system output, one line per segment ('-' = stdin).",
                                   "flags": ["--sys"]})
-    ref: list[str] = field(metadata={"help": "Reference file (repeat for several references); plain or .gz."})
+    ref: list[str] = field(metadata={"path": True, "help": "Reference file (repeat for several references); plain or .gz."})
     metrics: str = field(default="bleu", metadata={"help": f"Comma-separated metrics from {', '.join(METRICS)}."})
     json_output: bool = field(default=False, metadata={"help": "Print the scores as JSON.", "flags": ["--json"]})
     metric: MetricOptions = field(default_factory=MetricOptions, metadata={"help": "How to compare."})

@@ -50,3 +50,32 @@ def test_ctrl_c_while_the_libraries_load_ends_quietly_with_130(monkeypatch, caps
     with pytest.raises(SystemExit) as stopped:
         nmt.__main__.main()
     assert stopped.value.code == 130 and capsys.readouterr().err == "interrupted\n"
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["generate", "--help"], ["average", "--help"], ["run", "--help"]])
+def test_flags_are_shown_without_a_value_type(argv):
+    """A flag takes no value: `--quiet <bool>` in the help invites `--quiet true`, which then fails."""
+    result = CliRunner().invoke(app, argv, terminal_width=200)
+    assert result.exit_code == 0
+    assert "<bool>" not in result.output
+    assert "--help" in result.output
+
+
+def test_arguments_are_named_one_way_in_usage_lines():
+    for argv, usage in [(["average", "--help"], "{INPUTS}..."), (["generate", "--help"], "[DATA_DIR]"),
+                        (["run", "--help"], "{RECIPE}"), (["export", "ctranslate2", "--help"], "{CHECKPOINT} {OUTDIR}")]:
+        result = CliRunner().invoke(app, argv, terminal_width=200)
+        assert usage in result.output.splitlines()[1], result.output.splitlines()[1]
+
+
+def test_path_options_reach_the_library_as_text(tmp_path, monkeypatch, capsys):
+    """typer parses path options as Path; the options dataclasses hold text, as from a recipe."""
+    from nmt.scoring import ScoreOptions
+    from nmt.options import build
+
+    hyp, ref = tmp_path / "hyp.txt", tmp_path / "ref.txt"
+    hyp.write_text("a b c\n")
+    ref.write_text("a b c\n")
+    result = run_nmt("score", "--sys", hyp, "--ref", ref)
+    assert result.returncode == 0 and "BLEU" in result.stdout
+    assert build(ScoreOptions, {"system": str(hyp), "ref": [str(ref)]}).ref == [str(ref)]

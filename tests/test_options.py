@@ -181,3 +181,16 @@ def test_set_reaches_the_model_overrides(monkeypatch, capsys, tiny_data_dir, tmp
     assert_one_line_error(err, "unknown model option 'dropuot' (did you mean 'dropout'?)")
     code, _, err = run_cli(monkeypatch, capsys, "train", tiny_data_dir, "--set", "dropout")
     assert_one_line_error(err, "--set expects key=value, got 'dropout'")
+
+
+def test_a_misspelt_metadata_key_is_refused_not_dropped():
+    from dataclasses import dataclass, field
+
+    from nmt.options import options_of
+
+    @dataclass(frozen=True)
+    class Misspelt:
+        beam: int = field(default=4, metadata={"help": "Beam.", "mni": 1})
+
+    with pytest.raises(TypeError, match="unknown metadata key"):
+        options_of(Misspelt)

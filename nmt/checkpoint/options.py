@@ -15,11 +15,11 @@ from nmt.options import check_values
 class AverageOptions:
     """The options of ``nmt average`` (and a recipe's ``average:`` section, whose input is the save dir)."""
 
-    inputs: list[str] = field(metadata={
+    inputs: list[str] = field(metadata={"path": True,
         "help": "A save dir (with --num-epoch-checkpoints/--num-update-checkpoints) or the checkpoint files to "
                 "average.",
-        "argument": True, "metavar": "INPUTS..."})
-    output: str = field(metadata={"help": "Where to write the averaged model-only checkpoint.",
+        "argument": True, "metavar": "INPUTS"})
+    output: str = field(metadata={"path": True, "help": "Where to write the averaged model-only checkpoint.",
                                   "flags": ["--output", "-o"]})
     num_epoch_checkpoints: int | None = field(default=None, metadata={
         "help": "Average the last N checkpoint{epoch}.pt files of the save dir.", "min": 1})

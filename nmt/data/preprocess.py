@@ -52,12 +52,12 @@ class PreprocessOptions:
                                        "flags": ["--source-lang", "-s"]})
     target_lang: str = field(metadata={"help": "Target language: the suffix of its files.",
                                        "flags": ["--target-lang", "-t"]})
-    destdir: str = field(metadata={"help": "Data directory to write (replaced only once complete)."})
-    trainpref: str | None = field(default=None, metadata={
+    destdir: str = field(metadata={"path": True, "help": "Data directory to write (replaced only once complete)."})
+    trainpref: str | None = field(default=None, metadata={"path": True,
         "help": "Training text: PREFIX.SRC and PREFIX.TGT, plain or .gz."})
-    validpref: str | None = field(default=None, metadata={
+    validpref: str | None = field(default=None, metadata={"path": True,
         "help": "Validation text prefix(es), comma-separated: splits valid, valid1, ..."})
-    testpref: str | None = field(default=None, metadata={
+    testpref: str | None = field(default=None, metadata={"path": True,
         "help": "Test text prefix(es), comma-separated: splits test, test1, ..."})
     joint: bool = field(default=True, metadata={"help": "One sentencepiece model for both languages."})
     vocab_size: int = field(default=37000, metadata={"help": "Sentencepiece vocabulary size (per model).", "min": 1})
@@ -67,7 +67,7 @@ class PreprocessOptions:
         "max": 1.0})
     input_sentence_size: int = field(default=10_000_000, metadata={
         "help": "Sentences sampled to train sentencepiece (0 = all).", "min": 0})
-    spm_model: str | None = field(default=None, metadata={
+    spm_model: str | None = field(default=None, metadata={"path": True,
         "help": "Reuse a sentencepiece model instead of training one: PATH, or SRC_PATH,TGT_PATH "
                 "(then --joint, --vocab-size and the other training options do not apply)."})
     max_len: int = field(default=250, metadata={

@@ -74,15 +74,15 @@ class GenerateOptions:
     """The options of ``nmt generate``: what to translate, where to write it, on what device, and the
     search and batching options composed in. Option names are the CLI's and the recipe's keys."""
 
-    data: str | None = field(default=None, metadata={
-        "help": "Data directory from `nmt preprocess` (or use --input).", "argument": True, "metavar": "[DATA_DIR]"})
-    path: list[str] = field(default_factory=lambda: ["checkpoints/checkpoint_best.pt"], metadata={
+    data: str | None = field(default=None, metadata={"path": True,
+        "help": "Data directory from `nmt preprocess` (or use --input).", "argument": True, "metavar": "DATA_DIR"})
+    path: list[str] = field(default_factory=lambda: ["checkpoints/checkpoint_best.pt"], metadata={"path": True,
         "help": "Checkpoint to translate with; several (a.pt:b.pt, or --path repeated) decode as an ensemble."})
     split: str = field(default="test", metadata={"help": "Split of DATA_DIR to translate."})
-    input: str | None = field(default=None, metadata={
+    input: str | None = field(default=None, metadata={"path": True,
         "help": "Raw source text instead of DATA_DIR, one sentence a line ('-' = stdin, translated as lines arrive).",
         "flags": ["--input", "-i"]})
-    output: str | None = field(default=None, metadata={
+    output: str | None = field(default=None, metadata={"path": True,
         "help": "Write here (atomically) instead of stdout.", "flags": ["--output", "-o"]})
     buffer_size: int | None = field(default=None, metadata={
         "help": "Streaming stdin: translate N lines at a time (waiting for N) instead of whatever has arrived.",
@@ -97,7 +97,7 @@ class GenerateOptions:
     alignment_layer: int | None = field(default=None, metadata={
         "help": "Decoder layer whose heads' mean attention gives the alignment, from 1; unset: the penultimate.",
         "min": 1})
-    print_attention: str | None = field(default=None, metadata={
+    print_attention: str | None = field(default=None, metadata={"path": True,
         "help": "Write each best translation's word-level soft attention to this JSON-lines file."})
     score_reference: bool = field(default=False, metadata={
         "help": "Print BLEU (on stderr) against the split's raw reference file, or its target side if that is gone."})

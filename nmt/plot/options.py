@@ -13,9 +13,10 @@ from nmt.training.metrics_file import FILE_NAME as METRICS_FILE
 
 @dataclass(frozen=True)
 class PlotAttentionOptions:
-    path: str = field(metadata={"help": "Checkpoint whose attention to draw."})
+    path: str = field(metadata={"path": True, "help": "Checkpoint whose attention to draw."})
     text: str = field(metadata={"help": "Source sentence (raw text)."})
-    output: str = field(default="attention.png", metadata={"help": "PNG file to write.", "flags": ["--output", "-o"]})
+    output: str = field(default="attention.png", metadata={
+        "path": True, "help": "PNG file to write.", "flags": ["--output", "-o"]})
     kind: Literal["encoder", "cross"] = field(default="encoder", metadata={
         "help": "encoder: the source's self-attention; cross: the translation's attention to the source."})
     layer: int | None = field(default=None, metadata={
@@ -31,9 +32,10 @@ class PlotAttentionOptions:
 
 @dataclass(frozen=True)
 class PlotCurvesOptions:
-    save_dir: str = field(metadata={"help": "Training save dir holding metrics.jsonl.", "argument": True,
+    save_dir: str = field(metadata={"path": True, "help": "Training save dir holding metrics.jsonl.", "argument": True,
                                     "metavar": "SAVE_DIR"})
-    output: str = field(default="curves.png", metadata={"help": "PNG file to write.", "flags": ["--output", "-o"]})
+    output: str = field(default="curves.png", metadata={
+        "path": True, "help": "PNG file to write.", "flags": ["--output", "-o"]})
 
     def __post_init__(self) -> None:
         refuse_overwriting("--output", self.output, {"training metrics": Path(self.save_dir) / METRICS_FILE})
