@@ -281,8 +281,6 @@ CASES = [
     ("generate-missing-input", ["generate", "-i", "missing.txt", "--path", "model.pt", "-q"], "not found", NO_SETUP),
     ("generate-bad-utf8-input", ["generate", "-i", "bad/latin1.txt", "--path", "model.pt", "-q"], "not valid UTF-8",
      setup({"bad/latin1.txt": b"caf\xe9\n"})),
-    ("generate-empty-input", ["generate", "-i", "bad/empty.txt", "--path", "model.pt", "-q"], "empty",
-     setup({"bad/empty.txt": ""})),
     ("generate-batch-size-zero", [*GENERATE, "--batch-size", "0", "-o", "good.hyp"], "must be at least 1", NO_SETUP),
     ("generate-beam-zero", [*GENERATE, "--beam", "0", "-o", "good.hyp"], "--beam must be at least 1", NO_SETUP),
     ("generate-output-is-a-directory", [*GENERATE, "-o", "data"], "is a directory", NO_SETUP),

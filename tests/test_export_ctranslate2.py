@@ -225,9 +225,16 @@ def test_an_architecture_ctranslate2_cannot_express_is_a_clear_error(trained, tm
 
 
 @needs_ct2
-def test_gnmt_length_penalty_is_refused(trained):
-    with pytest.raises(NmtError, match="--lenpen-style fairseq"):
-        generate(options_of_generate(path=[str(trained)], engine="ctranslate2"), show_progress=False)
+def test_the_default_gnmt_length_penalty_decodes_as_fairseqs_with_one_warning(trained, tmp_path, caplog):
+    """CTranslate2 has only |Y|^alpha: the default (gnmt) is switched, not refused on every call."""
+    source = tmp_path / "in.en"
+    source.write_text("twenty-one\nthree hundred\n")
+    common = {"path": [str(trained)], "engine": "ctranslate2", "input": str(source)}
+    gnmt = generate(build(GenerateOptions, common), show_progress=False)
+    fairseq = generate(build(GenerateOptions, {**common, "lenpen_style": "fairseq"}), show_progress=False)
+    assert [t.hypotheses[0].tokens for t in gnmt.translations] == [t.hypotheses[0].tokens for t in fairseq.translations]
+    warnings = [r.getMessage() for r in caplog.records if "no GNMT length penalty" in r.getMessage()]
+    assert len(warnings) == 1 and "|Y|^0.6" in warnings[0]
 
 
 def test_missing_ctranslate2_is_a_one_line_hint(trained, tmp_path, monkeypatch, capsys):

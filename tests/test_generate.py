@@ -27,7 +27,7 @@ from nmt.options import build
 from nmt.models.registry import build_model, get_arch, resolve_config
 from nmt.scoring import MetricOptions, score
 
-from conftest import assert_one_line_error, make_data_dir, numbers_pairs, run_cli
+from conftest import assert_one_line_error, make_data_dir, numbers_pairs, run_cli, run_nmt
 
 LINES = ["five", "Turn to page twelve.", "the number four", "My room number is eighty-two.", "seven",
          "I counted to nine thousand and one yesterday.", "She said three twice.", "the number sixty"]
@@ -298,7 +298,6 @@ def test_cli_writes_only_translations_to_stdout(checkpoint, data_dir, monkeypatc
     (["-i", "-", "--path", "missing.pt"], "checkpoint not found"),
     (["DATA", "--split", "nope"], "has no split 'nope'"),
     (["DATA", "--beam", "2", "--nbest", "3"], "--nbest"),
-    (["-i", "-"], "is empty: nothing to translate"),
     (["--path", "CKPT"], "give either DATA_DIR"),
     (["-i", "-", "--score-reference"], "--score-reference needs a binarized split"),
     (["-i", "-", "--path", "CORRUPT"], "corrupt or not an nmt checkpoint"),
@@ -374,3 +373,23 @@ def test_inputs_longer_than_max_positions_are_refused(data_dir, tmp_path, monkey
     assert_one_line_error(err, "input line 2 has", "over the model's max_positions 6")
     with pytest.raises(NmtError, match="a sequence of 7 tokens is over the model's max_positions 6"):
         model(torch.full((1, 7), EOS_ID), torch.full((1, 2), EOS_ID))
+
+
+def test_empty_input_gives_empty_output_and_success(checkpoint, tmp_path, monkeypatch, capsys):
+    """As fairseq-interactive: a sharded pipeline has empty shards; an empty file or stdin is no error."""
+    empty = tmp_path / "empty.en"
+    empty.write_text("")
+    output = tmp_path / "out.de"
+    output.write_text("stale\n")
+    code, out, err = run_cli(monkeypatch, capsys, "generate", "-i", str(empty), "--path", str(checkpoint),
+                             "-o", str(output))
+    assert code == 0 and output.read_text() == "" and "translated 0 sentences" in err
+    code, out, err = run_cli(monkeypatch, capsys, "generate", "-i", "-", "--path", str(checkpoint), stdin="")
+    assert code == 0 and out == ""
+    result = run_nmt("generate", "-i", "-", "--path", checkpoint, stdin="")  # a real (empty) pipe: streaming
+    assert result.returncode == 0 and result.stdout == "", result.stderr
+
+
+def test_the_log_counts_one_sentence_in_the_singular(checkpoint, monkeypatch, capsys):
+    code, out, err = run_cli(monkeypatch, capsys, "generate", "-i", "-", "--path", str(checkpoint), stdin="one\n")
+    assert code == 0 and "translated 1 sentence in" in err

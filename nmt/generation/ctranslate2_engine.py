@@ -10,7 +10,8 @@ export stored.
 Where the outputs can differ from nmt's own decoder (with the same weights, in float32):
 
 - Length penalty: CTranslate2 divides by |Y|^alpha (|Y| counting EOS here), fairseq's form; GNMT's
-  ((5+|Y|)/6)^alpha cannot be expressed, so ``--lenpen-style gnmt`` is refused unless alpha is 0.
+  ((5+|Y|)/6)^alpha cannot be expressed, so ``--lenpen-style gnmt`` (the default) decodes with
+  fairseq's form and the same alpha, and the log says so in one line.
 - Stopping: CTranslate2 ends a sentence once ``beam`` hypotheses have ended (or, with alpha 0, once
   the best one has); nmt searches on while an unfinished hypothesis could still win. With alpha 0
   the best hypothesis is the same; with alpha != 0, and for ``--nbest`` > 1, some can differ
@@ -30,6 +31,7 @@ Where the outputs can differ from nmt's own decoder (with the same weights, in f
 
 from __future__ import annotations
 
+import dataclasses
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -54,10 +56,13 @@ if TYPE_CHECKING:
     import ctranslate2
 
 
-def check_options(options: GenerateOptions) -> None:
+def ctranslate2_search(options: GenerateOptions) -> GenerateOptions:
+    """The options as CTranslate2 can follow them: its one length penalty is fairseq's |Y|^alpha."""
     if options.search.lenpen_style == "gnmt" and options.search.lenpen != 0:
-        raise NmtError("--engine ctranslate2 normalises scores by |Y|^alpha: use --lenpen-style fairseq (or "
-                       "--lenpen 0); GNMT's ((5+|Y|)/6)^alpha cannot be expressed in CTranslate2")
+        logger.warning("--engine ctranslate2 has no GNMT length penalty ((5+|Y|)/6)^alpha: decoding with fairseq's "
+                       "|Y|^%g (--lenpen-style fairseq)", options.search.lenpen)
+        return dataclasses.replace(options, search=dataclasses.replace(options.search, lenpen_style="fairseq"))
+    return options
 
 
 def compute_type(options: GenerateOptions, device: torch.device) -> tuple[str, str]:
@@ -74,7 +79,7 @@ def compute_type(options: GenerateOptions, device: torch.device) -> tuple[str, s
 
 def load_ctranslate2(options: GenerateOptions, device: torch.device) -> tuple[TranslateSources, Vocabularies]:
     """A function translating source ids with CTranslate2, and the model's vocabularies."""
-    check_options(options)
+    options = ctranslate2_search(options)
     if len(options.path) != 1 or ":" in options.path[0] and not Path(options.path[0]).exists():
         raise NmtError("--engine ctranslate2 decodes with one model: give one --path (ensembles need --engine nmt)")
     compute, reason = compute_type(options, device)

@@ -73,9 +73,7 @@ def read_inputs(options: GenerateOptions, vocabs: Vocabularies) -> tuple[list[np
         sources = [split.source[i] for i in range(len(split))]
         references = [vocabs.target.decode(split.target[i]) for i in range(len(split))]
         return sources, [vocabs.source.decode(s) for s in sources], references
-    lines = read_lines(options.input)
-    if not lines:
-        raise NmtError(f"{'stdin' if options.input == '-' else options.input} is empty: nothing to translate")
+    lines = read_lines(options.input)  # empty in, empty out (a sharded pipeline has empty shards)
     return encode_sources(vocabs, lines), lines, None
 
 
@@ -142,8 +140,6 @@ def translate_stream(engine: Engine, options: GenerateOptions, device: torch.dev
             attach_attention(engine.model, engine.vocabs, sources, batch, options, device)
         write_translations(batch, engine.vocabs, None, options.format, options.print_scores)
         translations += batch
-    if not translations:
-        raise NmtError("stdin is empty: nothing to translate")
     return translations
 
 
@@ -202,8 +198,8 @@ def generate(options: GenerateOptions, show_progress: bool = True) -> GenerateRe
     if options.print_attention:
         write_attention(translations, options.print_attention)
     output_tokens = sum(len(t.hypotheses[0].tokens) for t in translations)
-    logger.info("translated %d sentences in %.1f s (%.1f sentences/s, %.0f tokens/s); precision: %s (%s)",
-                len(translations), seconds, len(translations) / max(seconds, 1e-9), output_tokens / max(seconds, 1e-9),
+    logger.info("translated %d sentence%s in %.1f s (%.1f sentences/s, %.0f tokens/s); precision: %s (%s)",
+                len(translations), "" if len(translations) == 1 else "s", seconds, len(translations) / max(seconds, 1e-9), output_tokens / max(seconds, 1e-9),
                 precision, reason)
     scores = []
     if options.score_reference:
