@@ -3,7 +3,7 @@
 prune and resume from (nmt/training/checkpoints.py)."""
 
 from nmt.checkpoint.format import (Vocabularies, check_compatible, describe, load_checkpoint, make_checkpoint,
-                                   model_from_checkpoint, model_state, save_checkpoint)
+                                   model_from_checkpoint, model_only, model_state, save_checkpoint)
 
 __all__ = ["Vocabularies", "check_compatible", "describe", "load_checkpoint", "make_checkpoint",
-           "model_from_checkpoint", "model_state", "save_checkpoint"]
+           "model_from_checkpoint", "model_only", "model_state", "save_checkpoint"]
