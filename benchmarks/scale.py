@@ -117,7 +117,8 @@ def startup(data_dir: str, max_tokens: int) -> dict[str, float]:
         device = torch.device("cpu")  # the same again (check_inputs), and the model and optimizer
         trainer = Trainer(config, DistributedContext(), check_inputs(config, device), device)
         built = time.perf_counter()
-        updates = iter(EpochIterator(trainer.data.train_set, trainer.data.batches, seed=config.seed, epoch=1, prefetch=0))
+        updates = iter(EpochIterator(trainer.data.train_set, trainer.data.batches, seed=config.seed, epoch=1,
+                                     prefetch=0))
         first = next(updates)
         composed = time.perf_counter()
         trainer.train_step(first)

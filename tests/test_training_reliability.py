@@ -57,7 +57,8 @@ def test_nproc_without_gpus_is_one_process_with_the_same_update_size(tiny_data_d
     assert config.nproc == 1 and config.update_freq == 8
     assert any("--nproc 4 with --device auto and no GPU" in m for m in messages)
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})
-    config = processes_for_this_machine(tiny_config(tiny_data_dir, tmp_path, nproc=4, device="cpu"), resolve_device("cpu"))
+    config = processes_for_this_machine(tiny_config(tiny_data_dir, tmp_path, nproc=4, device="cpu"),
+                                        resolve_device("cpu"))
     assert config.nproc == 4 and any("--nproc 4 CPU processes on 2 core(s)" in m for m in messages)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import signal
 import re
@@ -224,6 +225,41 @@ def test_loss_scaler_skips_overflowing_steps(tiny_data_dir, tmp_path, messages):
     handle.remove()
     step = trainer.train_step(next(updates))
     assert step.skipped is None and math.isfinite(step.grad_norm) and not torch.equal(weight, before)
+
+
+def test_after_each_update_one_place_decides_validating_saving_and_stopping(tiny_data_dir, tmp_path, monkeypatch):
+    config = tiny_config(tiny_data_dir, tmp_path, max_update=8, max_epoch=2, save_interval_updates=2,
+                         validate_interval_updates=3)
+    trainer = make_trainer(config)
+    validated, saved = [], []
+    monkeypatch.setattr(trainer, "validate", lambda: validated.append(trainer.state.update) or len(validated) == 1)
+    monkeypatch.setattr(trainer, "save", saved.append)
+
+    def after(update: int, stepped: bool = True, **flags) -> tuple[bool, list[str], str | None]:
+        """Whether update ``update`` validates, what it saves and why it stops."""
+        trainer.state.update, validations = update, len(validated)
+        stop = trainer.validate_and_save(stepped, **flags)
+        return len(validated) > validations, saved.pop(), stop
+
+    assert after(1) == (False, [], None)
+    assert after(2) == (False, ["checkpoint_1_2.pt", "checkpoint_last.pt"], None)  # --save-interval-updates
+    assert after(3) == (True, ["checkpoint_best.pt", "checkpoint_last.pt"], None)  # --validate-interval-updates, best
+    assert after(4, stepped=False) == (False, [], None)  # a skipped step (fp16 overflow) is no update to count
+    assert after(4, interrupted=True) == (False, ["checkpoint_1_4.pt", "checkpoint_last.pt"],
+                                          "interrupted at update 4: saved checkpoint_last.pt; "
+                                          "re-run the same command to resume")  # no validation: stop soon
+    assert trainer.state.epoch == 1
+    assert after(5, epoch_end=True) == (True, ["checkpoint1.pt", "checkpoint_last.pt"], None)
+    assert (trainer.state.epoch, trainer.state.position) == (2, 0)
+    assert after(6) == (True, ["checkpoint_2_6.pt", "checkpoint_last.pt"], None)
+    assert after(8) == (True, ["checkpoint_2_8.pt", "checkpoint_last.pt"], "reached --max-update 8")  # validated
+    trainer.config = dataclasses.replace(config, max_update=0)
+    assert after(9, epoch_end=True) == (True, ["checkpoint2.pt", "checkpoint_last.pt"], "reached --max-epoch 2")
+    trainer.config = dataclasses.replace(config, max_update=0, max_epoch=0, patience=1)
+    monkeypatch.setattr(trainer, "validate",
+                        lambda: validated.append(12) or setattr(trainer.state, "bad_validations", 1))
+    assert after(12) == (True, ["checkpoint_3_12.pt", "checkpoint_last.pt"],
+                         "no better validation loss in 1 validations (--patience)")  # decided after the validation
 
 
 def test_max_positions_is_enforced_in_training(tiny_data_dir, tmp_path):

@@ -266,22 +266,23 @@ class Trainer:
         return dataclasses.replace(step, loss=loss, nll=nll, tokens=tokens, sentences=sentences), bool(interrupted), \
             elapsed
 
-    # -- validation ------------------------------------------------------------------------------------
+    # -- after each update: validate, save, stop ---------------------------------------------------------
 
     def validate_and_save(self, stepped: bool, interrupted: bool = False, epoch_end: bool = False) -> str | None:
-        """After each update (``stepped``: an optimizer step was taken) and at an epoch's end, the one
-        place that decides what to do: validate, save, stop. Returns why training stops, or None.
+        """The one place that decides, after each update (``stepped``: it took an optimizer step) and at
+        an epoch's end, whether to validate, what to save and whether to stop; returns why training stops.
 
-        Validation comes at an epoch's end, every --validate-interval-updates and before a stop; a
-        signal skips it (and the epoch's end) to stop soon, and a resume does what it skipped. The
-        stop reason is the first of stop_reason's that holds once the validation and the epoch's end are done.
+        Validation comes at an epoch's end, every --validate-interval-updates and before a stop. A
+        signal skips it and the epoch's end, to stop soon; the resume does them. The reason given is
+        the first of stop_reason's that holds once the validation and the epoch's end are done.
         """
         config, state = self.config, self.state
         if interrupted:
             self.save(ckpt.checkpoint_names(config.save_interval_updates, state.epoch, state.update, stepped,
                                             stopping=True))
             return f"interrupted at update {state.update}: saved {LAST}; re-run the same command to resume"
-        interval = stepped and config.validate_interval_updates and state.update % config.validate_interval_updates == 0
+        every = config.validate_interval_updates
+        interval = stepped and every and state.update % every == 0
         improved = self.validate() if epoch_end or interval or stop_reason(config, state) else False
         finished = state.epoch
         if epoch_end:
@@ -328,9 +329,7 @@ class Trainer:
         if context.is_main:
             logger.info("precision: %s (%s)", config.precision, self.precision_reason)
         run_meter = Meter()
-        # A signal on an epoch's last update stopped the run before the epoch's end: that is owed, stop or not.
-        owed = state.position >= len(self.data.batches) - left_out
-        stop = None if owed else stop_reason(config, state)
+        stop = None if self.epoch_end_owed() else stop_reason(config, state)  # owed: done, whatever the limits say
         if stop:
             logger.info("nothing to do: %s", stop)
         with StopRequest(second_aborts=not context.is_distributed) as interrupt:
@@ -364,6 +363,12 @@ class Trainer:
                 stderr_console.print(summary_table(rows))
         return summary
 
+    def epoch_end_owed(self) -> bool:
+        """Whether the epoch's updates are all done but not its end (validation, its checkpoint): a
+        signal on the epoch's last update stops before the end, which the resume then does first."""
+        batches = len(self.data.batches)
+        return self.state.position >= batches - batches_left_out(batches, self.context.world_size)
+
     def train_epoch(self, run_meter: Meter, interrupt: StopRequest) -> str | None:
         """Train from the current position through the epoch's end, or to a stop; the stop reason (None: go on)."""
         config, state, context = self.config, self.state, self.context
@@ -373,7 +378,7 @@ class Trainer:
         interval = Meter()
         total = epoch.num_updates()
         with self.display.epoch(state.epoch, total, total - epoch.num_updates(state.position)):
-            if state.position >= epoch.num_batches:  # resumed after a signal on the epoch's last update
+            if self.epoch_end_owed():
                 return self.validate_and_save(stepped=False, epoch_end=True)
             for update in epoch:
                 step = self.train_step(update)
