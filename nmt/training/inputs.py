@@ -26,7 +26,7 @@ class ValidationSplit:
     name: str
     dataset: ParallelDataset
     batches: list[np.ndarray]  # in length order: validation needs no shuffling
-    pairs: np.ndarray  # the indices in those batches, in order: what --eval-bleu translates
+    pairs: np.ndarray  # the indices in those batches, sorted: what --eval-bleu translates
 
 
 @dataclass

@@ -282,8 +282,8 @@ class Trainer:
                                             stopping=True))
             return f"interrupted at update {state.update}: saved {LAST}; re-run the same command to resume"
         every = config.validate_interval_updates
-        interval = stepped and every and state.update % every == 0
-        improved = self.validate() if epoch_end or interval or stop_reason(config, state) else False
+        on_interval = stepped and every and state.update % every == 0
+        improved = self.validate() if epoch_end or on_interval or stop_reason(config, state) else False
         finished = state.epoch
         if epoch_end:
             state.epoch, state.position = finished + 1, 0
@@ -329,7 +329,7 @@ class Trainer:
         if context.is_main:
             logger.info("precision: %s (%s)", config.precision, self.precision_reason)
         run_meter = Meter()
-        stop = None if self.epoch_end_owed() else stop_reason(config, state)  # owed: done, whatever the limits say
+        stop = None if self.epoch_end_owed() else stop_reason(config, state)  # an owed epoch end is done regardless
         if stop:
             logger.info("nothing to do: %s", stop)
         with StopRequest(second_aborts=not context.is_distributed) as interrupt:
