@@ -94,6 +94,7 @@ def startup(data_dir: str, max_tokens: int) -> dict[str, float]:
     from nmt.data.dataset import DataDir
     from nmt.training.config import load_train_config
     from nmt.training.distributed import DistributedContext
+    from nmt.training.inputs import check_inputs
     from nmt.training.iterator import EpochIterator, TrainingBatches
     from nmt.training.trainer import Trainer
 
@@ -111,9 +112,11 @@ def startup(data_dir: str, max_tokens: int) -> dict[str, float]:
         TrainingBatches(train_set, max_tokens, required_multiple=config.required_batch_size_multiple)
         data_ready = time.perf_counter()  # what the trainer does first, timed alone
         data_peak = memory_mb("VmHWM")
-        trainer = Trainer(config, DistributedContext())  # the same again, and the model and optimizer
+        device = torch.device("cpu")  # the same again (check_inputs), and the model and optimizer
+        trainer = Trainer(config, DistributedContext(), check_inputs(config, device), device)
         built = time.perf_counter()
-        updates = iter(EpochIterator(trainer.data.train_set, trainer.data.batches, config.seed, 1, prefetch=0))
+        updates = iter(EpochIterator(trainer.data.train_set, trainer.data.batches, seed=config.seed, epoch=1,
+                                     prefetch=0))
         first = next(updates)
         composed = time.perf_counter()
         trainer.train_step(first)

@@ -29,10 +29,11 @@ from rich.console import Console
 from rich.table import Table
 
 from nmt.data.preprocess import PreprocessOptions, preprocess
-from nmt.device import describe_cpu
+from nmt.device import describe_cpu, resolve_device
 from nmt.log import setup_logging
 from nmt.training.config import TrainConfig
 from nmt.training.distributed import DistributedContext
+from nmt.training.inputs import check_inputs
 from nmt.training.iterator import EpochIterator
 from nmt.training.trainer import Trainer, train
 
@@ -53,9 +54,11 @@ def measure_speed(config: TrainConfig, warmup: int, updates: int, threads: int |
     if threads:
         torch.set_num_threads(threads)
     setup_logging(quiet=True)
-    trainer = Trainer(config, DistributedContext())
-    epoch = iter(EpochIterator(trainer.data.train_set, trainer.data.batches, config.seed, 1, update_freq=config.update_freq,
-                               prefetch=config.prefetch, pin_memory=trainer.device.type == "cuda"))
+    device = resolve_device(config.device)
+    trainer = Trainer(config, DistributedContext(), check_inputs(config, device), device)
+    epoch = iter(EpochIterator(trainer.data.train_set, trainer.data.batches, seed=config.seed, epoch=1,
+                               update_freq=config.update_freq, prefetch=config.prefetch,
+                               pin_memory=trainer.device.type == "cuda"))
     tokens = 0.0
     for step in range(warmup + updates):
         if step == warmup:

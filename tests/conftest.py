@@ -121,6 +121,17 @@ def tiny_config(data_dir, save_dir, **options) -> TrainConfig:
     return load_train_config(values)
 
 
+def make_trainer(config: TrainConfig):
+    """A single-process Trainer (not yet fitted), its inputs opened and checked as `nmt train` does."""
+    from nmt.device import resolve_device
+    from nmt.training.distributed import DistributedContext
+    from nmt.training.inputs import check_inputs
+    from nmt.training.trainer import Trainer
+
+    device = resolve_device(config.device)
+    return Trainer(config, DistributedContext(), check_inputs(config, device), device)
+
+
 def assert_same_weights(path_a, path_b) -> None:
     a, b = load_checkpoint(path_a), load_checkpoint(path_b)
     assert a["train_state"]["update"] == b["train_state"]["update"]

@@ -10,9 +10,11 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from nmt.checkpoint.format import load_checkpoint
+from nmt.data.dataset import DataDir
 from nmt.errors import NmtError
 from nmt.log import logger, setup_logging
 from nmt.training.distributed import spawn
@@ -70,6 +72,24 @@ def test_bad_input_fails_before_spawning(tiny_data_dir, tmp_path):
         train(tiny_config(tiny_data_dir, tmp_path, nproc=2, device="cpu", arch="transformer_nano"))
     with pytest.raises(NmtError, match="fewer than the 400 processes"):
         train(tiny_config(tiny_data_dir, tmp_path, nproc=400, device="cpu"))
+
+
+def test_the_workers_train_on_the_inputs_the_parent_checked(tiny_data_dir, tmp_path, capfd):
+    """--nproc opens and checks the inputs once, before spawning, and hands them to its workers: what
+    the check reports (here the pairs left out) is reported once, and the workers train on that data."""
+    train_set = DataDir.open(tiny_data_dir).split("train")
+    longest = int(np.maximum(train_set.source.sizes, train_set.target.sizes).max())
+    handlers, level = logger.handlers[:], logger.level
+    setup_logging()
+    try:
+        summary = train(tiny_config(tiny_data_dir, tmp_path, nproc=2, device="cpu", max_update=2, valid_subset="none",
+                                    skip_invalid_size_inputs=True, model={"max_positions": longest - 1}))
+    finally:
+        logger.handlers[:] = handlers
+        logger.setLevel(level)
+    stderr = capfd.readouterr().err
+    assert summary.updates == 2 and "Traceback" not in stderr
+    assert stderr.count("sentence pairs longer than") == 1, stderr
 
 
 def test_sigterm_to_the_parent_waits_for_the_workers_to_save(tiny_data_dir, tmp_path):

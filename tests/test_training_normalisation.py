@@ -11,11 +11,10 @@ import torch
 from nmt.checkpoint.format import load_checkpoint
 from nmt.data.batching import Batch
 from nmt.data.vocabulary import PAD_ID
-from nmt.training.distributed import DistributedContext
 from nmt.training.iterator import EpochIterator, Update
 from nmt.training.progress import Meter, StepResult
 from nmt.training.trainer import Trainer, batches_left_out, batches_trained_again, train
-from test_training_trainer import tiny_config
+from conftest import make_trainer, tiny_config
 
 NO_DROPOUT = {"dropout": "0", "attention_dropout": "0", "activation_dropout": "0"}
 
@@ -23,7 +22,7 @@ NO_DROPOUT = {"dropout": "0", "attention_dropout": "0", "activation_dropout": "0
 def trainer_for(data_dir, save_dir, **options) -> Trainer:
     config = tiny_config(data_dir, save_dir, **options)
     config.model = NO_DROPOUT
-    return Trainer(config, DistributedContext())
+    return make_trainer(config)
 
 
 def gradients_of_one_step(trainer: Trainer, update: Update) -> list[torch.Tensor]:

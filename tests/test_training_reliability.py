@@ -9,6 +9,7 @@ import torch
 
 from nmt.checkpoint.format import load_checkpoint
 from nmt.cli import main
+from nmt.device import resolve_device
 from nmt.log import logger, setup_logging
 from nmt.training.distributed import processes_for_this_machine
 from nmt.training.trainer import train
@@ -51,11 +52,13 @@ def test_max_time_already_spent_is_nothing_to_do(tiny_data_dir, tmp_path, messag
 def test_nproc_without_gpus_is_one_process_with_the_same_update_size(tiny_data_dir, tmp_path, messages,
                                                                       monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    config = processes_for_this_machine(tiny_config(tiny_data_dir, tmp_path, nproc=4, update_freq=2, device="auto"))
+    config = processes_for_this_machine(tiny_config(tiny_data_dir, tmp_path, nproc=4, update_freq=2, device="auto"),
+                                        resolve_device("auto"))
     assert config.nproc == 1 and config.update_freq == 8
     assert any("--nproc 4 with --device auto and no GPU" in m for m in messages)
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})
-    config = processes_for_this_machine(tiny_config(tiny_data_dir, tmp_path, nproc=4, device="cpu"))
+    config = processes_for_this_machine(tiny_config(tiny_data_dir, tmp_path, nproc=4, device="cpu"),
+                                        resolve_device("cpu"))
     assert config.nproc == 4 and any("--nproc 4 CPU processes on 2 core(s)" in m for m in messages)
 
 

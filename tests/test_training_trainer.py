@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import signal
 import re
@@ -9,8 +10,8 @@ import re
 import pytest
 import torch
 
-from conftest import MULTI30K, assert_same_weights, make_data_dir, numbers_pairs, tiny_config
-from nmt.checkpoint.format import load_checkpoint, model_from_checkpoint
+from conftest import MULTI30K, assert_same_weights, make_data_dir, make_trainer, numbers_pairs, tiny_config
+from nmt.checkpoint.format import load_checkpoint, model_from_checkpoint, model_only
 from nmt.errors import NmtError, Stopped
 from nmt.training.distributed import StopRequest
 from nmt.files import read_lines
@@ -95,9 +96,8 @@ def test_nothing_loads_is_an_error_not_a_fresh_start(tiny_data_dir, tmp_path):
 def test_restore_file_starts_from_a_model_only_checkpoint(tiny_data_dir, tmp_path, messages):
     train(tiny_config(tiny_data_dir, tmp_path / "first", max_update=4))
     checkpoint = load_checkpoint(tmp_path / "first" / "checkpoint_last.pt")
-    model_only = {key: checkpoint[key] for key in ("nmt_version", "model_name", "arch", "model_config", "vocab",
-                                                   "model")}
-    torch.save(model_only, tmp_path / "averaged.pt")
+    assert set(checkpoint) - set(model_only(checkpoint)) >= {"optimizer", "train_state"}
+    torch.save(model_only(checkpoint), tmp_path / "averaged.pt")
     summary = train(tiny_config(tiny_data_dir, tmp_path / "second", max_update=2,
                                 restore_file=str(tmp_path / "averaged.pt")))
     assert summary.updates == 2 and "its weights only" in "\n".join(messages)
@@ -197,15 +197,13 @@ def test_eval_bleu_reports_bleu_of_the_validation_set(tiny_data_dir, tmp_path, m
 
 def test_eval_bleu_takes_the_tokenizer_case_and_target_language(tiny_data_dir, tmp_path, monkeypatch):
     from nmt import scoring
-    from nmt.training.distributed import DistributedContext
-    from nmt.training.trainer import Trainer
 
     seen = []
     real_score = scoring.score
     monkeypatch.setattr(scoring, "score", lambda *args, **kwargs: seen.append(kwargs["options"]) or
                         real_score(*args, **kwargs))
     config = tiny_config(tiny_data_dir, tmp_path, eval_bleu=True, eval_bleu_tokenize="char", eval_bleu_lowercase=True)
-    Trainer(config, DistributedContext()).validate()
+    make_trainer(config).validate()
     assert seen == [scoring.MetricOptions("char", lowercase=True, language="de")]
     with pytest.raises(NmtError, match="eval_bleu_tokenize must be one of auto, none, zh"):
         tiny_config(tiny_data_dir, tmp_path, eval_bleu_tokenize="moses")
@@ -213,11 +211,9 @@ def test_eval_bleu_takes_the_tokenizer_case_and_target_language(tiny_data_dir, t
 
 def test_loss_scaler_skips_overflowing_steps(tiny_data_dir, tmp_path, messages):
     # fp16 autocast needs a GPU; the scaler logic is the same on CPU, so drive it with an inf gradient.
-    from nmt.training.distributed import DistributedContext
     from nmt.training.iterator import EpochIterator
-    from nmt.training.trainer import Trainer
 
-    trainer = Trainer(tiny_config(tiny_data_dir, tmp_path), DistributedContext())
+    trainer = make_trainer(tiny_config(tiny_data_dir, tmp_path))
     trainer.scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
     updates = iter(EpochIterator(trainer.data.train_set, trainer.data.batches, seed=1, epoch=1))
     weight = trainer.model.encoder_layers[0].ffn.fc1.weight
@@ -229,6 +225,41 @@ def test_loss_scaler_skips_overflowing_steps(tiny_data_dir, tmp_path, messages):
     handle.remove()
     step = trainer.train_step(next(updates))
     assert step.skipped is None and math.isfinite(step.grad_norm) and not torch.equal(weight, before)
+
+
+def test_after_each_update_one_place_decides_validating_saving_and_stopping(tiny_data_dir, tmp_path, monkeypatch):
+    config = tiny_config(tiny_data_dir, tmp_path, max_update=8, max_epoch=2, save_interval_updates=2,
+                         validate_interval_updates=3)
+    trainer = make_trainer(config)
+    validated, saved = [], []
+    monkeypatch.setattr(trainer, "validate", lambda: validated.append(trainer.state.update) or len(validated) == 1)
+    monkeypatch.setattr(trainer, "save", saved.append)
+
+    def after(update: int, stepped: bool = True, **flags) -> tuple[bool, list[str], str | None]:
+        """Whether update ``update`` validates, what it saves and why it stops."""
+        trainer.state.update, validations = update, len(validated)
+        stop = trainer.validate_and_save(stepped, **flags)
+        return len(validated) > validations, saved.pop(), stop
+
+    assert after(1) == (False, [], None)
+    assert after(2) == (False, ["checkpoint_1_2.pt", "checkpoint_last.pt"], None)  # --save-interval-updates
+    assert after(3) == (True, ["checkpoint_best.pt", "checkpoint_last.pt"], None)  # --validate-interval-updates, best
+    assert after(4, stepped=False) == (False, [], None)  # a skipped step (fp16 overflow) is no update to count
+    assert after(4, interrupted=True) == (False, ["checkpoint_1_4.pt", "checkpoint_last.pt"],
+                                          "interrupted at update 4: saved checkpoint_last.pt; "
+                                          "re-run the same command to resume")  # no validation: stop soon
+    assert trainer.state.epoch == 1
+    assert after(5, epoch_end=True) == (True, ["checkpoint1.pt", "checkpoint_last.pt"], None)
+    assert (trainer.state.epoch, trainer.state.position) == (2, 0)
+    assert after(6) == (True, ["checkpoint_2_6.pt", "checkpoint_last.pt"], None)
+    assert after(8) == (True, ["checkpoint_2_8.pt", "checkpoint_last.pt"], "reached --max-update 8")  # validated
+    trainer.config = dataclasses.replace(config, max_update=0)
+    assert after(9, epoch_end=True) == (True, ["checkpoint2.pt", "checkpoint_last.pt"], "reached --max-epoch 2")
+    trainer.config = dataclasses.replace(config, max_update=0, max_epoch=0, patience=1)
+    monkeypatch.setattr(trainer, "validate",
+                        lambda: validated.append(12) or setattr(trainer.state, "bad_validations", 1))
+    assert after(12) == (True, ["checkpoint_3_12.pt", "checkpoint_last.pt"],
+                         "no better validation loss in 1 validations (--patience)")  # decided after the validation
 
 
 def test_max_positions_is_enforced_in_training(tiny_data_dir, tmp_path):

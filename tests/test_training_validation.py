@@ -8,15 +8,19 @@ import re
 
 import numpy as np
 import pytest
+import torch
 
 from nmt.checkpoint.format import load_checkpoint
 from nmt.data.dataset import DataDir
 from nmt.errors import NmtError
 from nmt.training.inputs import check_inputs
-from nmt.training.trainer import TrainState, train
+from nmt.training.state import TrainState
+from nmt.training.trainer import train
 from nmt.training.validation import record_validation
 
 from conftest import make_data_dir, numbers_pairs, tiny_config
+
+CPU = torch.device("cpu")
 
 # Loss and BLEU disagree: the loss keeps falling while BLEU peaks at the second validation.
 FIGURES = [{"loss": 5.0, "bleu": 10.0}, {"loss": 4.0, "bleu": 30.0}, {"loss": 3.0, "bleu": 20.0},
@@ -60,10 +64,10 @@ def test_a_valid_pair_over_the_models_positions_fails_before_training(tmp_path):
                                        DataDir.open(data).split("train").target.sizes)))
     config = tiny_config(data, tmp_path / "run", model={"max_positions": train_longest})
     with pytest.raises(NmtError, match="valid pair 10 has .* over the model's max_positions"):
-        check_inputs(config)
-    skipping = check_inputs(dataclasses.replace(config, skip_invalid_size_inputs=True))
+        check_inputs(config, CPU)
+    skipping = check_inputs(dataclasses.replace(config, skip_invalid_size_inputs=True), CPU)
     validated = sorted(np.concatenate(skipping.valid[0].batches).tolist())
-    assert validated == list(range(10))  # all but the long pair
+    assert validated == skipping.valid[0].pairs.tolist() == list(range(10))  # all but the long pair
     assert len(np.concatenate(skipping.batches.epoch(1, 1))) == 50  # every training pair fits
     # --eval-bleu translates the same pairs the loss is computed on (the long one would fail the search)
     summary = train(dataclasses.replace(config, skip_invalid_size_inputs=True, eval_bleu=True, max_epoch=1))
@@ -80,8 +84,8 @@ def test_a_missing_bleu_tokenizer_fails_before_training(tmp_path):
     data = make_data_dir(tmp_path / "data", {"train": pairs[:50], "valid": pairs[50:]}, target_lang="ja")
     config = tiny_config(data, tmp_path / "run", eval_bleu=True)
     with pytest.raises(NmtError, match="BLEU tokenizer ja-mecab needs extra packages"):
-        check_inputs(config)
-    check_inputs(dataclasses.replace(config, eval_bleu_tokenize="char"))
+        check_inputs(config, CPU)
+    check_inputs(dataclasses.replace(config, eval_bleu_tokenize="char"), CPU)
 
 
 @pytest.mark.slow
@@ -97,4 +101,4 @@ def test_several_validation_splits_are_each_reported_and_the_first_decides(tmp_p
     best = load_checkpoint(tmp_path / "run" / "checkpoint_best.pt")["train_state"]["best_valid_loss"]
     assert best == min(r["loss"] for r in records if r["kind"] == "valid" and r["subset"] == "valid")
     with pytest.raises(NmtError, match="has no split 'dev' to validate on"):
-        check_inputs(tiny_config(data, tmp_path / "other", valid_subset="valid,dev"))
+        check_inputs(tiny_config(data, tmp_path / "other", valid_subset="valid,dev"), CPU)

@@ -30,14 +30,21 @@ from nmt.files import atomic_write
 from nmt.models.registry import build_model, config_from_dict
 from nmt.version import __version__
 
-REQUIRED_KEYS = ("model_name", "arch", "model_config", "vocab", "model")
+MODEL_KEYS = ("nmt_version", "model_name", "arch", "model_config", "vocab", "model")  # a model-only checkpoint
+REQUIRED_KEYS = MODEL_KEYS[1:]  # files written before nmt_version was recorded lack it
 
 
 def make_checkpoint(model_name: str, arch: str, model_config: dict[str, Any], vocab: dict[str, Any],
                     model: dict[str, torch.Tensor], **extra: Any) -> dict[str, Any]:
-    """The one place a checkpoint dict is assembled; ``extra`` adds training state or provenance."""
-    return {"nmt_version": __version__, "model_name": model_name, "arch": arch, "model_config": model_config,
-            "vocab": vocab, "model": model, **extra}
+    """The one place a checkpoint dict is assembled: the MODEL_KEYS entries, then ``extra`` (training
+    state or provenance)."""
+    values = (__version__, model_name, arch, model_config, vocab, model)
+    return {**dict(zip(MODEL_KEYS, values)), **extra}
+
+
+def model_only(checkpoint: dict[str, Any]) -> dict[str, Any]:
+    """The checkpoint without what training or averaging added to its model: what a model-only file holds."""
+    return {key: checkpoint[key] for key in MODEL_KEYS if key in checkpoint}
 
 
 def model_state(model: nn.Module, arch: str, config: Any, vocabs: Vocabularies, **extra: Any) -> dict[str, Any]:

@@ -53,6 +53,7 @@ class TokenArray:
     """
 
     def __init__(self, prefix: str | os.PathLike):
+        self.prefix = prefix
         try:
             self.tokens = np.load(f"{prefix}.tokens.npy", mmap_mode="r")
             self.offsets = np.load(f"{prefix}.offsets.npy", mmap_mode="r")
@@ -64,6 +65,10 @@ class TokenArray:
 
     def __len__(self) -> int:
         return len(self.sizes)
+
+    def __reduce__(self) -> tuple[type, tuple[str | os.PathLike]]:
+        """Sent to another process (the --nproc workers) as its path: the receiver maps the files itself."""
+        return TokenArray, (self.prefix,)
 
     def __getitem__(self, index: int) -> np.ndarray:
         return np.asarray(self.tokens[self.offsets[index]:self.offsets[index + 1]], dtype=np.int64)

@@ -16,7 +16,7 @@ from typing import Any, Iterator, NamedTuple
 
 import torch
 
-from nmt.checkpoint.format import load_checkpoint, save_checkpoint
+from nmt.checkpoint.format import load_checkpoint, model_only, save_checkpoint
 from nmt.checkpoint.names import (BEST, LAST, epoch_checkpoint_name, numbered_checkpoints,
                                   update_checkpoint_name)
 from nmt.errors import NmtError
@@ -99,9 +99,6 @@ def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate((version, tuple(internal), gauss))
 
 
-MODEL_KEYS = ("nmt_version", "model_name", "arch", "model_config", "vocab", "model")  # nmt.checkpoint.make_checkpoint
-
-
 class ResumePoint(NamedTuple):
     path: Path
     checkpoint: dict[str, Any]
@@ -129,7 +126,7 @@ def find_resume_checkpoint(save_dir: Path, restore_file: str | None,
             raise NmtError(f"{flag} not found: {given}")
         checkpoint = load_checkpoint(path)
         if finetune_from_model is not None:
-            checkpoint = {key: checkpoint[key] for key in MODEL_KEYS if key in checkpoint}
+            checkpoint = model_only(checkpoint)
         return ResumePoint(path, checkpoint, in_save_dir=False)
     try:
         return ResumePoint(last, load_checkpoint(last), in_save_dir=True)

@@ -27,7 +27,6 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from nmt.device import resolve_device
 from nmt.errors import NmtError, Stopped
 from nmt.log import logger, setup_logging, state
 from nmt.training.config import TrainConfig
@@ -85,14 +84,14 @@ class StopRequest:
             signal.signal(signum, handler)
 
 
-def processes_for_this_machine(config: TrainConfig) -> TrainConfig:
+def processes_for_this_machine(config: TrainConfig, device: torch.device) -> TrainConfig:
     """--nproc on a machine without the GPUs for it: one process with the same update, or a warning.
 
     With ``device: auto`` and no GPU, N CPU processes would share the cores for no gain, so one
     process accumulates the N processes' batches (``update_freq`` x N: updates of the same size). An
     explicit ``--device cpu`` keeps N processes, with a warning when they outnumber the cores.
     """
-    if config.nproc == 1 or resolve_device(config.device).type != "cpu":
+    if config.nproc == 1 or device.type != "cpu":
         return config
     if config.device == "auto":
         logger.warning("--nproc %d with --device auto and no GPU: training in 1 process with --update-freq %d "

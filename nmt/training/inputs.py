@@ -7,11 +7,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import torch
 
 from nmt.checkpoint.names import BEST
 from nmt.data.dataset import DataDir, ParallelDataset
 from nmt.data.vocabulary import Vocabularies
-from nmt.device import autocast, resolve_device
+from nmt.device import autocast
 from nmt.errors import NmtError
 from nmt.log import logger
 from nmt.models.registry import get_arch, resolve_config
@@ -25,6 +26,7 @@ class ValidationSplit:
     name: str
     dataset: ParallelDataset
     batches: list[np.ndarray]  # in length order: validation needs no shuffling
+    pairs: np.ndarray  # the indices in those batches, sorted: what --eval-bleu translates
 
 
 @dataclass
@@ -38,9 +40,9 @@ class TrainingData:
     valid: list[ValidationSplit]  # the first decides checkpoint_best.pt and --patience; empty: no validation
 
 
-def check_inputs(config: TrainConfig, world_size: int = 1) -> TrainingData:
+def check_inputs(config: TrainConfig, device: torch.device, world_size: int = 1) -> TrainingData:
     """Open and check every input of a run (data, arch, batches, devices); an NmtError says what is wrong."""
-    autocast(resolve_device(config.device), config.precision)  # fp16 on CPU is refused here
+    autocast(device, config.precision)  # fp16 on CPU is refused here
     data = DataDir.open(config.data)
     arch = get_arch(config.arch)
     model_config = resolve_config(arch.config, config.model)
@@ -79,10 +81,12 @@ def validation_split(dataset: ParallelDataset, name: str, config: TrainConfig,
     sizes = np.maximum(dataset.source.sizes, dataset.target.sizes)
     max_tokens = None if config.max_tokens is None else max(config.max_tokens, int(sizes.max(initial=1)))
     batches = make_batches(dataset, max_tokens, config.max_sentences)
+    pairs = np.arange(len(dataset))
     if max_positions is not None and not config.skip_invalid_size_inputs:
         check_positions(dataset, name, max_positions)
     elif max_positions is not None and sizes.max(initial=0) > max_positions:
         logger.warning("validating without the %d %s pairs longer than the model's max_positions %d",
                        int((sizes > max_positions).sum()), name, max_positions)
         batches = [kept for batch in batches if len(kept := batch[sizes[batch] <= max_positions])]
-    return ValidationSplit(name, dataset, batches)
+        pairs = np.flatnonzero(sizes <= max_positions)
+    return ValidationSplit(name, dataset, batches, pairs)

@@ -38,25 +38,25 @@ class TrainingBatches:
 
     def __init__(self, dataset: ParallelDataset, max_tokens: int | None, max_sentences: int | None = None,
                  required_multiple: int = 1, skip_too_long: bool = False, max_positions: int | None = None):
-        self.source_sizes, self.target_sizes = dataset.source.sizes, dataset.target.sizes
+        source_sizes, target_sizes = dataset.source.sizes, dataset.target.sizes
         self.kept: np.ndarray | None = None  # indices of the pairs batched; None: all
         limits = {name: limit for name, limit in (("--max-tokens", max_tokens), ("the model's max_positions",
                                                                                   max_positions)) if limit is not None}
         if skip_too_long and limits:
-            self.kept = np.flatnonzero(np.maximum(self.source_sizes, self.target_sizes) <= min(limits.values()))
+            self.kept = np.flatnonzero(np.maximum(source_sizes, target_sizes) <= min(limits.values()))
             if len(self.kept) < len(dataset):
                 logger.warning("skipping %d of %d sentence pairs longer than %s", len(dataset) - len(self.kept),
                                len(dataset), " or ".join(f"{name} {limit}" for name, limit in limits.items()))
-            self.source_sizes, self.target_sizes = self.source_sizes[self.kept], self.target_sizes[self.kept]
+            source_sizes, target_sizes = source_sizes[self.kept], target_sizes[self.kept]
         elif max_positions is not None:
             check_positions(dataset, "training", max_positions)
         try:
-            sizes = padded_sizes(self.source_sizes, self.target_sizes, max_tokens, max_sentences)
+            sizes = padded_sizes(source_sizes, target_sizes, max_tokens, max_sentences)
         except SentenceTooLong as exc:
             raise NmtError(f"{exc}, or pass --skip-invalid-size-inputs") from exc
         sorted_sizes = np.sort(sizes.astype(smallest_unsigned(int(sizes.max(initial=0)))), kind="stable")  # radix
         self.ends = np.cumsum(batch_sizes(sorted_sizes, max_tokens, max_sentences, required_multiple))
-        self.keys = length_keys(self.source_sizes, self.target_sizes)
+        self.keys = length_keys(source_sizes, target_sizes)
 
     def __len__(self) -> int:
         return len(self.ends)
@@ -105,9 +105,8 @@ class Update:
 class EpochIterator:
     """One epoch of updates for one process, from a position, prepared by a background thread."""
 
-    def __init__(self, dataset: ParallelDataset, batches: TrainingBatches, seed: int, epoch: int,
-                 world_size: int = 1, rank: int = 0, update_freq: int = 1, start: int = 0, prefetch: int = 4,
-                 pin_memory: bool = False):
+    def __init__(self, dataset: ParallelDataset, batches: TrainingBatches, *, seed: int, epoch: int, start: int = 0,
+                 update_freq: int = 1, world_size: int = 1, rank: int = 0, prefetch: int = 4, pin_memory: bool = False):
         ordered = batches.epoch(seed, epoch)
         if len(ordered) < world_size:
             raise ValueError(f"{len(ordered)} batches cannot be shared by {world_size} processes")
@@ -144,7 +143,7 @@ class EpochIterator:
         return prefetched(self._updates, self.prefetch)
 
 
-def sharded_batches(dataset: ParallelDataset, batches: list[np.ndarray], world_size: int, rank: int,
+def sharded_batches(dataset: ParallelDataset, batches: list[np.ndarray], *, world_size: int, rank: int,
                     prefetch: int = 4, pin_memory: bool = False) -> Iterator[Batch]:
     """This process's share of a fixed list of batches (validation): every N-th from r, untruncated."""
     mine = batches[rank::world_size]

@@ -35,29 +35,16 @@ from nmt.training import checkpoints as ckpt
 from nmt.training.config import TrainConfig, config_to_dict, write_config
 from nmt.training.distributed import (DistributedContext, StopRequest, all_reduce_sum, init_distributed,
                                       launched_by_torchrun, processes_for_this_machine, shutdown_distributed, spawn)
-from nmt.training.inputs import check_inputs
+from nmt.training.inputs import TrainingData, check_inputs
 from nmt.training.iterator import EpochIterator, Update
 from nmt.training.loss import label_smoothed_cross_entropy
 from nmt.training.lr_scheduler import make_schedule, set_lr
 from nmt.training.metrics_file import FILE_NAME as METRICS_FILE, MetricsFile
 from nmt.training.progress import Display, Meter, StepResult, summary_table
-from nmt.training.validation import record_validation, validation_bleu, validation_loss
+from nmt.training.state import TrainState
+from nmt.training.validation import record_validation, validation_figures
 
 MAX_OOM_SKIPS = 10  # out-of-memory batches skipped before giving up
-
-
-@dataclass
-class TrainState:
-    """Where training stands; saved in every checkpoint as ``train_state``."""
-
-    epoch: int = 1  # the epoch in progress (or next to start)
-    position: int = 0  # global batches of that epoch already trained on
-    update: int = 0  # optimizer steps taken
-    best_valid_loss: float | None = None
-    best_valid_bleu: float | None = None  # with --eval-bleu
-    bad_validations: int = 0  # validations since the best one (for --patience)
-    elapsed: float = 0.0  # training seconds over all runs (for --max-time)
-    warmup_elapsed: float = 0.0  # training seconds when the warm-up ended (for a time-budgeted decay)
 
 
 @dataclass
@@ -76,31 +63,42 @@ class TrainSummary:
     skipped_updates: int = 0  # fp16 overflows (and out-of-memory skips): no step taken, not in train_loss
 
 
+@dataclass(frozen=True)
+class Job:
+    """What a training process starts from: the config, its resolved device and, in a ``--nproc``
+    worker, the inputs the parent checked (a single process or a torchrun rank opens its own)."""
+
+    config: TrainConfig
+    device: torch.device
+    data: TrainingData | None = None
+
+
 def train(config: TrainConfig) -> TrainSummary:
     """Train as the config says, in this process, in ``nproc`` spawned ones, or as a torchrun rank.
 
     The process that saves (rank 0) holds the save dir's lock for the whole run.
     """
     config.validate()
-    config = processes_for_this_machine(config)
+    device = resolve_device(config.device)
+    config = processes_for_this_machine(config, device)
     saves = int(os.environ.get("RANK", 0)) == 0
     with ckpt.claim_save_dir(Path(config.save_dir)) if saves else contextlib.nullcontext():
-        if config.nproc > 1:
-            if launched_by_torchrun():
-                raise NmtError("--nproc spawns its own workers; under torchrun leave it out (use --nproc-per-node)")
-            if resolve_device(config.device).type == "cuda" and torch.cuda.device_count() < config.nproc:
-                raise NmtError(f"--nproc {config.nproc} needs {config.nproc} GPUs; "
-                               f"{torch.cuda.device_count()} visible")
-            check_inputs(config, config.nproc)  # bad input fails here, once, before any worker starts
-            return spawn(train_worker, config, config.nproc)
-        return train_worker(config)
+        if config.nproc == 1:
+            return train_process(Job(config, device))
+        if launched_by_torchrun():
+            raise NmtError("--nproc spawns its own workers; under torchrun leave it out (use --nproc-per-node)")
+        if device.type == "cuda" and torch.cuda.device_count() < config.nproc:
+            raise NmtError(f"--nproc {config.nproc} needs {config.nproc} GPUs; {torch.cuda.device_count()} visible")
+        data = check_inputs(config, device, config.nproc)  # bad input fails here, before any worker starts
+        return spawn(train_process, Job(config, device, data), config.nproc)
 
 
-def train_worker(config: TrainConfig) -> TrainSummary:
-    device = resolve_device(config.device)
-    context = init_distributed(device.type)
+def train_process(job: Job) -> TrainSummary:
+    """One training process: this one, a ``--nproc`` worker or a torchrun rank."""
+    context = init_distributed(job.device.type)
     try:
-        summary = Trainer(config, context).fit()
+        data = job.data if job.data is not None else check_inputs(job.config, job.device, context.world_size)
+        summary = Trainer(job.config, context, data, job.device).fit()
     except BaseException:
         shutdown_distributed(together=False)  # a peer may be gone: no barrier to wait at
         raise
@@ -113,15 +111,15 @@ def batch_seed(seed: int, epoch: int, position: int) -> int:
 
 
 class Trainer:
-    def __init__(self, config: TrainConfig, context: DistributedContext):
-        self.device = resolve_device(config.device)
-        if self.device.type == "cuda" and context.is_distributed:
-            self.device = torch.device("cuda", context.local_rank)
+    def __init__(self, config: TrainConfig, context: DistributedContext, data: TrainingData, device: torch.device):
+        """``data`` as check_inputs gives it; ``device`` as resolve_device does (with several processes
+        on GPUs, each takes the one of its local rank)."""
+        self.device = torch.device("cuda", context.local_rank) if device.type == "cuda" and context.is_distributed \
+            else device
         precision, self.precision_reason = resolve_precision(config.precision, self.device)
         config = dataclasses.replace(config, precision=precision)  # the run config stores what ran
-        self.config, self.context = config, context
-        self.data = check_inputs(config, context.world_size)
-        self.vocabs, self.model_config = self.data.vocabs, self.data.model_config
+        self.config, self.context, self.data = config, context, data
+        self.vocabs, self.model_config = data.vocabs, data.model_config
 
         torch.manual_seed(config.seed)
         self.model = build_model(get_arch(config.arch).model_name, self.model_config, len(self.vocabs.source),
@@ -268,7 +266,31 @@ class Trainer:
         return dataclasses.replace(step, loss=loss, nll=nll, tokens=tokens, sentences=sentences), bool(interrupted), \
             elapsed
 
-    # -- validation ------------------------------------------------------------------------------------
+    # -- after each update: validate, save, stop ---------------------------------------------------------
+
+    def validate_and_save(self, stepped: bool, interrupted: bool = False, epoch_end: bool = False) -> str | None:
+        """The one place that decides, after each update (``stepped``: it took an optimizer step) and at
+        an epoch's end, whether to validate, what to save and whether to stop; returns why training stops.
+
+        Validation comes at an epoch's end, every --validate-interval-updates and before a stop. A
+        signal skips it and the epoch's end, to stop soon; the resume does them. The reason given is
+        the first of stop_reason's that holds once the validation and the epoch's end are done.
+        """
+        config, state = self.config, self.state
+        if interrupted:
+            self.save(ckpt.checkpoint_names(config.save_interval_updates, state.epoch, state.update, stepped,
+                                            stopping=True))
+            return f"interrupted at update {state.update}: saved {LAST}; re-run the same command to resume"
+        every = config.validate_interval_updates
+        on_interval = stepped and every and state.update % every == 0
+        improved = self.validate() if epoch_end or on_interval or stop_reason(config, state) else False
+        finished = state.epoch
+        if epoch_end:
+            state.epoch, state.position = finished + 1, 0
+        stop = stop_reason(config, state)  # --max-epoch counts the epoch just ended, --patience the validation
+        self.save(ckpt.checkpoint_names(config.save_interval_updates, finished, state.update, stepped,
+                                        improved=improved, epoch_end=epoch_end, stopping=stop is not None))
+        return stop
 
     def validate(self) -> bool:
         """Validation loss (and BLEU with --eval-bleu) on each validation split; the first one's figures
@@ -279,16 +301,8 @@ class Trainer:
         if not self.data.valid:
             return False
         self.model.eval()
-        results = []
-        for split in self.data.valid:
-            figures = validation_loss(self.model, split.dataset, split.batches, self.config.label_smoothing,
-                                      self.config.precision, self.device, self.context, self.config.prefetch)
-            if self.config.eval_bleu:
-                figures["bleu"] = validation_bleu(self.model, split.dataset, self.vocabs, self.config.eval_bleu_beam,
-                                                  self.config.max_tokens, self.config.precision, self.device,
-                                                  self.context, self.config.eval_bleu_tokenize,
-                                                  self.config.eval_bleu_lowercase, np.sort(np.concatenate(split.batches)))
-            results.append((split.name, figures))
+        results = [(split.name, validation_figures(self.model, split, self.vocabs, self.config, self.device,
+                                                   self.context)) for split in self.data.valid]
         self.last_valid = results[0][1]
         improved = record_validation(self.state, self.last_valid, self.config.best_checkpoint_metric)
         for position, (name, figures) in enumerate(results):
@@ -315,15 +329,10 @@ class Trainer:
         if context.is_main:
             logger.info("precision: %s (%s)", config.precision, self.precision_reason)
         run_meter = Meter()
-        stop = stop_reason(config, state, time_up=config.max_time_seconds is not None
-                           and state.elapsed >= config.max_time_seconds)
-        # A stop on an epoch's last update saved before the epoch's end (validation, its checkpoint): do that first.
-        finishing = stop is not None and state.position >= len(self.data.batches) - left_out > 0
-        if stop and not finishing:
+        stop = None if self.epoch_end_owed() else stop_reason(config, state)  # an owed epoch end is done regardless
+        if stop:
             logger.info("nothing to do: %s", stop)
         with StopRequest(second_aborts=not context.is_distributed) as interrupt:
-            if finishing:
-                stop = self.train_epoch(run_meter, interrupt)
             while stop is None:
                 stop = self.train_epoch(run_meter, interrupt)
         self.display.close()
@@ -354,25 +363,27 @@ class Trainer:
                 stderr_console.print(summary_table(rows))
         return summary
 
+    def epoch_end_owed(self) -> bool:
+        """Whether the epoch's updates are all done but not its end (validation, its checkpoint): a
+        signal on the epoch's last update stops before the end, which the resume then does first."""
+        batches = len(self.data.batches)
+        return self.state.position >= batches - batches_left_out(batches, self.context.world_size)
+
     def train_epoch(self, run_meter: Meter, interrupt: StopRequest) -> str | None:
-        """Train from the current position to the end of the epoch or a stop; the stop reason."""
+        """Train from the current position through the epoch's end, or to a stop; the stop reason (None: go on)."""
         config, state, context = self.config, self.state, self.context
-        epoch = EpochIterator(self.data.train_set, self.data.batches, config.seed, state.epoch, context.world_size,
-                              context.rank, config.update_freq, state.position, config.prefetch,
-                              self.device.type == "cuda")
+        epoch = EpochIterator(self.data.train_set, self.data.batches, seed=config.seed, epoch=state.epoch,
+                              start=state.position, update_freq=config.update_freq, world_size=context.world_size,
+                              rank=context.rank, prefetch=config.prefetch, pin_memory=self.device.type == "cuda")
         interval = Meter()
-        max_time = config.max_time_seconds
         total = epoch.num_updates()
-        # A run stopped by a signal on an epoch's last update resumes with no update left in the epoch:
-        # it goes straight to the epoch's end (validation, the epoch checkpoint) that the stop skipped.
-        stepped = False
-        time_up = max_time is not None and state.elapsed >= max_time
         with self.display.epoch(state.epoch, total, total - epoch.num_updates(state.position)):
+            if self.epoch_end_owed():
+                return self.validate_and_save(stepped=False, epoch_end=True)
             for update in epoch:
                 step = self.train_step(update)
                 # Every process must agree to stop at the same update: the flag and the time travel with the sums.
                 step, interrupted, state.elapsed = self.agree(step, interrupt.requested)
-                time_up = max_time is not None and state.elapsed >= max_time
                 state.position = update.position
                 stepped = step.skipped is None
                 state.update += stepped
@@ -385,29 +396,10 @@ class Trainer:
                 if stepped and state.update % config.log_interval == 0:
                     self.display.train_line(state.epoch, state.update, interval.figures(), lr)
                     interval = Meter()
-                if interrupted:  # no validation: stop soon, but save all that this update saves
-                    self.save(ckpt.checkpoint_names(config.save_interval_updates, state.epoch, state.update, stepped,
-                                                    stopping=True))
-                    return (f"interrupted at update {state.update}: saved {LAST}; "
-                            "re-run the same command to resume")
-                if update.position == epoch.num_batches:
-                    break  # the epoch's end validates and saves below
-                stop = stop_reason(config, state, time_up)
-                improved = False
-                if stop or (stepped and config.validate_interval_updates
-                            and state.update % config.validate_interval_updates == 0):
-                    improved = self.validate()
-                stop = stop or stop_reason(config, state, time_up)  # patience, after a validation
-                self.save(ckpt.checkpoint_names(config.save_interval_updates, state.epoch, state.update, stepped,
-                                                improved=improved, stopping=stop is not None))
+                stop = self.validate_and_save(stepped, interrupted, epoch_end=update.position == epoch.num_batches)
                 if stop:
                     return stop
-        improved = self.validate()
-        finished = state.epoch
-        state.epoch, state.position = state.epoch + 1, 0
-        self.save(ckpt.checkpoint_names(config.save_interval_updates, finished, state.update, stepped,
-                                        improved=improved, epoch_end=True))
-        return stop_reason(config, state, time_up)
+        return None
 
 
 def batches_left_out(num_batches: int, world_size: int) -> int:
@@ -421,7 +413,7 @@ def batches_trained_again(position: int, world_size: int) -> int:
     return position % world_size
 
 
-def stop_reason(config: TrainConfig, state: TrainState, time_up: bool) -> str | None:
+def stop_reason(config: TrainConfig, state: TrainState) -> str | None:
     """Why training stops now, or None to go on."""
     if config.max_update and state.update >= config.max_update:
         return f"reached --max-update {config.max_update}"
@@ -429,6 +421,6 @@ def stop_reason(config: TrainConfig, state: TrainState, time_up: bool) -> str | 
         return f"reached --max-epoch {config.max_epoch}"
     if config.patience and state.bad_validations >= config.patience:
         return f"no better validation {config.best_checkpoint_metric} in {config.patience} validations (--patience)"
-    if time_up:
+    if config.max_time is not None and state.elapsed >= config.max_time_seconds:
         return f"reached --max-time {config.max_time}"
     return None

@@ -9,49 +9,52 @@ combined across processes, so every process sees the same figures.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from nmt.checkpoint.format import Vocabularies
-from nmt.data.dataset import ParallelDataset
 from nmt.data.vocabulary import PAD_ID
 from nmt.device import autocast
+from nmt.training.config import TrainConfig
 from nmt.training.distributed import DistributedContext, all_reduce_sum
+from nmt.training.inputs import ValidationSplit
 from nmt.training.iterator import sharded_batches
 from nmt.training.loss import label_smoothed_cross_entropy
 from nmt.training.progress import perplexity
+from nmt.training.state import TrainState
 
-if TYPE_CHECKING:
-    from nmt.training.trainer import TrainState
+
+def validation_figures(model: nn.Module, split: ValidationSplit, vocabs: Vocabularies, config: TrainConfig,
+                       device: torch.device, context: DistributedContext) -> dict[str, float]:
+    """One split's loss, nll and perplexity, and its BLEU with --eval-bleu; the model must be in eval mode."""
+    figures = validation_loss(model, split, config, device, context)
+    if config.eval_bleu:
+        figures["bleu"] = validation_bleu(model, split, vocabs, config, device, context)
+    return figures
 
 
 @torch.no_grad()
-def validation_loss(model: nn.Module, dataset: ParallelDataset, batches: list[np.ndarray], label_smoothing: float,
-                    precision: str, device: torch.device, context: DistributedContext,
-                    prefetch: int = 4) -> dict[str, float]:
-    """Label-smoothed loss, nll and perplexity per target token (nats); the model must be in eval mode."""
+def validation_loss(model: nn.Module, split: ValidationSplit, config: TrainConfig, device: torch.device,
+                    context: DistributedContext) -> dict[str, float]:
+    """Label-smoothed loss, nll and perplexity per target token (nats)."""
     sums = torch.zeros(3, device=device)
-    for batch in sharded_batches(dataset, batches, context.world_size, context.rank, prefetch, device.type == "cuda"):
+    for batch in sharded_batches(split.dataset, split.batches, world_size=context.world_size, rank=context.rank,
+                                 prefetch=config.prefetch, pin_memory=device.type == "cuda"):
         batch = batch.to(device)
-        with autocast(device, precision):
+        with autocast(device, config.precision):
             states = model(batch.source, batch.prev_output, features_only=True)
-            loss, nll = label_smoothed_cross_entropy(states, model.output_weight(), batch.target, label_smoothing,
-                                                     PAD_ID)
+            loss, nll = label_smoothed_cross_entropy(states, model.output_weight(), batch.target,
+                                                     config.label_smoothing, PAD_ID)
         sums += torch.stack([loss, nll, batch.target.ne(PAD_ID).sum().to(loss.dtype)])
     loss_sum, nll_sum, tokens = all_reduce_sum(sums, context).tolist()
     return {"loss": loss_sum / tokens, "nll": nll_sum / tokens, "ppl": perplexity(nll_sum / tokens)}
 
 
-def validation_bleu(model: nn.Module, dataset: ParallelDataset, vocabs: Vocabularies, beam: int,
-                    max_tokens: int | None, precision: str, device: torch.device,
-                    context: DistributedContext, tokenize: str = "auto", lowercase: bool = False,
-                    pairs_used: np.ndarray | None = None) -> float:
-    """Corpus BLEU (sacrebleu) of beam-search translations against the decoded references, over
-    ``pairs_used`` (the split's indices validated; all of them when None).
+def validation_bleu(model: nn.Module, split: ValidationSplit, vocabs: Vocabularies, config: TrainConfig,
+                    device: torch.device, context: DistributedContext) -> float:
+    """Corpus BLEU (sacrebleu) of beam-search translations of the split's validated pairs against the
+    decoded references.
 
     The references are the binarized targets decoded by sentencepiece, i.e. normalized text,
     close to but not always the raw reference file: a figure to watch, not to report.
@@ -60,17 +63,17 @@ def validation_bleu(model: nn.Module, dataset: ParallelDataset, vocabs: Vocabula
     from nmt.generation.options import BatchingOptions, SearchOptions
     from nmt.scoring import MetricOptions, score
 
-    used = np.arange(len(dataset)) if pairs_used is None else pairs_used
-    mine = used[context.rank::context.world_size].tolist()
-    hypotheses = translate_ids(model, [dataset.source[i] for i in mine], SearchOptions(beam=beam),
-                               BatchingOptions(max_tokens=max_tokens), device, precision)
+    dataset = split.dataset
+    mine = split.pairs[context.rank::context.world_size].tolist()
+    hypotheses = translate_ids(model, [dataset.source[i] for i in mine], SearchOptions(beam=config.eval_bleu_beam),
+                               BatchingOptions(max_tokens=config.max_tokens), device, config.precision)
     pairs = [(vocabs.target.decode(hyps[0].tokens), vocabs.target.decode(dataset.target[i]))
              for hyps, i in zip(hypotheses, mine)]
     if context.is_distributed:
         gathered: list[list[tuple[str, str]]] = [[] for _ in range(context.world_size)]
         dist.all_gather_object(gathered, pairs)
         pairs = [pair for shard in gathered for pair in shard]
-    options = MetricOptions(tokenize, lowercase, language=vocabs.target_lang)
+    options = MetricOptions(config.eval_bleu_tokenize, config.eval_bleu_lowercase, language=vocabs.target_lang)
     (bleu,) = score([hypothesis for hypothesis, _ in pairs], [[reference for _, reference in pairs]], options=options)
     return bleu.score
 
