@@ -229,7 +229,7 @@ def main() -> None:
         typer.echo(f"error: {exc}", err=True)
         sys.exit(1)
     except Stopped as exc:
-        typer.echo(f"interrupted: {exc}" if str(exc) else "interrupted", err=True)
+        typer.echo(str(exc) or "interrupted", err=True)  # its message says where the run stopped, what was saved
         sys.exit(exc.exit_code)
     except (KeyboardInterrupt, typer.Abort):
         typer.echo("interrupted", err=True)

@@ -154,3 +154,16 @@ def test_the_multi30k_recipe_starts(tmp_path):
     assert run_config["arch"] == recipe["arch"] and run_config["model"]["dropout"] == expected_dropout
     assert run_config["train"]["lr"] == recipe["train"]["lr"]
     assert run_config["train"]["precision"] in ("fp32", "bf16")  # `auto`, resolved and stored
+
+
+def test_a_recipe_run_from_another_directory_says_where_its_relative_paths_were_read(tmp_path, monkeypatch):
+    recipe = tmp_path / "recipes" / "r.yaml"
+    recipe.parent.mkdir()
+    recipe.write_text(yaml.safe_dump({"preprocess": {"source_lang": "en", "target_lang": "de",
+                                                     "trainpref": "corpus/train", "destdir": "data-bin"}}))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    with pytest.raises(NmtError, match=r"corpus/train\.en \(nor corpus/train\.en\.gz\).*relative paths are read "
+                                       rf"from the working directory {elsewhere}"):
+        plan_recipe(recipe)

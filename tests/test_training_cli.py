@@ -95,6 +95,7 @@ def test_sigterm_saves_what_the_update_saves_and_exits_143(tiny_data_dir, tmp_pa
     _, stderr = process.communicate(timeout=60)
     assert process.returncode == 143, stderr
     assert "SIGTERM: stopping after this update" in stderr and "Ctrl-C" not in stderr and "Traceback" not in stderr
+    assert stderr.strip().splitlines()[-1].startswith("interrupted at update "), stderr  # not a bare "interrupted"
     state = load_checkpoint(tmp_path / "checkpoint_last.pt")["train_state"]
     assert state["update"] == interrupted_at(stderr)
     assert (tmp_path / f"checkpoint_{state['epoch']}_{state['update']}.pt").exists()
@@ -109,5 +110,5 @@ def test_a_second_signal_stops_at_once_and_says_nothing_was_saved(tiny_data_dir,
     process.send_signal(signal.SIGINT)
     _, stderr = process.communicate(timeout=60)
     assert process.returncode == 130 and "Traceback" not in stderr, stderr
-    assert stderr.strip().splitlines()[-1] == ("interrupted: stopped at once: nothing was saved since the last "
+    assert stderr.strip().splitlines()[-1] == ("interrupted at once: nothing was saved since the last "
                                                "checkpoint"), stderr

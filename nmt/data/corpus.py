@@ -60,11 +60,14 @@ def find_text_file(prefix: str, lang: str) -> Path:
     if plain.is_dir():
         raise NmtError(f"expected a file, got a directory: {plain}")
     directory, stem = plain.parent, Path(prefix).name
+    # A recipe run from another directory is the usual cause: say where a relative path was looked for.
+    where = "" if plain.is_absolute() else f" (relative paths are read from the working directory {Path.cwd()})"
     if not directory.is_dir():
-        raise NmtError(f"file not found: {plain} (directory {directory} does not exist)")
+        raise NmtError(f"file not found: {plain} (nor {plain}.gz): directory {directory} does not exist{where}")
     siblings = sorted(p.name for p in directory.iterdir() if p.name.startswith(f"{stem}.") and p.is_file())
     if not siblings:
-        raise NmtError(f"file not found: {plain} (nor {plain}.gz), and no file in {directory} starts with {stem}.")
+        raise NmtError(f"file not found: {plain} (nor {plain}.gz), and no file in {directory} starts with "
+                       f"{stem}.{where}")
     shown = ", ".join(siblings[:10]) + (f" and {len(siblings) - 10} more" if len(siblings) > 10 else "")
     raise NmtError(f"file not found: {plain} (nor {plain}.gz) for language {lang!r}; "
                    f"files with prefix {prefix} are: {shown}")

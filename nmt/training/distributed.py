@@ -48,7 +48,7 @@ class DistributedContext:
 
 
 SIGNAL_NAMES = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
-ABORTED = "stopped at once: nothing was saved since the last checkpoint"
+ABORTED = "interrupted at once: nothing was saved since the last checkpoint"
 
 
 class StopRequest:
@@ -162,10 +162,10 @@ def _worker(rank: int, target: Callable[[Any], Any], argument: Any, world_size: 
         outcome = ("ok", target(argument))
     except NmtError as exc:
         outcome = ("error", str(exc))
-    except Stopped as exc:  # stopped by a signal, after saving
-        outcome = ("interrupted", exc.signum)
+    except Stopped as exc:  # stopped by a signal, after saving (what was saved: the message)
+        outcome = ("interrupted", (exc.signum, str(exc)))
     except KeyboardInterrupt:
-        outcome = ("interrupted", signal.SIGINT)
+        outcome = ("interrupted", (signal.SIGINT, ""))
     with open(result_path(results, rank), "wb") as handle:
         pickle.dump(outcome, handle)
     if outcome[0] == "error":
@@ -234,9 +234,10 @@ def spawn(target: Callable[[Any], Any], argument: Any, nproc: int) -> Any:
     if errors:
         rank, message = errors[0]
         raise NmtError(message if rank == 0 else f"worker {rank}: {message}")
-    interrupted = [message for kind, message in outcomes.values() if kind == "interrupted"]
+    interrupted = [outcomes[rank][1] for rank in sorted(outcomes) if outcomes[rank][0] == "interrupted"]
     if stop.requested or interrupted:
-        raise Stopped(stop.signum or interrupted[0] or signal.SIGINT)
+        signum, message = interrupted[0] if interrupted else (signal.SIGINT, "")
+        raise Stopped(stop.signum or signum, message)
     if 0 not in outcomes:
         raise NmtError("a training worker was killed before it finished (out of memory?); "
                        "re-run the command to resume from checkpoint_last.pt")

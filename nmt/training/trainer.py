@@ -347,8 +347,7 @@ class Trainer:
             tokens_per_second=figures["tokens_per_second"] if run_meter.tokens else 0.0,
             skipped_updates=run_meter.skipped)
         if interrupt.requested:
-            logger.warning("%s", stop)
-            raise Stopped(interrupt.signum)
+            raise Stopped(interrupt.signum, stop)  # the CLI's last line: where the run stopped, what was saved
         if context.is_main and logger.isEnabledFor(logging.INFO):
             rows = {"arch": config.arch, "epochs": summary.epoch, "updates": summary.updates,
                     "train loss (this run)": summary.train_loss, "skipped updates (fp16 overflow)": summary.skipped_updates,
