@@ -40,6 +40,7 @@ from rich.table import Table
 
 from nmt.data.vocabulary import Vocabulary
 from nmt.device import describe_cpu
+from nmt.device_options import DeviceOptions
 from nmt.training.config import TrainConfig
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -114,7 +115,8 @@ def fairseq_train(fairseq_bin: Path, data: Path, work: Path, args: argparse.Name
 
 def nmt_train(data: Path, args: argparse.Namespace) -> dict[str, float]:
     config = TrainConfig(data=str(data), arch="transformer_small", save_dir=str(data / "unused"),
-                         max_tokens=args.max_tokens, precision=args.precision, lr=1.5e-3, warmup_updates=800)
+                         max_tokens=args.max_tokens, compute=DeviceOptions(precision=args.precision), lr=1.5e-3,
+                         warmup_updates=800)
     run = measure_in_subprocess(config, args.warmup, args.updates, args.threads)
     return {"tokens_per_second": run["tokens_per_second"], "peak_rss": run["peak_rss"] * 1024,
             "precision": run["precision"]}

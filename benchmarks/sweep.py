@@ -135,7 +135,7 @@ def main() -> None:
         plan = plan_variant(variant(run_dir / "recipe.yaml", args.overrides, None, None), None)
     else:
         plan = plan_variant(variant(args.recipe, args.overrides, None, None), None)
-    precision, _ = resolve_precision(plan.train.precision, resolve_device(plan.train.device))
+    precision, _ = resolve_precision(plan.train.compute.precision, resolve_device(plan.train.compute.device))
     row = {"date": time.strftime("%Y-%m-%d %H:%M"), "mode": args.mode, "name": args.label or name,
            "overrides": " ".join(args.overrides), "arch": plan.train.arch, "precision": precision,
            "cpu": describe_cpu()}

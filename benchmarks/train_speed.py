@@ -31,6 +31,7 @@ from rich.table import Table
 from nmt.data.preprocess import PreprocessOptions, preprocess
 from nmt.device import describe_cpu, resolve_device
 from nmt.log import setup_logging
+from nmt.device_options import DeviceOptions
 from nmt.training.config import TrainConfig
 from nmt.training.distributed import DistributedContext
 from nmt.training.inputs import check_inputs
@@ -54,7 +55,7 @@ def measure_speed(config: TrainConfig, warmup: int, updates: int, threads: int |
     if threads:
         torch.set_num_threads(threads)
     setup_logging(quiet=True)
-    device = resolve_device(config.device)
+    device = resolve_device(config.compute.device)
     trainer = Trainer(config, DistributedContext(), check_inputs(config, device), device)
     epoch = iter(EpochIterator(trainer.data.train_set, trainer.data.batches, seed=config.seed, epoch=1,
                                update_freq=config.update_freq, prefetch=config.prefetch,
@@ -74,7 +75,7 @@ def measure_speed(config: TrainConfig, warmup: int, updates: int, threads: int |
     return {"tokens_per_second": tokens / seconds, "tokens_per_cpu_second": tokens / cpu_seconds,
             "seconds_per_update": seconds / updates, "memory": memory,
             "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20,  # KiB -> GiB
-            "precision": trainer.config.precision}
+            "precision": trainer.config.compute.precision}
 
 
 def measure_in_subprocess(*args) -> dict[str, float]:
@@ -118,7 +119,7 @@ def main() -> None:
             baseline = None
             for precision in precisions:
                 config = TrainConfig(data=data, arch=arch, save_dir=str(Path(scratch) / "unused"),
-                                     max_tokens=args.max_tokens, device=args.device, precision=precision)
+                                     max_tokens=args.max_tokens, compute=DeviceOptions(args.device, precision))
                 runs = sorted((measure_in_subprocess(config, args.warmup, args.updates, args.threads)
                                for _ in range(args.repeats)), key=lambda run: run["tokens_per_cpu_second"])
                 result = runs[len(runs) // 2]
@@ -140,7 +141,7 @@ def main() -> None:
                 loss.add_column(column, justify="left" if column == "precision" else "right")
             for precision in precisions:
                 config = TrainConfig(data=data, arch=args.loss_arch, save_dir=str(Path(scratch) / f"loss-{precision}"),
-                                     max_tokens=args.loss_max_tokens, device=args.device, precision=precision,
+                                     max_tokens=args.loss_max_tokens, compute=DeviceOptions(args.device, precision),
                                      lr=1e-3, warmup_updates=10, max_update=args.loss_updates,
                                      log_interval=10 ** 9)
                 summary = train(config)

@@ -4,7 +4,8 @@ Every command's options are a dataclass whose fields carry their own description
 
     beam: int = field(default=4, metadata={"help": "Beam size (1 = greedy).", "min": 1})
 
-``help`` is required; ``min``/``max`` are inclusive bounds; choices come from a ``Literal`` type;
+``help`` is required; ``min``/``max`` are inclusive bounds, ``above``/``below`` exclusive ones (each
+value of a tuple is checked); choices come from a ``Literal`` type;
 ``panel`` names the rich help panel; ``flags`` gives explicit CLI names (``["--input", "-i"]``);
 ``argument`` makes the field a positional argument shown as ``metavar``; ``path`` shows a text
 option as a file or directory. Any other key is an error (a misspelt ``mni`` would drop a bound). A field whose type is
@@ -31,7 +32,7 @@ from typing import Any, Mapping
 from nmt.errors import NmtError
 
 COMMAND_LINE = "the command line"
-METADATA_KEYS = frozenset({"help", "min", "max", "panel", "flags", "argument", "metavar", "path"})
+METADATA_KEYS = frozenset({"help", "min", "max", "above", "below", "panel", "flags", "argument", "metavar", "path"})
 
 
 @dataclass(frozen=True)
@@ -50,9 +51,7 @@ class Option:
 
     @property
     def help_with_bounds(self) -> str:
-        low, high = self.metadata.get("min"), self.metadata.get("max")
-        bounds = f"{low} to {high}" if low is not None and high is not None else \
-            f"at least {low}" if low is not None else f"at most {high}" if high is not None else ""
+        bounds = describe_bounds(self.metadata)
         return f"{self.help} ({bounds})" if bounds else self.help
 
     @property
@@ -62,6 +61,16 @@ class Option:
     @property
     def required(self) -> bool:
         return self.default is dataclasses.MISSING
+
+
+def describe_bounds(metadata: Mapping[str, Any]) -> str:
+    """"1 to 5", "at least 1", "above 0", "at least 0 and below 1", or "" without bounds."""
+    low, high = metadata.get("min"), metadata.get("max")
+    if low is not None and high is not None:
+        return f"{low} to {high}"
+    parts = [f"{words} {metadata[key]}" for key, words in (("min", "at least"), ("above", "above"),
+                                                            ("max", "at most"), ("below", "below")) if key in metadata]
+    return " and ".join(parts)
 
 
 def flag(name: str) -> str:
@@ -165,7 +174,7 @@ def coerce(value: Any, field_type: Any, field_name: str) -> Any:
 
 
 def check_values(instance: Any) -> None:
-    """Raise a one-line NmtError for the first field outside its ``min``/``max`` or its ``Literal`` choices.
+    """Raise a one-line NmtError for the first field outside its bounds or its ``Literal`` choices.
 
     Options dataclasses call it from ``__post_init__``, so an instance is valid however it was made.
     None is never checked (it means "not set").
@@ -176,17 +185,25 @@ def check_values(instance: Any) -> None:
         choices = typing.get_args(hints[spec.name]) if typing.get_origin(hints[spec.name]) is typing.Literal else ()
         if choices and value not in choices:
             raise NmtError(f"{flag(spec.name)} must be one of {', '.join(map(str, choices))}, got {value!r}")
-        if isinstance(value, float) and not math.isfinite(value):  # nan passes every bound below
-            raise NmtError(f"{flag(spec.name)} must be a finite number, got {value}")
-        low, high = spec.metadata.get("min"), spec.metadata.get("max")
-        if value is None or isinstance(value, (bool, str)) or (low is None and high is None):
-            continue
-        if low is not None and high is not None and not low <= value <= high:
-            raise NmtError(f"{flag(spec.name)} must be between {low} and {high}, got {value}")
-        if low is not None and value < low:
-            raise NmtError(f"{flag(spec.name)} must be at least {low}, got {value}")
-        if high is not None and value > high:
-            raise NmtError(f"{flag(spec.name)} must be at most {high}, got {value}")
+        for number in value if isinstance(value, tuple) else (value,):
+            if isinstance(number, float) and not math.isfinite(number):  # nan passes every bound below
+                raise NmtError(f"{flag(spec.name)} must be a finite number, got {number}")
+            if number is not None and not isinstance(number, (bool, str)) and not within(number, spec.metadata):
+                shown = value if isinstance(value, tuple) else number
+                raise NmtError(f"{flag(spec.name)} must be {bounds_phrase(spec.metadata)}, got {shown}")
+
+
+def within(number: Any, metadata: Mapping[str, Any]) -> bool:
+    return all(check(number, metadata[key]) for key, check in BOUND_CHECKS.items() if key in metadata)
+
+
+BOUND_CHECKS = {"min": lambda x, b: x >= b, "max": lambda x, b: x <= b, "above": lambda x, b: x > b,
+                "below": lambda x, b: x < b}
+
+
+def bounds_phrase(metadata: Mapping[str, Any]) -> str:
+    bounds = describe_bounds(metadata)
+    return f"between {bounds.replace(' to ', ' and ')}" if "min" in metadata and "max" in metadata else bounds
 
 
 def merge(*layers: Mapping[str, Any]) -> dict[str, Any]:

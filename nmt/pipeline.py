@@ -90,7 +90,9 @@ def plan_recipe(path: str | Path, stages: tuple[str, ...] = STAGES) -> Plan:
     train = build(TrainConfig, train_values(document, path), "train", where)
     model = resolve_model(train, where)  # `arch:`/`model:` are checked even without a train section
     if section(document, "train") is not None:
-        train.validate()
+        if not train.data:
+            raise NmtError(f"{where}: the train section needs a data directory: `data:`, or a preprocess section's "
+                           "destdir")
         plan.train, plan.model = train, model
     save_dir = Path(train.save_dir)
     model_path = save_dir / BEST

@@ -128,7 +128,7 @@ def make_trainer(config: TrainConfig):
     from nmt.training.inputs import check_inputs
     from nmt.training.trainer import Trainer
 
-    device = resolve_device(config.device)
+    device = resolve_device(config.compute.device)
     return Trainer(config, DistributedContext(), check_inputs(config, device), device)
 
 

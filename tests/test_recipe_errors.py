@@ -90,7 +90,7 @@ def test_bad_section_fails_before_anything_runs(recipe, tmp_path, monkeypatch, c
     ("generat: {beam: 4}", "unknown section 'generat' (did you mean 'generate'?)"),
     ("generate: [4]", "the `generate:` section must be a mapping"),
     ("arch: transformer_huge\ntrain: {data: d}", "unknown arch 'transformer_huge'"),
-    ("train: {}", "give the data directory"),
+    ("train: {}", "the train section needs a data directory"),
     ("score: {}", "the `score:` section needs a `generate:` section"),
 ])
 def test_bad_recipe_structure(tmp_path, monkeypatch, capsys, text, message):

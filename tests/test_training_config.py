@@ -71,10 +71,9 @@ def test_written_config_reads_back_the_same(tmp_path, recipe):
     ("train: {adam_betas: [0.9]}", "adam_betas` in .* expects 2 values"),
     ("train: {data: d, warmup_updates: 0}", "--warmup-updates must be at least 1"),
     ("train: {data: d, max_time: soon}", "--max-time expects a duration"),
-    ("train: {data: d, label_smoothing: 1.5}", "--label-smoothing must be in"),
+    ("train: {data: d, label_smoothing: 1.5}", "--label-smoothing must be at least 0.0 and below 1.0"),
     ("arch: a\ntrain: {arch: b}", "both at the top level and in `train:`"),
     ("train: {max_tokens: 10\n", "not valid YAML at line"),
-    ("train: {}", "give the data directory"),
 ])
 def test_bad_recipes_are_one_line_errors(tmp_path, text, message):
     path = tmp_path / "bad.yaml"
@@ -82,6 +81,16 @@ def test_bad_recipes_are_one_line_errors(tmp_path, text, message):
     with pytest.raises(NmtError, match=message) as error:
         load_train_config({}, path)
     assert "\n" not in str(error.value)
+
+
+def test_training_without_a_data_directory_is_a_one_line_error_before_any_work(tmp_path):
+    from nmt.training.trainer import train
+
+    path = tmp_path / "recipe.yaml"
+    path.write_text(f"train: {{save_dir: {tmp_path / 'run'}}}")
+    with pytest.raises(NmtError, match="give the data directory"):
+        train(load_train_config({}, path))
+    assert not (tmp_path / "run").exists()
 
 
 def test_missing_recipe_and_unknown_cli_option(tmp_path):

@@ -33,7 +33,7 @@ class SearchOptions:
                 "ones; finished: as soon as --beam hypotheses have finished (fairseq's and CTranslate2's rule; "
                 "faster with a positive --lenpen, and can return another translation)."})
     sampling: bool = field(default=False, metadata={"help": "Sample instead of searching."})
-    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature (positive)."})
+    temperature: float = field(default=1.0, metadata={"help": "Sampling temperature.", "above": 0.0})
     topk: int = field(default=0, metadata={"help": "Sample from the k likeliest tokens (0 = all).", "min": 0})
     topp: float = field(default=0.0, metadata={"help": "Nucleus sampling mass (0 = off).", "min": 0.0, "max": 1.0})
     seed: int = field(default=1, metadata={"help": "Random seed for sampling."})
@@ -42,8 +42,6 @@ class SearchOptions:
         check_values(self)
         if self.nbest > self.beam:
             raise NmtError(f"--nbest must be between 1 and --beam ({self.beam}), got {self.nbest}")
-        if self.temperature <= 0:
-            raise NmtError(f"--temperature must be positive, got {self.temperature}")
         if (self.topk or self.topp) and not self.sampling:
             raise NmtError("--topk/--topp only apply with --sampling")
         if self.max_len_a == 0 and self.min_len > max(1, self.max_len_b):  # max_lengths gives at least 1

@@ -27,10 +27,10 @@ from typing import Any, Literal, Mapping
 
 import yaml
 
-from nmt.device_options import Precision
+from nmt.device_options import DeviceOptions
 from nmt.errors import NmtError
 from nmt.files import atomic_write
-from nmt.options import build, check_values, merge
+from nmt.options import build, check_values, flat_values, merge
 from nmt.recipe import read_document, train_values
 from nmt.scoring import AUTO, LOWERCASE_HELP, TOKENIZE_HELP, BleuTokenizer
 
@@ -69,28 +69,26 @@ class TrainConfig:
     # Optimisation, the paper's defaults.
     lr: float | None = field(default=None, metadata={
         "help": "Peak learning rate (fairseq's form, e.g. 7e-4); without it, the paper's d_model^-0.5 formula.",
-        "panel": OPTIM})
+        "panel": OPTIM, "above": 0})
     warmup_updates: int = field(default=4000, metadata={"help": "Linear warm-up updates.", "panel": OPTIM, "min": 1})
     lr_schedule: Literal["inverse_sqrt", "linear", "cosine"] = field(default="inverse_sqrt", metadata={
         "help": "After the warm-up: inverse_sqrt (the paper's), or linear/cosine decay from the peak to 0 at the "
                 "end of --max-update or --max-time (the share of either spent after the warm-up).", "panel": OPTIM})
     adam_betas: tuple[float, float] = field(default=(0.9, 0.98), metadata={
-        "help": "Adam betas, e.g. '0.9,0.98'.", "panel": OPTIM})
+        "help": "Adam betas, e.g. '0.9,0.98'.", "panel": OPTIM, "min": 0.0, "below": 1.0})
     adam_eps: float = field(default=1e-9, metadata={"help": "Adam epsilon.", "panel": OPTIM, "min": 0.0})
     weight_decay: float = field(default=0.0, metadata={
         "help": "Decoupled weight decay (AdamW).", "panel": OPTIM, "min": 0.0})
     clip_norm: float = field(default=0.0, metadata={
         "help": "Clip the gradient norm to this (0: off).", "panel": OPTIM, "min": 0.0})
     label_smoothing: float = field(default=0.1, metadata={
-        "help": "Label smoothing epsilon, in [0, 1).", "panel": OPTIM, "min": 0.0})
+        "help": "Label smoothing epsilon.", "panel": OPTIM, "min": 0.0, "below": 1.0})
     seed: int = field(default=1, metadata={
         "help": "Random seed: initialisation, batch order, dropout.", "panel": OPTIM})
 
     # Devices.
-    device: str = field(default="auto", metadata={"help": "auto (cuda when available), cpu or cuda.", "panel": DEVICES})
-    precision: Precision = field(default="auto", metadata={
-        "help": "Autocast precision; auto: bf16 where the hardware runs it natively (bf16 GPUs, CPUs with avx512_bf16 "
-                "or amx_bf16), else fp32; fp16 (GPU) uses a dynamic loss scale.", "panel": DEVICES})
+    compute: DeviceOptions = field(default_factory=DeviceOptions, metadata={"help": "Device options.",
+                                                                            "panel": DEVICES})
     nproc: int = field(default=1, metadata={
         "help": "Spawn N local worker processes (one per GPU; gloo on CPU). Under torchrun, leave it out.",
         "panel": DEVICES, "min": 1})
@@ -139,14 +137,8 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         check_values(self)
-        if self.lr is not None and self.lr <= 0:
-            raise NmtError(f"--lr must be positive, got {self.lr}")
         if self.best_checkpoint_metric == "bleu" and not self.eval_bleu:
             raise NmtError("--best-checkpoint-metric bleu needs --eval-bleu")
-        if self.label_smoothing >= 1.0:
-            raise NmtError(f"--label-smoothing must be in [0, 1), got {self.label_smoothing}")
-        if not all(0.0 <= beta < 1.0 for beta in self.adam_betas):
-            raise NmtError(f"--adam-betas must be in [0, 1), got {self.adam_betas}")
         if self.max_tokens is None and self.max_sentences is None:
             raise NmtError("give --max-tokens or --max-sentences")
         self.max_time_seconds  # noqa: B018  (parses, or raises a clear error)
@@ -156,11 +148,6 @@ class TrainConfig:
         if self.lr_schedule != "inverse_sqrt" and not self.max_update and self.max_time is None:
             raise NmtError(f"--lr-schedule {self.lr_schedule} decays to 0 at the end of the budget: give "
                            "--max-update or --max-time")
-
-    def validate(self) -> None:
-        """What a run needs beyond valid values: a data directory."""
-        if not self.data:
-            raise NmtError("give the data directory (DATA_DIR, or `data:` in the recipe)")
 
     @property
     def valid_subsets(self) -> list[str]:
@@ -199,16 +186,13 @@ def load_train_config(cli_values: Mapping[str, Any] | None = None, config_file: 
     A ``model`` mapping (``--set``) is merged key by key over the recipe's ``model:``.
     """
     recipe = train_values(read_document(config_file, "config file"), config_file) if config_file is not None else {}
-    config = build(TrainConfig, merge(recipe, cli_values or {}), "train", str(config_file or "the command line"))
-    config.validate()
-    return config
+    return build(TrainConfig, merge(recipe, cli_values or {}), "train", str(config_file or "the command line"))
 
 
 def config_to_dict(config: TrainConfig, model_config: Any | None = None) -> dict[str, Any]:
     """The recipe schema (arch, model, train); with the resolved model config when given."""
-    train = dataclasses.asdict(config)
+    train = flat_values(config)  # the recipe's flat keys: composed options (device, precision) included
     arch, model = train.pop("arch"), train.pop("model")
-    train["adam_betas"] = list(train["adam_betas"])
     if model_config is not None:
         model = dataclasses.asdict(model_config)
     return {"arch": arch, "model": model, "train": train}

@@ -93,7 +93,7 @@ def processes_for_this_machine(config: TrainConfig, device: torch.device) -> Tra
     """
     if config.nproc == 1 or device.type != "cpu":
         return config
-    if config.device == "auto":
+    if config.compute.device == "auto":
         logger.warning("--nproc %d with --device auto and no GPU: training in 1 process with --update-freq %d "
                        "(updates of the same size); give --device cpu to run %d CPU processes", config.nproc,
                        config.update_freq * config.nproc, config.nproc)

@@ -42,7 +42,7 @@ class TrainingData:
 
 def check_inputs(config: TrainConfig, device: torch.device, world_size: int = 1) -> TrainingData:
     """Open and check every input of a run (data, arch, batches, devices); an NmtError says what is wrong."""
-    autocast(device, config.precision)  # fp16 on CPU is refused here
+    autocast(device, config.compute.precision)  # fp16 on CPU is refused here
     data = DataDir.open(config.data)
     arch = get_arch(config.arch)
     model_config = resolve_config(arch.config, config.model)

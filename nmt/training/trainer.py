@@ -78,8 +78,9 @@ def train(config: TrainConfig) -> TrainSummary:
 
     The process that saves (rank 0) holds the save dir's lock for the whole run.
     """
-    config.validate()
-    device = resolve_device(config.device)
+    if not config.data:
+        raise NmtError("give the data directory (DATA_DIR, or `data:` in the recipe)")
+    device = resolve_device(config.compute.device)
     config = processes_for_this_machine(config, device)
     saves = int(os.environ.get("RANK", 0)) == 0
     with ckpt.claim_save_dir(Path(config.save_dir)) if saves else contextlib.nullcontext():
@@ -116,8 +117,8 @@ class Trainer:
         on GPUs, each takes the one of its local rank)."""
         self.device = torch.device("cuda", context.local_rank) if device.type == "cuda" and context.is_distributed \
             else device
-        precision, self.precision_reason = resolve_precision(config.precision, self.device)
-        config = dataclasses.replace(config, precision=precision)  # the run config stores what ran
+        precision, self.precision_reason = resolve_precision(config.compute.precision, self.device)
+        config = dataclasses.replace(config, compute=dataclasses.replace(config.compute, precision=precision))  # as ran
         self.config, self.context, self.data = config, context, data
         self.vocabs, self.model_config = data.vocabs, data.model_config
 
@@ -130,7 +131,7 @@ class Trainer:
         self.scheduler = make_schedule(config.lr_schedule, config.warmup_updates,
                                        getattr(self.model_config, "d_model", 0), config.lr, config.max_update,
                                        config.max_time_seconds)
-        self.scaler = torch.amp.GradScaler(self.device.type, enabled=config.precision == "fp16")
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=config.compute.precision == "fp16")
         self.save_dir = Path(config.save_dir)
         self.state = TrainState()
         self.resume()
@@ -213,7 +214,7 @@ class Trainer:
                 batch = batch.to(self.device)
                 sync = i == len(update.batches) - 1 or not self.context.is_distributed
                 with contextlib.nullcontext() if sync else self.network.no_sync():
-                    with autocast(self.device, self.config.precision):
+                    with autocast(self.device, self.config.compute.precision):
                         states = self.network(batch.source, batch.prev_output, features_only=True)
                         loss, nll = label_smoothed_cross_entropy(states, self.model.output_weight(), batch.target,
                                                                  self.config.label_smoothing, PAD_ID)
@@ -319,7 +320,7 @@ class Trainer:
             write_config(self.save_dir / "config.yaml", config, self.model_config)
         logger.info("%s: %s parameters on %s (%s), %d process(es); %d training batches per epoch, "
                     "update = %d batch(es) x %d process(es); losses in nats per target token (fairseq logs base 2)",
-                    config.arch, f"{count_parameters(self.model):,}", self.device, config.precision,
+                    config.arch, f"{count_parameters(self.model):,}", self.device, config.compute.precision,
                     context.world_size, len(self.data.batches), config.update_freq, context.world_size)
         left_out = batches_left_out(len(self.data.batches), context.world_size)
         if left_out:
@@ -327,7 +328,7 @@ class Trainer:
                            "of them (a different %d each epoch, as the order changes)", len(self.data.batches),
                            context.world_size, left_out, left_out)
         if context.is_main:
-            logger.info("precision: %s (%s)", config.precision, self.precision_reason)
+            logger.info("precision: %s (%s)", config.compute.precision, self.precision_reason)
         run_meter = Meter()
         stop = None if self.epoch_end_owed() else stop_reason(config, state)  # an owed epoch end is done regardless
         if stop:

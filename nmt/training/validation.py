@@ -42,7 +42,7 @@ def validation_loss(model: nn.Module, split: ValidationSplit, config: TrainConfi
     for batch in sharded_batches(split.dataset, split.batches, world_size=context.world_size, rank=context.rank,
                                  prefetch=config.prefetch, pin_memory=device.type == "cuda"):
         batch = batch.to(device)
-        with autocast(device, config.precision):
+        with autocast(device, config.compute.precision):
             states = model(batch.source, batch.prev_output, features_only=True)
             loss, nll = label_smoothed_cross_entropy(states, model.output_weight(), batch.target,
                                                      config.label_smoothing, PAD_ID)
@@ -66,7 +66,7 @@ def validation_bleu(model: nn.Module, split: ValidationSplit, vocabs: Vocabulari
     dataset = split.dataset
     mine = split.pairs[context.rank::context.world_size].tolist()
     hypotheses = translate_ids(model, [dataset.source[i] for i in mine], SearchOptions(beam=config.eval_bleu_beam),
-                               BatchingOptions(max_tokens=config.max_tokens), device, config.precision)
+                               BatchingOptions(max_tokens=config.max_tokens), device, config.compute.precision)
     pairs = [(vocabs.target.decode(hyps[0].tokens), vocabs.target.decode(dataset.target[i]))
              for hyps, i in zip(hypotheses, mine)]
     if context.is_distributed:
