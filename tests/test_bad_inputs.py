@@ -433,3 +433,15 @@ def test_a_second_train_on_a_save_dir_in_use_fails_at_once(world, tmp_path):
     finally:
         first.kill()
         first.wait()
+
+
+def test_torch_versions_that_run_code_from_a_weights_only_checkpoint_are_not_installable():
+    """Every checkpoint is read with torch.load(weights_only=True), which is safe only from torch 2.10:
+    2.5.1 and below (CVE-2025-32434) and 2.9.1 and below (CVE-2026-24747) run code from a crafted file."""
+    tomllib = pytest.importorskip("tomllib")
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    (torch_requirement,) = [r for r in map(Requirement, project["dependencies"]) if r.name == "torch"]
+    assert [v for v in ("2.4.1", "2.5.1", "2.6.0", "2.9.1", "2.10.0", "2.13.0")
+            if torch_requirement.specifier.contains(v)] == ["2.10.0", "2.13.0"]
