@@ -445,3 +445,37 @@ def test_torch_versions_that_run_code_from_a_weights_only_checkpoint_are_not_ins
     (torch_requirement,) = [r for r in map(Requirement, project["dependencies"]) if r.name == "torch"]
     assert [v for v in ("2.4.1", "2.5.1", "2.6.0", "2.9.1", "2.10.0", "2.13.0")
             if torch_requirement.specifier.contains(v)] == ["2.10.0", "2.13.0"]
+
+
+def test_a_full_disk_under_metrics_jsonl_is_a_warning_and_training_goes_on(world, monkeypatch, capsys):
+    """metrics.jsonl on a full filesystem (a link to it from the save dir): every record is lost, one
+    warning says so, and the run ends with its checkpoints instead of a traceback."""
+    full_disk(world)
+    save_dir = world / "metrics-on-a-full-disk"
+    save_dir.mkdir(exist_ok=True)
+    (world / "full" / "metrics.jsonl").touch()
+    (save_dir / "metrics.jsonl").unlink(missing_ok=True)
+    (save_dir / "metrics.jsonl").symlink_to(world / "full" / "metrics.jsonl")
+    code, out, err = run_cli(monkeypatch, capsys, world, [*TRAIN, "--save-dir", str(save_dir), "--max-update", "2",
+                                                          "--log-interval", "1"])
+    assert code == 0 and "Traceback" not in err, err
+    warnings = [line for line in err.splitlines() if "cannot append to" in line]
+    assert len(warnings) == 1 and "No space left on device" in warnings[0], err
+    assert (save_dir / "checkpoint_last.pt").is_file() and (world / "full" / "metrics.jsonl").stat().st_size == 0
+
+
+def test_a_metrics_record_that_cannot_be_written_is_lost_with_one_warning(tmp_path, caplog):
+    """The same without root: the file cannot be created (its directory is gone). Once it can be written
+    again, the next record starts on a line of its own and a reader finds it."""
+    from nmt.training.metrics_file import MetricsFile, read_metrics
+
+    metrics = MetricsFile(tmp_path / "gone" / "metrics.jsonl", 0)
+    metrics.append({"update": 1})
+    metrics.append({"update": 2})
+    assert [r.message for r in caplog.records if "cannot append" in r.message] == [
+        f"cannot append to {tmp_path / 'gone' / 'metrics.jsonl'} (No such file or directory): training goes on; "
+        "its records are lost until it can write again"]
+    (tmp_path / "gone").mkdir()
+    (tmp_path / "gone" / "metrics.jsonl").write_text('{"update": 0, "torn', encoding="utf-8")
+    metrics.append({"update": 3})
+    assert [r["update"] for r in read_metrics(tmp_path / "gone" / "metrics.jsonl")] == [3]
