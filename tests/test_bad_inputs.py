@@ -456,8 +456,8 @@ def test_a_full_disk_under_metrics_jsonl_is_a_warning_and_training_goes_on(world
     (world / "full" / "metrics.jsonl").touch()
     (save_dir / "metrics.jsonl").unlink(missing_ok=True)
     (save_dir / "metrics.jsonl").symlink_to(world / "full" / "metrics.jsonl")
-    code, out, err = run_cli(monkeypatch, capsys, world, [*TRAIN, "--save-dir", str(save_dir), "--max-update", "2",
-                                                          "--log-interval", "1"])
+    code, _, err = run_cli(monkeypatch, capsys, world, [*TRAIN, "--save-dir", str(save_dir), "--max-update", "2",
+                                                        "--log-interval", "1"])
     assert code == 0 and "Traceback" not in err, err
     warnings = [line for line in err.splitlines() if "cannot append to" in line]
     assert len(warnings) == 1 and "No space left on device" in warnings[0], err
@@ -472,9 +472,9 @@ def test_a_metrics_record_that_cannot_be_written_is_lost_with_one_warning(tmp_pa
     metrics = MetricsFile(tmp_path / "gone" / "metrics.jsonl", 0)
     metrics.append({"update": 1})
     metrics.append({"update": 2})
-    assert [r.message for r in caplog.records if "cannot append" in r.message] == [
-        f"cannot append to {tmp_path / 'gone' / 'metrics.jsonl'} (No such file or directory): training goes on; "
-        "its records are lost until it can write again"]
+    warning = (f"cannot append to {tmp_path / 'gone' / 'metrics.jsonl'} (No such file or directory): training goes "
+               "on; its records are lost until it can write again")
+    assert [r.message for r in caplog.records if "cannot append" in r.message] == [warning]
     (tmp_path / "gone").mkdir()
     (tmp_path / "gone" / "metrics.jsonl").write_text('{"update": 0, "torn', encoding="utf-8")
     metrics.append({"update": 3})
