@@ -154,6 +154,18 @@ def save_dir_on_a_small_disk(world: Path) -> None:
         invoke(world, DISK_FULL_RUN)
 
 
+def planted_symlink(name: str, target: str) -> Callable[[Path], None]:
+    """A symlink owned by another user (uid 65534, nobody), as anyone can plant one in /tmp."""
+    def plant(world: Path) -> None:
+        if os.geteuid() != 0:
+            pytest.skip("a symlink owned by another user needs root to make (lchown)")
+        link = world / name
+        if not link.is_symlink():
+            link.symlink_to(world / target)
+        os.lchown(link, 65534, 65534)
+    return plant
+
+
 _lock_holders: list[subprocess.Popen] = []
 
 
@@ -297,6 +309,11 @@ CASES = [
     ("generate-min-len-over-max", [*GENERATE, "--min-len", "9", "--max-len-a", "0", "--max-len-b", "5"],
      "--min-len 9 is over", NO_SETUP),
     ("generate-disk-full", [*GENERATE, "-o", "full/test.hyp"], "No space left on device", setup(then=full_disk)),
+    ("generate-output-through-another-users-symlink", [*GENERATE, "-o", "planted.hyp"],
+     "planted.hyp is a symbolic link owned by another user (uid 65534)", setup(then=planted_symlink("planted.hyp",
+                                                                                                   "good.hyp"))),
+    ("generate-output-under-another-users-directory-symlink", [*GENERATE, "-o", "planted-dir/good.hyp"],
+     "planted-dir is a symbolic link owned by another user", setup(then=planted_symlink("planted-dir", "."))),
     # average
     ("average-other-arch", ["average", "model.pt", "bad/wide.pt", "-o", "good.hyp", "-q"], "ffn_dim",
      setup(then=lambda w: checkpoint_with(w, "bad/wide.pt", other_arch))),
