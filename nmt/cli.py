@@ -164,12 +164,15 @@ def run(recipe: Annotated[Path, typer.Argument(
             help="YAML recipe with preprocess/train/average/generate/score sections.")],
         stages: Annotated[str, typer.Option(help="Comma-separated stages to run.")] = ",".join(STAGES),
         dry_run: Annotated[bool, typer.Option(
-            help="Check the whole recipe, print every stage's resolved options, and run nothing.")] = False) -> None:
+            help="Check the whole recipe, print every stage's resolved options, and run nothing.")] = False,
+        allow_outside: Annotated[bool, typer.Option(
+            help="Let the recipe write outside its own directory and the working directory (absolute paths, ..): "
+                 "a recipe is then trusted like code.")] = False) -> None:
     """Run a recipe's whole pipeline: preprocess -> train -> average -> generate -> score."""
     chosen = tuple(stage.strip() for stage in stages.split(",") if stage.strip())
     if not chosen:
         raise NmtError(f"--stages names no stage; stages: {', '.join(STAGES)}")
-    plan = plan_recipe(recipe, chosen)
+    plan = plan_recipe(recipe, chosen, allow_outside)
     if dry_run:
         typer.echo(plan.describe(), nl=False)
     else:

@@ -348,6 +348,11 @@ CASES = [
     ("run-unknown-stage", ["run", "bad/stages.yaml", "--stages", "train,deploy"], "deploy",
      setup({"bad/stages.yaml": "train: {}\n"})),
     ("run-no-stage", ["run", "bad/stages.yaml", "--stages", ","], "names no stage", setup({"bad/stages.yaml": "train: {}\n"})),
+    ("run-output-climbs-out", ["run", "bad/climbs.yaml", "--stages", "generate"],
+     "`generate: output: ../outside.hyp` is outside the recipe's directory and the working directory",
+     setup({"bad/climbs.yaml": "generate: {input: text.en, path: model.pt, output: ../outside.hyp}\n"})),
+    ("run-save-dir-elsewhere", ["run", "bad/elsewhere.yaml", "--dry-run"], "`train: save_dir: /nmt-elsewhere/ck` is "
+     "outside", setup({"bad/elsewhere.yaml": "data: data\narch: transformer_tiny\ntrain: {save_dir: /nmt-elsewhere/ck}\n"})),
 ]
 
 
@@ -496,3 +501,13 @@ def test_a_metrics_record_that_cannot_be_written_is_lost_with_one_warning(tmp_pa
     (tmp_path / "gone" / "metrics.jsonl").write_text('{"update": 0, "torn', encoding="utf-8")
     metrics.append({"update": 3})
     assert [r["update"] for r in read_metrics(tmp_path / "gone" / "metrics.jsonl")] == [3]
+
+
+def test_a_recipe_trusted_like_code_may_write_elsewhere(world, monkeypatch, capsys, tmp_path):
+    """`nmt run --allow-outside`: the output the catalogue refuses is written."""
+    write(world / "ok" / "elsewhere.yaml", f"generate: {{input: text.en, path: model.pt, output: {tmp_path / 'out.hyp'}, "
+                                           "max_len_b: 3}\n")
+    code, _, err = run_cli(monkeypatch, capsys, world, ["run", "ok/elsewhere.yaml", "--stages", "generate",
+                                                        "--allow-outside", "-q"])
+    assert code == 0, err
+    assert len((tmp_path / "out.hyp").read_text(encoding="utf-8").splitlines()) == 20
