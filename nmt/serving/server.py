@@ -78,10 +78,11 @@ class ServeOptions:
     max_output_length: int = field(default=256, metadata={
         "help": "Output tokens a sentence may reach at most (EOS excluded): max_len_a x its tokens + max_len_b, "
                 "max_len_b, min_len and no_repeat_ngram_size above it answer 422.", "min": 1})
-    max_batch_memory: int = field(default=1024, metadata={
+    max_batch_memory: int | None = field(default=None, metadata={
         "help": "MiB one batch's search may take at most, estimated from the model's shape: rows (sentences x "
                 "beam) x the longest output each may reach, and the encoder's; a request that needs more gives "
-                "its sentences over several batches.", "min": 1})
+                "its sentences over several batches, taking turns with the others. Default: 1024, or what the "
+                "heaviest sentence the limits allow needs if more.", "min": 1})
     request_timeout: float = field(default=60.0, metadata={
         "help": "Seconds a request may wait for its translation; later it answers 503.", "min": 0.001})
     body_timeout: float = field(default=10.0, metadata={
@@ -203,17 +204,16 @@ def create_app(translator: Translator, options: ServeOptions, baseline: int = 0)
     from starlette.routing import Route
 
     memory = SearchMemory(translator.model)
-    check_budget(translator, memory, options)
+    budget = batch_budget(translator, memory, options)
     batching = BatchingOptions(max_tokens=None, batch_size=options.max_queue)  # the batcher sized the batch
 
     def translate(sources, search, should_stop):
         return translate_ids(translator.model, sources, search, batching, translator.device, translator.precision,
                              should_stop=should_stop)
 
-    batcher = Batcher(translate, options.batch_window_ms / 1000, memory, options.max_batch_memory * MIB,
-                      options.max_queue)
+    batcher = Batcher(translate, options.batch_window_ms / 1000, memory, budget, options.max_queue)
     started = time.time()
-    info = server_info(translator, options, baseline)
+    info = server_info(translator, options, memory_bound(options, baseline, budget))
 
     def endpoint(handler):
         """Checks the API key, and turns an ApiError into its JSON answer."""
@@ -328,22 +328,25 @@ async def answer_or_give_up(request, future: asyncio.Future, timeout: float) -> 
     raise ApiError(503, f"no translation within {timeout:g} s; the server is busy")
 
 
-def check_budget(translator: Translator, memory: SearchMemory, options: ServeOptions) -> None:
-    """Every request the limits allow must fit one batch: the heaviest sentence alone (the longest
-    source the model takes, at --max-beam, reaching --max-output-length)."""
+def batch_budget(translator: Translator, memory: SearchMemory, options: ServeOptions) -> int:
+    """The bytes a batch may take. Every request the limits allow must fit one batch: the heaviest
+    sentence alone (the longest source the model takes, at --max-beam, reaching --max-output-length)."""
     longest_source = min(model_positions(translator.model) or math.inf, 4 * options.max_characters + 1)  # UTF-8 bytes
     needed = memory.batch([options.max_output_length], options.max_beam, longest_source)
+    if options.max_batch_memory is None:
+        return max(1024 * MIB, needed)
     if needed > options.max_batch_memory * MIB:
         raise NmtError(f"--max-batch-memory {options.max_batch_memory} MiB cannot hold one sentence at --max-beam "
                        f"{options.max_beam} and --max-output-length {options.max_output_length} ({math.ceil(needed / MIB)} "
                        "MiB for this model): raise it or lower those")
+    return options.max_batch_memory * MIB
 
 
-def memory_bound(options: ServeOptions, baseline: int) -> dict[str, int]:
+def memory_bound(options: ServeOptions, baseline: int, budget: int) -> dict[str, int]:
     """What the process may hold, in MiB: before serving, one batch, the bodies being read, the answers."""
     bodies = options.max_connections * 3 * body_limit(options)  # the bytes read, joined, decoded
     answers = options.max_queue * options.max_beam * (options.max_output_length + 1) * HYPOTHESIS_BYTES_PER_TOKEN
-    parts = {"before_serving": baseline, "batch": options.max_batch_memory * MIB, "bodies": bodies, "answers": answers}
+    parts = {"before_serving": baseline, "batch": budget, "bodies": bodies, "answers": answers}
     return {**{name: math.ceil(size / MIB) for name, size in parts.items()},
             "total": math.ceil(sum(parts.values()) / MIB)}
 
@@ -354,7 +357,7 @@ def peak_memory() -> int:
     return peak if sys.platform == "darwin" else peak * 1024
 
 
-def server_info(translator: Translator, options: ServeOptions, baseline: int) -> dict[str, Any]:
+def server_info(translator: Translator, options: ServeOptions, memory: dict[str, int]) -> dict[str, Any]:
     from nmt.checkpoint import load_checkpoint
     from nmt.generation.ensemble import split_paths
 
@@ -369,7 +372,7 @@ def server_info(translator: Translator, options: ServeOptions, baseline: int) ->
                    "max_body_bytes": body_limit(options), "max_beam": options.max_beam,
                    "max_output_length": options.max_output_length, "max_queue": options.max_queue,
                    "max_connections": options.max_connections},
-        "memory_mib": memory_bound(options, baseline),
+        "memory_mib": memory,
         "defaults": {name: getattr(SearchOptions(), name) for name in REQUEST_OPTIONS},
     }
 
