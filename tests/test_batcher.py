@@ -32,8 +32,9 @@ class RowMemory:
         return beam * len(output_limits)
 
 
-def batcher_of(translate, budget: int = 10_000, max_waiting: int = 100) -> Batcher:
-    return Batcher(translate, window=0.0, memory=RowMemory(), budget=budget, max_waiting=max_waiting)
+def batcher_of(translate, budget: int = 10_000, max_waiting: int = 100, long_search: int = 10_000) -> Batcher:
+    return Batcher(translate, window=0.0, memory=RowMemory(), budget=budget, max_waiting=max_waiting,
+                   long_search=long_search)
 
 
 def submit(batcher: Batcher, sources: list[np.ndarray], options: SearchOptions):
@@ -169,3 +170,29 @@ def test_a_request_gone_leaves_the_line_and_a_batch_of_gone_requests_stops():
 
     stats = asyncio.run(scenario())
     assert (stats.batches, stats.sentences, stats.abandoned) == (0, 0, 3)
+
+
+def test_a_light_request_does_not_wait_for_a_heavy_ones_turn():
+    """Sentences that may search long (beam x longest output over long_search) have a worker of their own."""
+    async def scenario():
+        release, calls = threading.Event(), []
+
+        def translate(sources, options, should_stop):
+            calls.append(options.beam)
+            if options.beam == 16:
+                assert release.wait(60)
+            return [[Hypothesis([int(s[0]), 3], 0.0)] for s in sources]
+
+        batcher = batcher_of(translate, long_search=16 * 10 - 1)
+        worker = asyncio.create_task(batcher.run())
+        heavy = submit(batcher, [source(1)], SearchOptions(beam=16))
+        while not calls:
+            await asyncio.sleep(0.01)
+        light = await submit(batcher, [source(2)], SearchOptions(beam=15))  # while the heavy one is translated
+        release.set()
+        await heavy
+        worker.cancel()
+        return calls, light
+
+    calls, light = asyncio.run(scenario())
+    assert calls == [16, 15] and light[0][0].tokens == [2, 3]

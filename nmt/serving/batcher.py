@@ -1,11 +1,17 @@
 """Dynamic batching for the server: requests that arrive together are translated together, in turns.
 
-Requests wait in one line. The worker takes the first one, then, within a short window, the next
+Requests wait in one line. A worker takes the first one, then, within a short window, the next
 ones with the same search options, while the batch's memory (nmt/serving/budget.py: rows times
 the longest output each may reach) stays within the budget, and translates them as one call in a
-worker thread, so the event loop keeps accepting requests. A request too big for one batch gives
-its first sentences and goes back to the end of the line with the rest: a heavy request takes
-turns with the others instead of holding the model until it is done.
+thread of its own, so the event loop keeps accepting requests. A request too big for one batch
+gives its first sentences and goes back to the end of the line with the rest: it takes turns with
+the others instead of holding the model until it is done.
+
+A turn cannot be shorter than one sentence's search, and one sentence at beam 16 decoding 256
+steps takes seconds on a CPU. So there are two workers: one for the requests whose sentences may
+search long (beam x longest output over ``long_search``) and one for the others, each with its
+own thread; a light request never waits behind a heavy one's turn, only shares the processor
+with it. Two batches may then be in memory at once, each within the budget.
 
 A request that has gone (its client timed out or left) leaves the line at once, and a batch whose
 requests have all gone stops at its next search step. While a batch translates, the next requests
@@ -40,6 +46,7 @@ class Job:
     options: SearchOptions
     output_limits: list[int]  # the longest output each source may reach
     future: asyncio.Future
+    long: bool  # searches long: the heavy requests' worker takes it
     done: int = 0  # sources translated so far
     results: list[list[Hypothesis]] = field(default_factory=list)
 
@@ -82,17 +89,20 @@ class BatchStats:
 
 
 class Batcher:
-    def __init__(self, translate: TranslateFn, window: float, memory: SearchMemory, budget: int, max_waiting: int):
+    def __init__(self, translate: TranslateFn, window: float, memory: SearchMemory, budget: int, max_waiting: int,
+                 long_search: int):
         self.translate = translate
-        self.window = window  # seconds the worker waits for more requests after the first
+        self.window = window  # seconds a worker waits for more requests after the first
         self.memory = memory
         self.budget = budget  # bytes one batch may take (SearchMemory.batch)
         self.max_waiting = max_waiting  # sentences queued or being translated, at most
+        self.long_search = long_search  # beam x longest output of a sentence beyond which it searches long
         self.waiting = 0
         self.line: collections.deque[Job] = collections.deque()
-        self.arrived = asyncio.Event()
-        self.closing = False  # read by the translating thread: a search stops when the server does
-        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nmt-translate")
+        self.arrived = {False: asyncio.Event(), True: asyncio.Event()}  # per worker: light, heavy
+        self.closing = False  # read by the translating threads: a search stops when the server does
+        self.executors = {long: ThreadPoolExecutor(max_workers=1, thread_name_prefix="nmt-translate")
+                          for long in (False, True)}
         self.stats = BatchStats()
 
     def fits_alone(self, source: np.ndarray, options: SearchOptions, output_limit: int) -> bool:
@@ -103,11 +113,12 @@ class Batcher:
         (a timeout, a client that left) takes the request out of the line."""
         if self.waiting + len(sources) > self.max_waiting:
             raise QueueFull(f"{self.waiting} sentences are waiting (at most {self.max_waiting}); retry later")
-        job = Job(sources, options, output_limits, asyncio.get_running_loop().create_future())
+        job = Job(sources, options, output_limits, asyncio.get_running_loop().create_future(),
+                  long=options.beam * max(output_limits) > self.long_search)
         job.future.add_done_callback(lambda _: self.leave_line(job))
         self.waiting += len(sources)
         self.line.append(job)
-        self.arrived.set()
+        self.arrived[job.long].set()
         return job.future
 
     def leave_line(self, job: Job) -> None:
@@ -122,30 +133,38 @@ class Batcher:
         job.done = len(job.sources)
 
     async def run(self) -> None:
-        """The worker: runs until cancelled (at server shutdown)."""
+        """Both workers: run until cancelled (at server shutdown)."""
         try:
-            while True:
-                await self.translate_batch(await self.gather())
+            await asyncio.gather(self.work(long=False), self.work(long=True))
         finally:
             self.closing = True
-            self.executor.shutdown(wait=False, cancel_futures=True)
+            for executor in self.executors.values():
+                executor.shutdown(wait=False, cancel_futures=True)
 
-    async def gather(self) -> list[Piece]:
+    async def work(self, long: bool) -> None:
+        while True:
+            await self.translate_batch(await self.gather(long), self.executors[long])
+
+    def first_waiting(self, long: bool, options: SearchOptions | None = None) -> Job | None:
+        return next((job for job in self.line if job.long == long and options in (None, job.options)), None)
+
+    async def gather(self, long: bool) -> list[Piece]:
         """The first waiting request's next sentences, then, within the window, those of the requests
         after it with the same options, while the batch stays within the memory budget."""
-        while not self.line:
-            self.arrived.clear()
-            await self.arrived.wait()
-        first = self.line.popleft()
+        arrived = self.arrived[long]
+        while (first := self.first_waiting(long)) is None:
+            arrived.clear()
+            await arrived.wait()
+        self.line.remove(first)
         tally = Tally(self.memory, first.options.beam)
         pieces = [self.take(first, tally)]
         deadline = asyncio.get_running_loop().time() + self.window
         while True:
-            job = next((job for job in self.line if job.options == first.options), None)
+            job = self.first_waiting(long, first.options)
             if job is None:
                 remaining = deadline - asyncio.get_running_loop().time()
-                self.arrived.clear()
-                if remaining <= 0 or not await wait_for_event(self.arrived, remaining):
+                arrived.clear()
+                if remaining <= 0 or not await wait_for_event(arrived, remaining):
                     break
                 continue
             piece = self.take(job, tally)
@@ -166,7 +185,7 @@ class Batcher:
             stop += 1
         return Piece(job, stop) if stop > job.done else None
 
-    async def translate_batch(self, pieces: list[Piece]) -> None:
+    async def translate_batch(self, pieces: list[Piece], executor: ThreadPoolExecutor) -> None:
         sources = [source for piece in pieces for source in piece.job.sources[piece.job.done:piece.stop]]
         options = pieces[0].job.options
 
@@ -175,8 +194,7 @@ class Batcher:
 
         start = time.perf_counter()
         try:
-            results = await asyncio.get_running_loop().run_in_executor(self.executor, self.translate, sources,
-                                                                      options, gone)
+            results = await asyncio.get_running_loop().run_in_executor(executor, self.translate, sources, options, gone)
         except SearchStopped:
             for piece in pieces:
                 self.drop(piece.job)
@@ -200,7 +218,7 @@ class Batcher:
                 self.drop(job)
             elif job.left:
                 self.line.append(job)  # the rest waits for its next turn, behind the requests that came meanwhile
-                self.arrived.set()
+                self.arrived[job.long].set()
             else:
                 job.future.set_result(job.results)
 

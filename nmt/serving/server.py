@@ -211,7 +211,9 @@ def create_app(translator: Translator, options: ServeOptions, baseline: int = 0)
         return translate_ids(translator.model, sources, search, batching, translator.device, translator.precision,
                              should_stop=should_stop)
 
-    batcher = Batcher(translate, options.batch_window_ms / 1000, memory, budget, options.max_queue)
+    # A sentence searching over a quarter of the longest search the limits allow is heavy (see batcher.py).
+    batcher = Batcher(translate, options.batch_window_ms / 1000, memory, budget, options.max_queue,
+                      long_search=options.max_beam * options.max_output_length // 4)
     started = time.time()
     info = server_info(translator, options, memory_bound(options, baseline, budget))
 
@@ -346,13 +348,18 @@ def memory_bound(options: ServeOptions, baseline: int, budget: int) -> dict[str,
     """What the process may hold, in MiB: before serving, one batch, the bodies being read, the answers."""
     bodies = options.max_connections * 3 * body_limit(options)  # the bytes read, joined, decoded
     answers = options.max_queue * options.max_beam * (options.max_output_length + 1) * HYPOTHESIS_BYTES_PER_TOKEN
-    parts = {"before_serving": baseline, "batch": budget, "bodies": bodies, "answers": answers}
+    parts = {"before_serving": baseline, "batches": 2 * budget, "bodies": bodies, "answers": answers}  # 2 workers
     return {**{name: math.ceil(size / MIB) for name, size in parts.items()},
             "total": math.ceil(sum(parts.values()) / MIB)}
 
 
 def peak_memory() -> int:
-    """This process's peak resident set so far, in bytes."""
+    """This process's peak resident set so far, in bytes (Linux's VmHWM: getrusage's counts the parent's
+    memory at fork too, across exec)."""
+    with contextlib.suppress(OSError):
+        for line in open("/proc/self/status", encoding="ascii"):
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak if sys.platform == "darwin" else peak * 1024
 
