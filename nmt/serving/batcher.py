@@ -23,6 +23,9 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
+import os
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -33,6 +36,7 @@ import numpy as np
 from nmt.generation.search import Hypothesis, SearchOptions, SearchStopped
 from nmt.serving.budget import SearchMemory
 
+HEAVY_NICENESS = 10  # of 19: still running when the light worker waits for requests
 TranslateFn = Callable[[list[np.ndarray], SearchOptions, Callable[[], bool]], list[list[Hypothesis]]]
 
 
@@ -101,8 +105,9 @@ class Batcher:
         self.line: collections.deque[Job] = collections.deque()
         self.arrived = {False: asyncio.Event(), True: asyncio.Event()}  # per worker: light, heavy
         self.closing = False  # read by the translating threads: a search stops when the server does
-        self.executors = {long: ThreadPoolExecutor(max_workers=1, thread_name_prefix="nmt-translate")
-                          for long in (False, True)}
+        self.executors = {False: ThreadPoolExecutor(max_workers=1, thread_name_prefix="nmt-translate"),
+                          True: ThreadPoolExecutor(max_workers=1, thread_name_prefix="nmt-translate-long",
+                                                   initializer=lower_priority)}
         self.stats = BatchStats()
 
     def fits_alone(self, source: np.ndarray, options: SearchOptions, output_limit: int) -> bool:
@@ -221,6 +226,12 @@ class Batcher:
                 self.arrived[job.long].set()
             else:
                 job.future.set_result(job.results)
+
+
+def lower_priority() -> None:
+    """The heavy requests' thread yields the processor to the light ones' (Linux: a thread's own nice value)."""
+    with contextlib.suppress(OSError, AttributeError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), HEAVY_NICENESS)
 
 
 async def wait_for_event(event: asyncio.Event, timeout: float) -> bool:
