@@ -137,6 +137,28 @@ class HeavyClient(threading.Thread):
             turn += 1
 
 
+def measure(port: int, lines: list[str], clients: int, search: dict, offline: float, heavy_output: int | None
+            ) -> list[str]:
+    """One row of the table: the load of ``clients``, beside a heavy client unless ``heavy_output`` is None."""
+    batches_before = call(port, "GET", "/health")[1]["batches"]
+    heavy = HeavyClient(port, heavy_output) if heavy_output is not None else None
+    if heavy:
+        heavy.start()
+    seconds, latencies, statuses = run_clients(port, lines, clients, search)
+    if heavy:
+        heavy.stop.set()
+        heavy.join()
+    per_batch = len(lines) / (call(port, "GET", "/health")[1]["batches"] - batches_before)
+    rate = len(lines) / seconds
+    p50, p95 = (1000 * float(np.percentile(latencies, q)) for q in (50, 95))
+    answers = ", ".join(f"{count} x {status}" for status, count in sorted(statuses.items()))
+    heavy_answers = "" if not heavy else "; ".join(f"{count} x {name}" for name, count in sorted(heavy.answers.items()))
+    if heavy and heavy.seconds:
+        heavy_answers += f"; {np.mean(heavy.seconds):.0f} s each"
+    return [f"{clients}{' + heavy' if heavy else ''}", f"{rate:,.1f}", f"{rate / offline:.0%}", f"{p50:,.0f}",
+            f"{p95:,.0f}", f"{per_batch:.1f}", answers, heavy_answers]
+
+
 def peak_rss(pid: int) -> int:
     """A process's peak resident memory (Linux: VmHWM), in bytes."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -176,8 +198,8 @@ def main() -> None:
         table = Table(title=f"nmt serve, beam 4, {len(lines)} Multi30k test sentences, one per request, "
                             f"{model_name}, {args.threads} torch thread(s), {os.cpu_count()} CPU cores, "
                             f"batch window {args.window_ms:g} ms {' '.join(args.serve_option)}")
-        columns = ["clients", "sentences/s", "of offline", "p50 latency ms", "p95 latency ms", "sentences/batch"]
-        for column in columns + (["answers", "heavy client's answers"] if args.heavy else []):
+        for column in ("clients", "sentences/s", "of offline", "p50 latency ms", "p95 latency ms", "sentences/batch",
+                       "answers", "heavy client's answers"):
             table.add_column(column, justify="right")
         table.add_row("offline (one call)", f"{offline:,.1f}", "100%", *[""] * (len(table.columns) - 3))
         process, port = start_server(Path(path), Path(tmp) / "serve.log", args.threads, args.window_ms,
@@ -185,28 +207,9 @@ def main() -> None:
         try:
             info = call(port, "GET", "/info")[1]
             for clients in (int(c) for c in args.clients.split(",")):
-                for heavy in (False, True) if args.heavy else (False,):
-                    batches_before = call(port, "GET", "/health")[1]["batches"]
-                    heavy_client = HeavyClient(port, info["limits"]["max_output_length"]) if heavy else None
-                    if heavy_client:
-                        heavy_client.start()
-                    seconds, latencies, statuses = run_clients(port, lines, clients, search)
-                    if heavy_client:
-                        heavy_client.stop.set()
-                        heavy_client.join()
-                    per_batch = len(lines) / (call(port, "GET", "/health")[1]["batches"] - batches_before)
-                    rate = len(lines) / seconds
-                    p50, p95 = (1000 * float(np.percentile(latencies, q)) for q in (50, 95))
-                    row = [f"{clients}{' + heavy' if heavy else ''}", f"{rate:,.1f}", f"{rate / offline:.0%}",
-                           f"{p50:,.0f}", f"{p95:,.0f}", f"{per_batch:.1f}"]
-                    if args.heavy:
-                        heavy_answers = "" if not heavy_client else "; ".join(
-                            f"{count} x {name}" for name, count in sorted(heavy_client.answers.items())) + (
-                            f"; {np.mean(heavy_client.seconds):.0f} s each" if heavy_client.seconds else "")
-                        row += [", ".join(f"{count} x {status}" for status, count in sorted(statuses.items())),
-                                heavy_answers]
-                    table.add_row(*row)
-                    Console(stderr=True).print(f"done: {clients} clients{' and the heavy one' if heavy else ''}")
+                for heavy_output in (None, info["limits"]["max_output_length"]) if args.heavy else (None,):
+                    table.add_row(*measure(port, lines, clients, search, offline, heavy_output))
+                    Console(stderr=True).print(f"done: {clients} clients{' and the heavy one' if heavy_output else ''}")
             peak = peak_rss(process.pid)
         finally:
             process.terminate()

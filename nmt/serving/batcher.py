@@ -110,9 +110,6 @@ class Batcher:
                                                    initializer=lower_priority)}
         self.stats = BatchStats()
 
-    def fits_alone(self, source: np.ndarray, options: SearchOptions, output_limit: int) -> bool:
-        return self.memory.batch([output_limit], options.beam, len(source)) <= self.budget
-
     def submit(self, sources: list[np.ndarray], options: SearchOptions, output_limits: list[int]) -> asyncio.Future:
         """Queue a request; its future gets the ``nbest`` hypotheses of each source. Cancelling the future
         (a timeout, a client that left) takes the request out of the line."""
@@ -132,8 +129,9 @@ class Batcher:
             self.line.remove(job)
             self.drop(job)
 
-    def drop(self, job: Job) -> None:
-        self.stats.abandoned += job.left
+    def drop(self, job: Job, abandoned: bool = True) -> None:
+        """The job's untranslated sentences stop waiting: abandoned (their request had gone) or failed."""
+        self.stats.abandoned += job.left if abandoned else 0
         self.waiting -= job.left
         job.done = len(job.sources)
 
@@ -208,7 +206,7 @@ class Batcher:
             for piece in pieces:
                 if not piece.job.future.done():
                     piece.job.future.set_exception(exc)
-                self.drop(piece.job)
+                self.drop(piece.job, abandoned=False)
             return
         self.stats.batches += 1
         self.stats.sentences += len(sources)

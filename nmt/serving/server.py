@@ -27,11 +27,14 @@ import socket
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 import torch
 
 import nmt
+from nmt.data.vocabulary import EOS_ID
 from nmt.device import Precision
 from nmt.errors import NmtError
 from nmt.generation.generator import BatchingOptions, GenerateOptions, check_lengths, encode_sources, translate_ids
@@ -357,7 +360,7 @@ def peak_memory() -> int:
     """This process's peak resident set so far, in bytes (Linux's VmHWM: getrusage's counts the parent's
     memory at fork too, across exec)."""
     with contextlib.suppress(OSError):
-        for line in open("/proc/self/status", encoding="ascii"):
+        for line in Path("/proc/self/status").read_text(encoding="ascii").splitlines():
             if line.startswith("VmHWM:"):
                 return int(line.split()[1]) * 1024
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -394,7 +397,9 @@ def serve(options: ServeOptions) -> None:
     except ImportError:
         raise NmtError("nmt serve needs its optional dependencies: pip install 'nmt[serve]'") from None
     translator = Translator.from_checkpoint(options.path, options.device, options.precision, options.quantize)
-    translator.translate(["warm up"], beam=1, max_len_b=1)  # torch's first call allocates its own buffers
+    # torch's first call allocates its own buffers: before the memory at start is taken
+    translate_ids(translator.model, [np.full(2, EOS_ID)], SearchOptions(beam=1, max_len_b=1), None, translator.device,
+                  translator.precision)
     app = create_app(translator, options, peak_memory())
     family = socket.AF_INET6 if ":" in options.host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
