@@ -1,6 +1,7 @@
-"""Throughput and latency of `nmt serve` at 1, 8 and 32 concurrent clients, next to offline translation.
+"""Throughput and latency of `nmt serve` at 1, 8 and 32 concurrent clients, next to offline translation,
+and (--heavy) the same load beside a client that keeps sending the heaviest requests.
 
-    python benchmarks/serve.py [--path CKPT] [--data DIR] [--limit N] [--clients 1,8,32]
+    python benchmarks/serve.py [--path CKPT] [--data DIR] [--limit N] [--clients 1,8,32] [--heavy]
 
 Each client sends one sentence per request (the worst case for a server: batching must come from
 requests arriving together) and waits for the answer before sending the next; sentences/s is
@@ -9,11 +10,19 @@ same sentences with the same Translator in one call (what `nmt generate` does). 
 a randomly initialised transformer_small stands in (see generate_speed.py: its max length is
 capped at |source| + 2 tokens). The clients run in this process, on the same CPU as the server:
 on a small machine they take some of its time.
+
+With --heavy, each number of clients runs twice, without and with one more client that sends, one
+after the other for as long as the others run, the request of issue 30 (64 one-word sentences at
+beam 16, max_len_b 512, min_len 100000: refused, 422) and the heaviest one the server's limits let
+through (the same at max_len_b = min_len = --max-output-length: every beam decodes to the limit).
+Every answer's status is counted, and at the end the server's peak resident memory (VmHWM) is set
+against the bound its /info reports.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import http.client
 import json
 import os
@@ -35,10 +44,12 @@ from generate_speed import DEFAULT_DATA, random_checkpoint  # noqa: E402
 from nmt import Translator  # noqa: E402
 from nmt.files import read_lines  # noqa: E402
 
+ISSUE_REQUEST = {"text": ["a"] * 64, "beam": 16, "max_len_a": 4, "max_len_b": 512, "min_len": 100_000}
 
-def start_server(path: Path, log: Path, threads: int, window_ms: float) -> tuple[subprocess.Popen, int]:
+
+def start_server(path: Path, log: Path, threads: int, window_ms: float, options: list[str]) -> tuple[subprocess.Popen, int]:
     command = [sys.executable, "-m", "nmt", "serve", "--path", str(path), "--port", "0", "--log-format", "json",
-               "--batch-window-ms", str(window_ms)]
+               "--batch-window-ms", str(window_ms), *options]
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     with open(log, "w") as stderr:
         process = subprocess.Popen(command, stderr=stderr, stdout=subprocess.DEVNULL, env=env)
@@ -56,33 +67,31 @@ def start_server(path: Path, log: Path, threads: int, window_ms: float) -> tuple
     raise SystemExit(f"the server did not start: {log.read_text()}")
 
 
-def post(port: int, payload: dict) -> dict:
+def call(port: int, method: str, path: str, payload: dict | None = None) -> tuple[int, dict]:
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
     try:
-        connection.request("POST", "/translate", body=json.dumps(payload), headers={"Content-Type": "application/json"})
+        body = None if payload is None else json.dumps(payload)
+        connection.request(method, path, body=body, headers={"Content-Type": "application/json"})
         response = connection.getresponse()
-        answer = json.loads(response.read())
-        if response.status != 200:
-            raise SystemExit(f"HTTP {response.status}: {answer}")
-        return answer
+        return response.status, json.loads(response.read())
     finally:
         connection.close()
 
 
-def batch_count(port: int) -> int:
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
-    try:
-        connection.request("GET", "/health")
-        return json.loads(connection.getresponse().read())["batches"]
-    finally:
-        connection.close()
+def post(port: int, payload: dict) -> dict:
+    status, answer = call(port, "POST", "/translate", payload)
+    if status != 200:
+        raise SystemExit(f"HTTP {status}: {answer}")
+    return answer
 
 
-def run_clients(port: int, lines: list[str], clients: int, search: dict) -> tuple[float, list[float]]:
-    """Wall seconds for all lines, and each request's latency."""
+def run_clients(port: int, lines: list[str], clients: int, search: dict
+                ) -> tuple[float, list[float], collections.Counter]:
+    """Wall seconds for all lines, each request's latency, and the statuses of the answers."""
     next_line = iter(range(len(lines)))
     lock = threading.Lock()
     latencies: list[float] = []
+    statuses: collections.Counter = collections.Counter()
 
     def client() -> None:
         while True:
@@ -91,9 +100,10 @@ def run_clients(port: int, lines: list[str], clients: int, search: dict) -> tupl
             if index is None:
                 return
             start = time.perf_counter()
-            post(port, {"text": [lines[index]], **search})
+            status, _ = call(port, "POST", "/translate", {"text": [lines[index]], **search})
             with lock:
                 latencies.append(time.perf_counter() - start)
+                statuses[status] += 1
 
     threads = [threading.Thread(target=client) for _ in range(clients)]
     start = time.perf_counter()
@@ -101,7 +111,60 @@ def run_clients(port: int, lines: list[str], clients: int, search: dict) -> tupl
         thread.start()
     for thread in threads:
         thread.join()
-    return time.perf_counter() - start, latencies
+    return time.perf_counter() - start, latencies, statuses
+
+
+class HeavyClient(threading.Thread):
+    """Sends the issue's request and the heaviest allowed one by turns until stopped; counts the answers."""
+
+    def __init__(self, port: int, most_output: int):
+        super().__init__()
+        self.port, self.stop = port, threading.Event()
+        capped = {**ISSUE_REQUEST, "max_len_a": 0, "max_len_b": most_output, "min_len": most_output}
+        self.requests = [("issue's", ISSUE_REQUEST), ("heaviest allowed", capped)]
+        self.answers: collections.Counter = collections.Counter()
+        self.seconds: list[float] = []  # of the heaviest allowed requests answered 200
+
+    def run(self) -> None:
+        turn = 0
+        while not self.stop.is_set():
+            name, payload = self.requests[turn % 2]
+            start = time.perf_counter()
+            status, answer = call(self.port, "POST", "/translate", payload)
+            self.answers[f"{name}: {status}" + (f" ({answer['error'][:40]}...)" if status != 200 else "")] += 1
+            if status == 200:
+                self.seconds.append(time.perf_counter() - start)
+            turn += 1
+
+
+def measure(port: int, lines: list[str], clients: int, search: dict, offline: float, heavy_output: int | None
+            ) -> list[str]:
+    """One row of the table: the load of ``clients``, beside a heavy client unless ``heavy_output`` is None."""
+    batches_before = call(port, "GET", "/health")[1]["batches"]
+    heavy = HeavyClient(port, heavy_output) if heavy_output is not None else None
+    if heavy:
+        heavy.start()
+    seconds, latencies, statuses = run_clients(port, lines, clients, search)
+    if heavy:
+        heavy.stop.set()
+        heavy.join()
+    per_batch = len(lines) / (call(port, "GET", "/health")[1]["batches"] - batches_before)
+    rate = len(lines) / seconds
+    p50, p95 = (1000 * float(np.percentile(latencies, q)) for q in (50, 95))
+    answers = ", ".join(f"{count} x {status}" for status, count in sorted(statuses.items()))
+    heavy_answers = "" if not heavy else "; ".join(f"{count} x {name}" for name, count in sorted(heavy.answers.items()))
+    if heavy and heavy.seconds:
+        heavy_answers += f"; {np.mean(heavy.seconds):.0f} s each"
+    return [f"{clients}{' + heavy' if heavy else ''}", f"{rate:,.1f}", f"{rate / offline:.0%}", f"{p50:,.0f}",
+            f"{p95:,.0f}", f"{per_batch:.1f}", answers, heavy_answers]
+
+
+def peak_rss(pid: int) -> int:
+    """A process's peak resident memory (Linux: VmHWM), in bytes."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise SystemExit("no VmHWM in /proc: the peak memory needs Linux")
 
 
 def main() -> None:
@@ -113,6 +176,9 @@ def main() -> None:
     parser.add_argument("--clients", default="1,8,32", help="comma-separated numbers of concurrent clients")
     parser.add_argument("--window-ms", type=float, default=5.0, help="the server's --batch-window-ms")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch threads (both sides)")
+    parser.add_argument("--heavy", action="store_true", help="each load again beside a client of heavy requests")
+    parser.add_argument("--serve-option", action="append", default=[], metavar="OPTION",
+                        help="passed to `nmt serve` (repeat; e.g. --serve-option=--max-batch-memory=256)")
     args = parser.parse_args()
     test_file = args.data / "test_2016_flickr.en.gz"
     if not test_file.exists():
@@ -131,25 +197,27 @@ def main() -> None:
         model_name = str(args.path) if args.path else f"random transformer_small, vocab {args.vocab_size}"
         table = Table(title=f"nmt serve, beam 4, {len(lines)} Multi30k test sentences, one per request, "
                             f"{model_name}, {args.threads} torch thread(s), {os.cpu_count()} CPU cores, "
-                            f"batch window {args.window_ms:g} ms")
-        for column in ("clients", "sentences/s", "of offline", "p50 latency ms", "p95 latency ms", "sentences/batch"):
+                            f"batch window {args.window_ms:g} ms {' '.join(args.serve_option)}")
+        for column in ("clients", "sentences/s", "of offline", "p50 latency ms", "p95 latency ms", "sentences/batch",
+                       "answers", "heavy client's answers"):
             table.add_column(column, justify="right")
-        table.add_row("offline (one call)", f"{offline:,.1f}", "100%", "", "", "")
-        process, port = start_server(Path(path), Path(tmp) / "serve.log", args.threads, args.window_ms)
+        table.add_row("offline (one call)", f"{offline:,.1f}", "100%", *[""] * (len(table.columns) - 3))
+        process, port = start_server(Path(path), Path(tmp) / "serve.log", args.threads, args.window_ms,
+                                     args.serve_option)
         try:
+            info = call(port, "GET", "/info")[1]
             for clients in (int(c) for c in args.clients.split(",")):
-                batches_before = batch_count(port)
-                seconds, latencies = run_clients(port, lines, clients, search)
-                per_batch = len(lines) / (batch_count(port) - batches_before)
-                rate = len(lines) / seconds
-                p50, p95 = (1000 * float(np.percentile(latencies, q)) for q in (50, 95))
-                table.add_row(str(clients), f"{rate:,.1f}", f"{rate / offline:.0%}", f"{p50:,.0f}", f"{p95:,.0f}",
-                              f"{per_batch:.1f}")
-                Console(stderr=True).print(f"done: {clients} clients")
+                for heavy_output in (None, info["limits"]["max_output_length"]) if args.heavy else (None,):
+                    table.add_row(*measure(port, lines, clients, search, offline, heavy_output))
+                    Console(stderr=True).print(f"done: {clients} clients{' and the heavy one' if heavy_output else ''}")
+            peak = peak_rss(process.pid)
         finally:
             process.terminate()
             process.wait()
-    Console(width=140).print(table)
+    Console(width=200).print(table)
+    bound = info["memory_mib"]
+    print(f"server peak resident memory {peak / 2 ** 20:,.0f} MiB; the bound /info gives {bound['total']:,} MiB "
+          f"({', '.join(f'{name} {size:,}' for name, size in bound.items() if name != 'total')})")
 
 
 if __name__ == "__main__":

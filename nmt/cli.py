@@ -30,7 +30,7 @@ from nmt.options import build
 from nmt.plot.options import PlotAttentionOptions, PlotCurvesOptions
 from nmt.recipe import STAGES
 from nmt.scoring import ScoreOptions
-from nmt.serving.server import ServeOptions
+from nmt.serving.options import ServeOptions
 from nmt.training.config import TrainConfig, load_train_config
 from nmt.version import __version__
 
@@ -179,14 +179,17 @@ def run(recipe: Annotated[Path, typer.Argument(metavar="RECIPE",
             help="YAML recipe with preprocess/train/average/generate/score sections.")],
         stages: Annotated[str, typer.Option(help="Comma-separated stages to run.")] = ",".join(STAGES),
         dry_run: Annotated[bool, typer.Option(
-            help="Check the whole recipe, print every stage's resolved options, and run nothing.")] = False) -> None:
+            help="Check the whole recipe, print every stage's resolved options, and run nothing.")] = False,
+        allow_outside: Annotated[bool, typer.Option(
+            help="Let the recipe write outside its own directory and the working directory (absolute paths, ..): "
+                 "a recipe is then trusted like code.")] = False) -> None:
     """Run a recipe's whole pipeline: preprocess -> train -> average -> generate -> score."""
     from nmt.pipeline import plan_recipe, run_plan
 
     chosen = tuple(stage.strip() for stage in stages.split(",") if stage.strip())
     if not chosen:
         raise NmtError(f"--stages names no stage; stages: {', '.join(STAGES)}")
-    plan = plan_recipe(recipe, chosen)
+    plan = plan_recipe(recipe, chosen, allow_outside)
     if dry_run:
         typer.echo(plan.describe(), nl=False)
     else:

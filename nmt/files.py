@@ -40,8 +40,10 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", encoding: str | None 
 
     A crash at any point leaves either the old file or the complete new one, never half of one.
     Only regular files (or new paths) are replaced: a device, a FIFO or "-" (stdout) is written in
-    place, and a symlink is followed, so ``-o /dev/null`` stays a device even for root. A failure to
-    write (disk full, read-only, a file where a directory should be) is a one-line NmtError.
+    place, and a symlink is followed, so ``-o /dev/null`` stays a device even for root, but only a
+    symlink of the user's own (or root's): see ``resolve_output``. The replaced file is a new one
+    (a hard link's other names keep the old text; the mode is kept). A failure to write (disk full,
+    read-only, a file where a directory should be) is a one-line NmtError.
     """
     binary = "b" in mode
     if str(path) == "-":
@@ -49,7 +51,7 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", encoding: str | None 
         (sys.stdout.buffer if binary else sys.stdout).flush()
         return
     shown = Path(path)  # errors name the path the user gave
-    path = Path(os.path.realpath(path))  # a symlink's target is what gets written
+    path = resolve_output(path)  # a symlink's target is what gets written
     try:
         kind = path.stat().st_mode
     except OSError:
@@ -78,6 +80,43 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", encoding: str | None 
                 os.unlink(tmp)
         raise
     fsync_dir(path.parent)
+
+
+def resolve_output(path: str | os.PathLike) -> Path:
+    """The real path of an output, refusing to follow a symlink that another user owns.
+
+    In a shared directory (/tmp) anyone may plant ``out.txt -> ~/.bashrc``; written through, it would
+    replace the user's file. As the kernel's protected_symlinks does for sticky directories, and
+    everywhere here, a symlink on the way (the last name or a directory) is followed only when the
+    user or root owns it.
+    """
+    pending = list(Path(os.path.join(os.getcwd(), path)).parts[1:])
+    resolved, followed = Path("/"), 0
+    while pending:
+        name = pending.pop(0)
+        if name in (".", ""):
+            continue
+        if name == "..":
+            resolved = resolved.parent
+            continue
+        candidate = resolved / name
+        try:
+            info = os.lstat(candidate)
+        except OSError:  # a new file (or one we cannot see: the write says why): nothing more to follow
+            return candidate.joinpath(*pending)
+        if not stat.S_ISLNK(info.st_mode):
+            resolved = candidate
+            continue
+        if info.st_uid not in (os.geteuid(), 0):
+            raise NmtError(f"refusing to write {path}: {candidate} is a symbolic link owned by another user "
+                           f"(uid {info.st_uid}), who chose where it points; remove it or write elsewhere")
+        followed += 1
+        if followed > 40:  # as the kernel's ELOOP
+            raise NmtError(f"cannot write {path}: too many levels of symbolic links")
+        target = Path(os.readlink(candidate))
+        pending = list(target.parts[1:] if target.is_absolute() else target.parts) + pending
+        resolved = Path("/") if target.is_absolute() else resolved
+    return resolved
 
 
 def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:

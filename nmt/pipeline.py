@@ -5,11 +5,16 @@ dataclass, the model overrides are checked against the arch, and the paths one s
 next are filled in, so a typo in ``score:`` fails before preprocessing starts, not after days of
 training. ``--dry-run`` prints that plan and stops. Missing sections are skipped; relative paths
 are taken from the current directory.
+
+A recipe writes only under its own directory or the working directory: an output path that is
+absolute elsewhere or climbs out with ``..`` (or a symlink) is refused when planning, unless
+``allow_outside`` (``nmt run --allow-outside``) says the recipe is trusted like code.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,8 +81,9 @@ class PipelineReport:
         return table
 
 
-def plan_recipe(path: str | Path, stages: tuple[str, ...] = STAGES) -> Plan:
-    """Read and check the whole recipe: each section's options, with the paths between stages filled in."""
+def plan_recipe(path: str | Path, stages: tuple[str, ...] = STAGES, allow_outside: bool = False) -> Plan:
+    """Read and check the whole recipe: each section's options, with the paths between stages filled in,
+    and (unless ``allow_outside``) every output under the recipe's directory or the working directory."""
     unknown = set(stages) - set(STAGES)
     if unknown:
         raise NmtError(f"unknown stage(s) {', '.join(sorted(unknown))}; stages: {', '.join(STAGES)}")
@@ -138,7 +144,33 @@ def plan_recipe(path: str | Path, stages: tuple[str, ...] = STAGES) -> Plan:
         refuse_overwriting("generate: output", plan.generate.output,
                            {"raw text of preprocess": raw_text_paths(plan.preprocess),
                             "score: reference": plan.score.ref if plan.score else None})
+    if not allow_outside:
+        keep_outputs_inside(plan, Path(path))
     return plan
+
+
+def output_paths(plan: Plan) -> dict[str, str]:
+    """What the stages to run write, by recipe key."""
+    outputs = {}
+    for stage, keys in (("preprocess", ("destdir",)), ("train", ("save_dir", "tensorboard_dir")),
+                        ("average", ("output",)), ("generate", ("output", "print_attention"))):
+        options = getattr(plan, stage)
+        if stage in plan.stages and options is not None:
+            outputs.update({f"{stage}: {key}": getattr(options, key) for key in keys
+                            if getattr(options, key) is not None})
+    return outputs
+
+
+def keep_outputs_inside(plan: Plan, recipe: Path) -> None:
+    """A recipe from elsewhere must not replace the user's files (``generate: output: ~/.bashrc``): its
+    outputs stay under its own directory or the working directory, symlinks resolved."""
+    roots = [Path(os.path.realpath(recipe.parent)), Path(os.path.realpath(os.getcwd()))]
+    for key, output in output_paths(plan).items():
+        resolved = Path(os.path.realpath(output))
+        if not any(resolved.is_relative_to(root) for root in roots):
+            raise NmtError(f"{recipe}: `{key}: {output}` is outside the recipe's directory and the working "
+                           "directory; a recipe writes only there unless `nmt run --allow-outside` (trust it "
+                           "like code)")
 
 
 def check_checkpoints_kept(train: TrainConfig, average: AverageOptions, where: str) -> None:
@@ -254,5 +286,5 @@ def run_plan(plan: Plan) -> PipelineReport:
     return report
 
 
-def run_recipe(path: str | Path, stages: tuple[str, ...] = STAGES) -> PipelineReport:
-    return run_plan(plan_recipe(path, stages))
+def run_recipe(path: str | Path, stages: tuple[str, ...] = STAGES, allow_outside: bool = False) -> PipelineReport:
+    return run_plan(plan_recipe(path, stages, allow_outside))

@@ -154,6 +154,18 @@ def save_dir_on_a_small_disk(world: Path) -> None:
         invoke(world, DISK_FULL_RUN)
 
 
+def planted_symlink(name: str, target: str) -> Callable[[Path], None]:
+    """A symlink owned by another user (uid 65534, nobody), as anyone can plant one in /tmp."""
+    def plant(world: Path) -> None:
+        if os.geteuid() != 0:
+            pytest.skip("a symlink owned by another user needs root to make (lchown)")
+        link = world / name
+        if not link.is_symlink():
+            link.symlink_to(world / target)
+        os.lchown(link, 65534, 65534)
+    return plant
+
+
 _lock_holders: list[subprocess.Popen] = []
 
 
@@ -295,6 +307,11 @@ CASES = [
     ("generate-min-len-over-max", [*GENERATE, "--min-len", "9", "--max-len-a", "0", "--max-len-b", "5"],
      "--min-len 9 is over", NO_SETUP),
     ("generate-disk-full", [*GENERATE, "-o", "full/test.hyp"], "No space left on device", setup(then=full_disk)),
+    ("generate-output-through-another-users-symlink", [*GENERATE, "-o", "planted.hyp"],
+     "planted.hyp is a symbolic link owned by another user (uid 65534)", setup(then=planted_symlink("planted.hyp",
+                                                                                                   "good.hyp"))),
+    ("generate-output-under-another-users-directory-symlink", [*GENERATE, "-o", "planted-dir/good.hyp"],
+     "planted-dir is a symbolic link owned by another user", setup(then=planted_symlink("planted-dir", "."))),
     # average
     ("average-other-arch", ["average", "model.pt", "bad/wide.pt", "-o", "good.hyp", "-q"], "ffn_dim",
      setup(then=lambda w: checkpoint_with(w, "bad/wide.pt", other_arch))),
@@ -329,6 +346,11 @@ CASES = [
     ("run-unknown-stage", ["run", "bad/stages.yaml", "--stages", "train,deploy"], "deploy",
      setup({"bad/stages.yaml": "train: {}\n"})),
     ("run-no-stage", ["run", "bad/stages.yaml", "--stages", ","], "names no stage", setup({"bad/stages.yaml": "train: {}\n"})),
+    ("run-output-climbs-out", ["run", "bad/climbs.yaml", "--stages", "generate"],
+     "`generate: output: ../outside.hyp` is outside the recipe's directory and the working directory",
+     setup({"bad/climbs.yaml": "generate: {input: text.en, path: model.pt, output: ../outside.hyp}\n"})),
+    ("run-save-dir-elsewhere", ["run", "bad/elsewhere.yaml", "--dry-run"], "`train: save_dir: /nmt-elsewhere/ck` is "
+     "outside", setup({"bad/elsewhere.yaml": "data: data\narch: transformer_tiny\ntrain: {save_dir: /nmt-elsewhere/ck}\n"})),
 ]
 
 
@@ -431,3 +453,59 @@ def test_a_second_train_on_a_save_dir_in_use_fails_at_once(world, tmp_path):
     finally:
         first.kill()
         first.wait()
+
+
+def test_torch_versions_that_run_code_from_a_weights_only_checkpoint_are_not_installable():
+    """Every checkpoint is read with torch.load(weights_only=True), which is safe only from torch 2.10:
+    2.5.1 and below (CVE-2025-32434) and 2.9.1 and below (CVE-2026-24747) run code from a crafted file."""
+    tomllib = pytest.importorskip("tomllib")
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    (torch_requirement,) = [r for r in map(Requirement, project["dependencies"]) if r.name == "torch"]
+    assert [v for v in ("2.4.1", "2.5.1", "2.6.0", "2.9.1", "2.10.0", "2.13.0")
+            if torch_requirement.specifier.contains(v)] == ["2.10.0", "2.13.0"]
+
+
+def test_a_full_disk_under_metrics_jsonl_is_a_warning_and_training_goes_on(world, monkeypatch, capsys):
+    """metrics.jsonl on a full filesystem (a link to it from the save dir): every record is lost, one
+    warning says so, and the run ends with its checkpoints instead of a traceback."""
+    full_disk(world)
+    save_dir = world / "metrics-on-a-full-disk"
+    save_dir.mkdir(exist_ok=True)
+    (world / "full" / "metrics.jsonl").touch()
+    (save_dir / "metrics.jsonl").unlink(missing_ok=True)
+    (save_dir / "metrics.jsonl").symlink_to(world / "full" / "metrics.jsonl")
+    code, _, err = run_cli(monkeypatch, capsys, world, [*TRAIN, "--save-dir", str(save_dir), "--max-update", "2",
+                                                        "--log-interval", "1"])
+    assert code == 0 and "Traceback" not in err, err
+    warnings = [line for line in err.splitlines() if "cannot append to" in line]
+    assert len(warnings) == 1 and "No space left on device" in warnings[0], err
+    assert (save_dir / "checkpoint_last.pt").is_file() and (world / "full" / "metrics.jsonl").stat().st_size == 0
+
+
+def test_a_metrics_record_that_cannot_be_written_is_lost_with_one_warning(tmp_path, caplog):
+    """The same without root: the file cannot be created (its directory is gone). Once it can be written
+    again, the next record starts on a line of its own and a reader finds it."""
+    from nmt.training.metrics_file import MetricsFile, read_metrics
+
+    metrics = MetricsFile(tmp_path / "gone" / "metrics.jsonl", 0)
+    metrics.append({"update": 1})
+    metrics.append({"update": 2})
+    warning = (f"cannot append to {tmp_path / 'gone' / 'metrics.jsonl'} (No such file or directory): training goes "
+               "on; its records are lost until it can write again")
+    assert [r.message for r in caplog.records if "cannot append" in r.message] == [warning]
+    (tmp_path / "gone").mkdir()
+    (tmp_path / "gone" / "metrics.jsonl").write_text('{"update": 0, "torn', encoding="utf-8")
+    metrics.append({"update": 3})
+    assert [r["update"] for r in read_metrics(tmp_path / "gone" / "metrics.jsonl")] == [3]
+
+
+def test_a_recipe_trusted_like_code_may_write_elsewhere(world, monkeypatch, capsys, tmp_path):
+    """`nmt run --allow-outside`: the output the catalogue refuses is written."""
+    write(world / "ok" / "elsewhere.yaml", f"generate: {{input: text.en, path: model.pt, output: {tmp_path / 'out.hyp'}, "
+                                           "max_len_b: 3}\n")
+    code, _, err = run_cli(monkeypatch, capsys, world, ["run", "ok/elsewhere.yaml", "--stages", "generate",
+                                                        "--allow-outside", "-q"])
+    assert code == 0, err
+    assert len((tmp_path / "out.hyp").read_text(encoding="utf-8").splitlines()) == 20

@@ -4,17 +4,42 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import numpy as np
 import pytest
 
 from nmt.generation.options import SearchOptions
-from nmt.generation.search import Hypothesis
+from nmt.generation.search import Hypothesis, SearchStopped
 from nmt.serving.batcher import Batcher, QueueFull
 
 
 def source(token: int) -> np.ndarray:
     return np.asarray([token, 3], dtype=np.int64)
+
+
+class RowMemory:
+    """A batch takes a byte per row, whatever its lengths (see SearchMemory)."""
+
+    @staticmethod
+    def row(longest_output: int) -> int:
+        return 1
+
+    @staticmethod
+    def sentence(longest_source: int, beam: int) -> int:
+        return 0
+
+    def batch(self, output_limits: list[int], beam: int, longest_source: int) -> int:
+        return beam * len(output_limits)
+
+
+def batcher_of(translate, budget: int = 10_000, max_waiting: int = 100, long_search: int = 10_000) -> Batcher:
+    return Batcher(translate, window=0.0, memory=RowMemory(), budget=budget, max_waiting=max_waiting,
+                   long_search=long_search)
+
+
+def submit(batcher: Batcher, sources: list[np.ndarray], options: SearchOptions):
+    return batcher.submit(sources, options, [10] * len(sources))
 
 
 class ScriptedTranslate:
@@ -24,7 +49,7 @@ class ScriptedTranslate:
         self.calls: list[tuple[list[int], int]] = []
         self.release = threading.Event()
 
-    def __call__(self, sources, options):
+    def __call__(self, sources, options, should_stop):
         if not self.calls:
             self.release.wait(60)
         self.calls.append(([int(s[0]) for s in sources], options.beam))
@@ -34,14 +59,14 @@ class ScriptedTranslate:
 def test_requests_arriving_while_a_batch_runs_share_the_next_one_by_options():
     async def scenario():
         translate = ScriptedTranslate()
-        batcher = Batcher(translate, window=0.0, max_tokens=10_000, max_waiting=100)
+        batcher = batcher_of(translate)
         worker = asyncio.create_task(batcher.run())
         beam4, beam2 = SearchOptions(), SearchOptions(beam=2)
-        first = batcher.submit([source(10)], beam4)
-        while not batcher.queue.empty():  # the worker took the first request and is translating it
+        first = submit(batcher, [source(10)], beam4)
+        while batcher.line:  # the worker took the first request and is translating it
             await asyncio.sleep(0.01)
-        others = [batcher.submit([source(20), source(21)], beam4), batcher.submit([source(30)], beam2),
-                  batcher.submit([source(40)], beam4)]
+        others = [submit(batcher, [source(20), source(21)], beam4), submit(batcher, [source(30)], beam2),
+                  submit(batcher, [source(40)], beam4)]
         assert batcher.waiting == 5
         translate.release.set()
         answers = [await future for future in [first, *others]]
@@ -57,15 +82,15 @@ def test_requests_arriving_while_a_batch_runs_share_the_next_one_by_options():
 def test_a_full_queue_refuses_until_sentences_are_done():
     async def scenario():
         translate = ScriptedTranslate()
-        batcher = Batcher(translate, window=0.0, max_tokens=10_000, max_waiting=3)
+        batcher = batcher_of(translate, max_waiting=3)
         worker = asyncio.create_task(batcher.run())
-        first = batcher.submit([source(1), source(2)], SearchOptions())
+        first = submit(batcher, [source(1), source(2)], SearchOptions())
         with pytest.raises(QueueFull, match="2 sentences are waiting"):
-            batcher.submit([source(3), source(4)], SearchOptions())
-        second = batcher.submit([source(5)], SearchOptions())
+            submit(batcher, [source(3), source(4)], SearchOptions())
+        second = submit(batcher, [source(5)], SearchOptions())
         translate.release.set()
         await first, await second
-        again = await batcher.submit([source(6), source(7), source(8)], SearchOptions())
+        again = await submit(batcher, [source(6), source(7), source(8)], SearchOptions())
         worker.cancel()
         return len(again)
 
@@ -76,19 +101,99 @@ def test_a_failed_translation_fails_its_requests_not_the_worker():
     async def scenario():
         calls = []
 
-        def translate(sources, options):
+        def translate(sources, options, should_stop):
             calls.append(len(sources))
             if len(calls) == 1:
                 raise RuntimeError("out of memory")
             return [[Hypothesis([3], 0.0)] for _ in sources]
 
-        batcher = Batcher(translate, window=0.0, max_tokens=10_000, max_waiting=10)
+        batcher = batcher_of(translate, max_waiting=10)
         worker = asyncio.create_task(batcher.run())
         with pytest.raises(RuntimeError, match="out of memory"):
-            await batcher.submit([source(1)], SearchOptions())
-        answer = await batcher.submit([source(2)], SearchOptions())
+            await submit(batcher, [source(1)], SearchOptions())
+        answer = await submit(batcher, [source(2)], SearchOptions())
         worker.cancel()
         return answer, batcher.waiting
 
     answer, waiting = asyncio.run(scenario())
     assert len(answer) == 1 and waiting == 0
+
+
+def test_a_request_bigger_than_a_batch_takes_turns_with_those_that_arrive_meanwhile():
+    async def scenario():
+        translate = ScriptedTranslate()
+        batcher = batcher_of(translate, budget=8)  # two sentences at beam 4
+        worker = asyncio.create_task(batcher.run())
+        heavy = submit(batcher, [source(t) for t in (1, 2, 3, 4, 5)], SearchOptions())
+        while batcher.line:
+            await asyncio.sleep(0.01)
+        light = submit(batcher, [source(9)], SearchOptions(beam=2))
+        translate.release.set()
+        answers = await heavy, await light
+        worker.cancel()
+        return translate.calls, answers, batcher.waiting
+
+    calls, (heavy, light), waiting = asyncio.run(scenario())
+    assert calls == [([1, 2], 4), ([9], 2), ([3, 4], 4), ([5], 4)]
+    assert [hyps[0].tokens[0] for hyps in heavy] == [1, 2, 3, 4, 5] and light[0][0].tokens[0] == 9
+    assert waiting == 0
+
+
+def test_a_request_gone_leaves_the_line_and_a_batch_of_gone_requests_stops():
+    """A cancelled future (the server's timeout, or a client that left): its waiting sentences are
+    dropped at once, and the search of a batch holding only gone requests is told to stop."""
+    async def scenario():
+        steps, started = [], asyncio.Event()
+        loop = asyncio.get_running_loop()
+
+        def translate(sources, options, should_stop):
+            loop.call_soon_threadsafe(started.set)
+            while not should_stop():  # a search asks before each step
+                steps.append(len(sources))
+                time.sleep(0.001)
+                assert len(steps) < 60_000, "never told to stop"
+            raise SearchStopped
+
+        batcher = batcher_of(translate, budget=8)
+        worker = asyncio.create_task(batcher.run())
+        running = submit(batcher, [source(1), source(2)], SearchOptions())
+        await started.wait()
+        waiting = submit(batcher, [source(3)], SearchOptions(beam=2))
+        assert batcher.waiting == 3
+        waiting.cancel()
+        await asyncio.sleep(0)  # the future's callbacks run
+        assert batcher.waiting == 2 and not batcher.line
+        running.cancel()
+        while batcher.waiting:
+            await asyncio.sleep(0.01)
+        worker.cancel()
+        return batcher.stats
+
+    stats = asyncio.run(scenario())
+    assert (stats.batches, stats.sentences, stats.abandoned) == (0, 0, 3)
+
+
+def test_a_light_request_does_not_wait_for_a_heavy_ones_turn():
+    """Sentences that may search long (beam x longest output over long_search) have a worker of their own."""
+    async def scenario():
+        release, calls = threading.Event(), []
+
+        def translate(sources, options, should_stop):
+            calls.append(options.beam)
+            if options.beam == 16:
+                assert release.wait(60)
+            return [[Hypothesis([int(s[0]), 3], 0.0)] for s in sources]
+
+        batcher = batcher_of(translate, long_search=16 * 10 - 1)
+        worker = asyncio.create_task(batcher.run())
+        heavy = submit(batcher, [source(1)], SearchOptions(beam=16))
+        while not calls:
+            await asyncio.sleep(0.01)
+        light = await submit(batcher, [source(2)], SearchOptions(beam=15))  # while the heavy one is translated
+        release.set()
+        await heavy
+        worker.cancel()
+        return calls, light
+
+    calls, light = asyncio.run(scenario())
+    assert calls == [16, 15] and light[0][0].tokens == [2, 3]

@@ -473,3 +473,18 @@ def test_a_search_past_the_models_positions_ends_at_its_last_one():
 def test_a_model_giving_nan_scores_is_an_error_not_an_empty_result():
     with pytest.raises(NmtError, match="no finite score to any translation of 1 sentence"):
         search(lambda source, prefix: torch.full((VOCAB,), math.nan), [4, 5], beam=2)
+
+
+def test_should_stop_ends_the_search_before_the_next_step():
+    """The server's hook: asked before each step, True raises SearchStopped and no further step runs."""
+    from nmt.generation.search import SearchStopped
+
+    model, asked = ToyDecoder(scripted_table({}, {4: 0.9})), []
+
+    def should_stop() -> bool:
+        asked.append(len(model.calls))
+        return len(asked) == 4
+
+    with pytest.raises(SearchStopped):
+        beam_search(model, sources([4, 5], [6]), SearchOptions(beam=2, min_len=30, max_len_b=30), None, should_stop)
+    assert asked == [0, 1, 2, 3] and len(model.calls) == 3

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import http.client
 import json
+import math
+import os
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -49,14 +52,21 @@ def server(checkpoint, tmp_path_factory):
                           "--max-queue", "64")
 
 
-def run_server(checkpoint: Path, tmp_path_factory, *options: str):
+class Address(tuple):
+    """(host, port) of a running server; ``log`` is its stderr (JSON lines)."""
+    log: Path
+
+
+def run_server(checkpoint: Path, tmp_path_factory, *options: str, env: dict[str, str] | None = None):
     log = tmp_path_factory.mktemp("serve-log") / "stderr.jsonl"
-    command = [sys.executable, "-m", "nmt", "serve", "--path", str(checkpoint), "--port", "0", "--api-key", KEY,
+    key = [] if env is not None else ["--api-key", KEY]
+    command = [sys.executable, "-m", "nmt", "serve", "--path", str(checkpoint), "--port", "0", *key,
                "--log-format", "json", *options]
     with open(log, "w") as stderr:
-        process = subprocess.Popen(command, stderr=stderr, stdout=subprocess.DEVNULL)
+        process = subprocess.Popen(command, stderr=stderr, stdout=subprocess.DEVNULL, env={**os.environ, **(env or {})})
     try:
-        address = wait_until_serving(process, log)
+        address = Address(wait_until_serving(process, log))
+        address.log = log
         yield address
         assert process.poll() is None, "the server died"
         assert request(address, "GET", "/health")[0] == 200
@@ -70,7 +80,7 @@ def wait_until_serving(process: subprocess.Popen, log: Path) -> tuple[str, int]:
     while time.monotonic() < deadline:
         assert process.poll() is None, log.read_text()
         for line in log.read_text().splitlines():
-            message = json.loads(line)["message"]
+            message = json.loads(line)["message"] if line.startswith("{") else line  # `error: ...` is plain
             if message.startswith("serving "):
                 port = int(message.split("http://127.0.0.1:")[1].split(" ")[0])
                 try:
@@ -160,6 +170,19 @@ def test_32_concurrent_clients_get_their_own_answers(server, checkpoint):
     (b'{"text": ["five"], "lenpen": NaN}', 422, '"lenpen" must be a finite number'),
     (b'{"text": ["five"], "beam": 17}', 422, '"beam" must be at most 16'),
     (b'{"text": ["five"], "max_len_b": 100000}', 422, '"max_len_b" must be at most'),
+    # The issue's request: 1,024 rows for 516 steps. What a request may reach is capped (--max-output-length).
+    (json.dumps({"text": ["a"] * 8, "beam": 16, "max_len_a": 4, "max_len_b": 512, "min_len": 100000}).encode(), 422,
+     "\"max_len_b\" must be at most 256 (the server's --max-output-length)"),
+    (b'{"text": ["five"], "min_len": 100000}', 422, "\"min_len\" must be at most 256 (the server's --max-output-length)"),
+    (b'{"text": ["five"], "no_repeat_ngram_size": 257}', 422, '"no_repeat_ngram_size" must be at most 256'),
+    (b'{"text": ["five"], "max_len_a": 4.5}', 422, '"max_len_a" must be at most 4'),
+    (json.dumps({"text": ["five " * 15], "max_len_a": 4, "max_len_b": 50}).encode(), 422,
+     "text 1 may reach 290 output tokens (max_len_a 4 x its 60 tokens + max_len_b 50); the server's "
+     "--max-output-length is 256: lower max_len_a or max_len_b"),
+    # Python's json fails on these with a RecursionError and a ValueError, not a JSONDecodeError.
+    (b'{"text": ' + b"[" * 20_000 + b"]" * 20_000 + b"}", 400, "the body is not valid JSON here: it nests too deeply"),
+    (b'{"text": ["five"], "beam": ' + b"4" * 5000 + b"}", 400,
+     "the body is not valid JSON here: Exceeds the limit (4300 digits) for integer string conversion"),
     (b'{"text": ["five"], "beam": 0}', 422, "--beam must be at least 1"),
     (b'{"text": ["five"], "beam": 2, "nbest": 3}', 422, "--nbest"),
     (b'{"text": ["five"], "lenpen_style": "x"}', 422, "lenpen_style must be one of gnmt, fairseq"),
@@ -250,3 +273,138 @@ def test_a_queue_smaller_than_a_request_is_refused_at_start(checkpoint):
                             text=True, timeout=GIVE_UP)
     assert result.returncode == 1 and result.stderr == ("error: --max-queue 2 is below --max-sentences 3: a full "
                                                          "request would always be refused (429)\n")
+
+
+def health(address) -> dict:
+    return request(address, "GET", "/health")[1]
+
+
+def wait_until_idle(address) -> dict:
+    """/health once no sentence is waiting or being translated."""
+    deadline = time.monotonic() + GIVE_UP
+    while (answer := health(address))["waiting_sentences"]:
+        assert time.monotonic() < deadline, answer
+        time.sleep(0.05)
+    return answer
+
+
+def test_bad_json_leaves_no_traceback_in_the_log(server):
+    for body in (b'{"text": ' + b"[" * 20_000 + b"]" * 20_000 + b"}", b'{"beam": ' + b"4" * 5000 + b"}"):
+        assert request(server, "POST", "/translate", body)[0] == 400
+    log = server.log.read_text(encoding="utf-8")
+    assert "Traceback" not in log and "failed" not in log
+
+
+HEAVY = {"beam": 16, "max_len_a": 0, "max_len_b": 40, "min_len": 40}  # every beam runs its 40 steps
+
+
+def test_a_heavy_request_is_translated_in_batches_that_fit_the_memory_budget(checkpoint, tmp_path_factory):
+    """Batches are sized by rows x the longest output they may reach: a budget of 2.5 heavy sentences
+    gives 8 of them in 4 batches, and they come out as a batch of all 8 would have them."""
+    from nmt.serving.budget import SearchMemory
+
+    translator = Translator.from_checkpoint(checkpoint, device="cpu")
+    sentences = [f"number {i}" for i in range(8)]
+    lengths = {len(source) for source in translator.vocabs.source.encode_batch(sentences)}
+    assert len(lengths) == 1  # one length: the batch's memory is the sum of its sentences'
+    one = SearchMemory(translator.model).batch([HEAVY["max_len_b"]], HEAVY["beam"], lengths.pop() + 1)
+    budget_mib = math.ceil(2.5 * one / 2 ** 20)
+    per_batch = budget_mib * 2 ** 20 // one
+    assert per_batch in (2, 3)
+    expected = translator.translate(sentences, **HEAVY)
+    for address in run_server(checkpoint, tmp_path_factory, "--max-batch-memory", str(budget_mib),
+                              "--max-output-length", "40", "--max-characters", "80"):
+        status, answer = request(address, "POST", "/translate", {"text": sentences, **HEAVY})
+        assert status == 200 and answer["translations"] == expected
+        assert health(address)["batches"] == math.ceil(8 / per_batch)
+
+
+def test_a_budget_that_cannot_hold_one_sentence_is_refused_at_start(checkpoint):
+    result = subprocess.run(serve_command(checkpoint, "--max-batch-memory", "1", "--max-output-length", "256"),
+                            capture_output=True, text=True, timeout=GIVE_UP)
+    assert result.returncode == 1 and re.fullmatch(
+        r"error: --max-batch-memory 1 MiB cannot hold one sentence at --max-beam 16 and --max-output-length 256 "
+        r"\(\d+ MiB for this model\): raise it or lower those\n", result.stderr), result.stderr
+
+
+LONG = {"text": [f"number {i}" for i in range(8)], "beam": 16, "max_len_a": 0, "max_len_b": 1000, "min_len": 1000}
+
+
+def test_a_request_that_timed_out_stops_its_batch(checkpoint, tmp_path_factory):
+    """1,000 steps of 128 rows outlast the 1 s timeout: the search stops (its sentences are abandoned,
+    none translated) instead of decoding to the end."""
+    for address in run_server(checkpoint, tmp_path_factory, "--request-timeout", "1", "--max-output-length", "1000",
+                              "--max-sentences", "8"):
+        before = health(address)
+        status, answer = request(address, "POST", "/translate", LONG)
+        assert status == 503 and answer["error"] == "no translation within 1 s; the server is busy"
+        after = wait_until_idle(address)
+        assert after["abandoned_sentences"] - before["abandoned_sentences"] == 8
+        assert after["sentences"] == before["sentences"]
+
+
+def test_a_client_that_leaves_takes_its_request_out_and_the_next_one_is_served(checkpoint, tmp_path_factory):
+    for address in run_server(checkpoint, tmp_path_factory, "--max-output-length", "1000", "--max-sentences", "8"):
+        before = health(address)
+        body = json.dumps(LONG).encode()
+        with socket.create_connection(address, timeout=GIVE_UP) as client:
+            client.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                           b"Authorization: Bearer " + KEY.encode() + b"\r\nContent-Length: " +
+                           str(len(body)).encode() + b"\r\n\r\n" + body)
+            while health(address)["waiting_sentences"] == 0:  # until the server has the request
+                time.sleep(0.01)
+        after = wait_until_idle(address)
+        assert after["abandoned_sentences"] - before["abandoned_sentences"] == 8
+        assert after["sentences"] == before["sentences"]
+        assert request(address, "POST", "/translate", {"text": ["five"]})[0] == 200
+
+
+def test_the_api_key_may_come_from_the_environment(checkpoint, tmp_path_factory):
+    """NMT_API_KEY, as --help and the docs say (a command line is visible to every user in ps)."""
+    for address in run_server(checkpoint, tmp_path_factory, env={"NMT_API_KEY": KEY}):
+        assert request(address, "POST", "/translate", {"text": ["five"]}, key=None)[0] == 401
+        assert request(address, "POST", "/translate", {"text": ["five"]}, key="wrong")[0] == 401
+        assert request(address, "POST", "/translate", {"text": ["five"]})[0] == 200
+
+
+def test_a_body_that_does_not_arrive_in_time_gets_408(checkpoint, tmp_path_factory):
+    for address in run_server(checkpoint, tmp_path_factory, "--body-timeout", "0.5"):
+        with socket.create_connection(address, timeout=GIVE_UP) as client:
+            client.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                           b"Authorization: Bearer " + KEY.encode() + b"\r\nContent-Length: 100\r\n\r\n{\"text\"")
+            response = client.makefile("rb").read()  # the server answers, then closes the connection
+        head, _, body = response.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 408 ")
+        assert json.loads(body) == {"error": "the body did not arrive within 0.5 s"}
+        assert request(address, "POST", "/translate", {"text": ["five"]})[0] == 200
+
+
+def test_connections_beyond_the_limit_get_503(checkpoint, tmp_path_factory):
+    for address in run_server(checkpoint, tmp_path_factory, "--max-connections", "2"):
+        idle = [socket.create_connection(address, timeout=GIVE_UP) for _ in range(2)]  # accepted before the next
+        try:
+            connection = http.client.HTTPConnection(*address, timeout=GIVE_UP)
+            connection.request("GET", "/health", headers={"Authorization": f"Bearer {KEY}"})
+            assert connection.getresponse().status == 503
+            connection.close()
+        finally:
+            for client in idle:
+                client.close()
+        deadline = time.monotonic() + GIVE_UP
+        while request(address, "GET", "/health")[0] != 200:  # once the server has seen them close
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+
+
+def test_the_body_limit_is_the_one_the_docs_give(server):
+    """docs/serving.md: a body over 12 x --max-characters + 64 KiB is refused before it is read."""
+    from nmt.serving.server import BODY_BYTES_PER_CHARACTER, BODY_SLACK
+
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "serving.md").read_text(encoding="utf-8")
+    per_character, slack_kib = map(int, re.search(r"a body over (\d+) x `--max-characters` \+ (\d+) KiB", docs).groups())
+    assert (per_character, slack_kib * 1024) == (BODY_BYTES_PER_CHARACTER, BODY_SLACK)
+    limit = request(server, "GET", "/info")[1]["limits"]["max_body_bytes"]
+    assert limit == 400 * per_character + slack_kib * 1024  # the module's server: --max-characters 400
+    padded = b'{"text": ["five"]' + b" " * (limit - 18) + b"}"
+    assert len(padded) == limit and request(server, "POST", "/translate", padded)[0] == 200
+    assert request(server, "POST", "/translate", padded + b" ")[0] == 413

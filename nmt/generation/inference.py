@@ -96,11 +96,13 @@ def plan_workload(sources: list[np.ndarray], search: SearchOptions, batching: Ba
 def translate_ids(model: nn.Module, sources: list[np.ndarray], search: SearchOptions | None = None,
                   batching: BatchingOptions | None = None, device: torch.device = torch.device("cpu"),
                   precision: str = "fp32", progress: Progress | None = None,
-                  generator: torch.Generator | None = None) -> list[list[Hypothesis]]:
+                  generator: torch.Generator | None = None,
+                  should_stop: Callable[[], bool] | None = None) -> list[list[Hypothesis]]:
     """The ``nbest`` hypotheses for each source (token ids ending in EOS), in the order given.
 
     Sampling draws from ``generator``; without one, from a new one seeded with ``search.seed`` (so
-    callers translating in several calls, such as a stream, pass theirs to draw on)."""
+    callers translating in several calls, such as a stream, pass theirs to draw on). ``should_stop``
+    goes to every beam search (see there)."""
     search, batching = search or SearchOptions(), batching or BatchingOptions()
     check_lengths(model, sources)
     check_workers(search, batching, device.type)
@@ -111,7 +113,7 @@ def translate_ids(model: nn.Module, sources: list[np.ndarray], search: SearchOpt
     def search_batch(indices: np.ndarray) -> list[list[Hypothesis]]:
         with torch.inference_mode(), autocast(device, precision):  # both are per thread
             batch = collate(indices, [sources[i] for i in indices]).to(device)
-            return beam_search(model, batch.source, search, generator)
+            return beam_search(model, batch.source, search, generator, should_stop)
 
     batches = [work.todo[positions]
                for positions in batch_by_size(work.lengths, None, work.max_tokens, batching.batch_size)]

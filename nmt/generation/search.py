@@ -13,6 +13,7 @@ surviving beams. The encoder output keeps one row per sentence, which its beams 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 from torch import Tensor
@@ -148,9 +149,15 @@ def select_sample(scores: Tensor, logprobs: Tensor, temperature: float, topk: in
     return scores + logprobs.gather(1, draws).view(sentences, rows_per), beams, draws.view(sentences, rows_per)
 
 
-def beam_search(model: SearchableModel, source: Tensor, options: SearchOptions, generator: torch.Generator | None = None
-                ) -> list[list[Hypothesis]]:
-    """Decode a padded batch of sources; returns the ``nbest`` hypotheses per sentence, best first."""
+class SearchStopped(Exception):
+    """``should_stop`` said the result is no longer wanted (the server: every request of the batch has gone)."""
+
+
+def beam_search(model: SearchableModel, source: Tensor, options: SearchOptions, generator: torch.Generator | None = None,
+                should_stop: Callable[[], bool] | None = None) -> list[list[Hypothesis]]:
+    """Decode a padded batch of sources; returns the ``nbest`` hypotheses per sentence, best first.
+
+    ``should_stop`` is asked before each step; when it answers True the search raises SearchStopped."""
     beam = options.beam
     device = source.device
     sentences = source.size(0)
@@ -170,6 +177,8 @@ def beam_search(model: SearchableModel, source: Tensor, options: SearchOptions, 
     finished: list[list[Hypothesis]] = [[] for _ in range(sentences)]
 
     for step in range(int(limit.max()) + 1):
+        if should_stop is not None and should_stop():
+            raise SearchStopped(f"stopped at step {step}")
         logits = model.decode(tokens[:, -1:], encoder_out, cache)[:, -1].float()
         logprobs = constrain(logits.log_softmax(dim=-1), tokens, step, limit[alive_ids].repeat_interleave(width),
                              options.min_len, options.no_repeat_ngram_size)

@@ -1,15 +1,31 @@
-"""Dynamic batching for the server: requests that arrive together are translated together.
+"""Dynamic batching for the server: requests that arrive together are translated together, in turns.
 
-Requests wait in one queue. The worker takes the first one, then gathers whatever else arrives
-within a short window (or until the batch holds enough tokens), and translates each group of
-requests that share their search options as one call, in a worker thread so the event loop keeps
-accepting requests. While a batch translates, the next requests pile up and make the next batch:
-under load the batches grow by themselves, and one lone request waits only for the window.
+Requests wait in one line. A worker takes the first one, then, within a short window, the next
+ones with the same search options, while the batch's memory (nmt/serving/budget.py: rows times
+the longest output each may reach) stays within the budget, and translates them as one call in a
+thread of its own, so the event loop keeps accepting requests. A request too big for one batch
+gives its first sentences and goes back to the end of the line with the rest: it takes turns with
+the others instead of holding the model until it is done.
+
+A turn cannot be shorter than one sentence's search, and one sentence at beam 16 decoding 256
+steps takes seconds on a CPU. So there are two workers: one for the requests whose sentences may
+search long (beam x longest output over ``long_search``) and one for the others, each with its
+own thread; a light request never waits behind a heavy one's turn, only shares the processor
+with it. Two batches may then be in memory at once, each within the budget.
+
+A request that has gone (its client timed out or left) leaves the line at once, and a batch whose
+requests have all gone stops at its next search step. While a batch translates, the next requests
+pile up and make the next batch: under load the batches grow by themselves, and one lone request
+waits only for the window.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
+import os
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -18,107 +34,208 @@ from typing import Callable
 import numpy as np
 
 from nmt.generation.options import SearchOptions
-from nmt.generation.search import Hypothesis
+from nmt.generation.search import Hypothesis, SearchStopped
+from nmt.serving.budget import SearchMemory
 
-TranslateFn = Callable[[list[np.ndarray], SearchOptions], list[list[Hypothesis]]]
+HEAVY_NICENESS = 10  # of 19: still running when the light worker waits for requests
+TranslateFn = Callable[[list[np.ndarray], SearchOptions, Callable[[], bool]], list[list[Hypothesis]]]
 
 
 class QueueFull(Exception):
     """More sentences are waiting than the server accepts: the client should retry later."""
 
 
-@dataclass
+@dataclass(eq=False)
 class Job:
     sources: list[np.ndarray]  # token ids ending in EOS
     options: SearchOptions
+    output_limits: list[int]  # the longest output each source may reach
     future: asyncio.Future
-    tokens: int = field(init=False)
+    long: bool  # searches long: the heavy requests' worker takes it
+    done: int = 0  # sources translated so far
+    results: list[list[Hypothesis]] = field(default_factory=list)
 
-    def __post_init__(self) -> None:
-        self.tokens = sum(len(s) for s in self.sources) * self.options.beam
+    @property
+    def left(self) -> int:
+        return len(self.sources) - self.done
+
+
+@dataclass
+class Piece:
+    """Some consecutive sources of a job, in one batch."""
+    job: Job
+    stop: int  # the job's sources [job.done, stop)
+
+
+class Tally:
+    """The memory of a batch being gathered (see SearchMemory.batch)."""
+
+    def __init__(self, memory: SearchMemory, beam: int):
+        self.memory, self.beam = memory, beam
+        self.rows = self.sentences = self.longest_source = 0
+
+    def with_sentence(self, source_length: int, output_limit: int) -> int:
+        longest = max(self.longest_source, source_length)
+        return self.rows + self.beam * self.memory.row(output_limit) + \
+            (self.sentences + 1) * self.memory.sentence(longest, self.beam)
+
+    def add(self, source_length: int, output_limit: int) -> None:
+        self.rows += self.beam * self.memory.row(output_limit)
+        self.sentences += 1
+        self.longest_source = max(self.longest_source, source_length)
 
 
 @dataclass
 class BatchStats:
     batches: int = 0
-    sentences: int = 0
+    sentences: int = 0  # translated
+    abandoned: int = 0  # not translated, or not to the end: their request had gone
     seconds: float = 0.0  # spent translating
 
 
 class Batcher:
-    def __init__(self, translate: TranslateFn, window: float, max_tokens: int, max_waiting: int):
+    def __init__(self, translate: TranslateFn, window: float, memory: SearchMemory, budget: int, max_waiting: int,
+                 long_search: int):
         self.translate = translate
-        self.window = window  # seconds the worker waits for more requests after the first
-        self.max_tokens = max_tokens  # source tokens x beam gathered into one batch at most
+        self.window = window  # seconds a worker waits for more requests after the first
+        self.memory = memory
+        self.budget = budget  # bytes one batch may take (SearchMemory.batch)
         self.max_waiting = max_waiting  # sentences queued or being translated, at most
+        self.long_search = long_search  # beam x longest output of a sentence beyond which it searches long
         self.waiting = 0
-        self.queue: asyncio.Queue[Job] = asyncio.Queue()
-        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nmt-translate")
+        self.line: collections.deque[Job] = collections.deque()
+        self.arrived = {False: asyncio.Event(), True: asyncio.Event()}  # per worker: light, heavy
+        self.closing = False  # read by the translating threads: a search stops when the server does
+        self.executors = {False: ThreadPoolExecutor(max_workers=1, thread_name_prefix="nmt-translate"),
+                          True: ThreadPoolExecutor(max_workers=1, thread_name_prefix="nmt-translate-long",
+                                                   initializer=lower_priority)}
         self.stats = BatchStats()
 
-    def submit(self, sources: list[np.ndarray], options: SearchOptions) -> asyncio.Future:
-        """Queue a request; its future gets the ``nbest`` hypotheses of each source."""
+    def submit(self, sources: list[np.ndarray], options: SearchOptions, output_limits: list[int]) -> asyncio.Future:
+        """Queue a request; its future gets the ``nbest`` hypotheses of each source. Cancelling the future
+        (a timeout, a client that left) takes the request out of the line."""
         if self.waiting + len(sources) > self.max_waiting:
             raise QueueFull(f"{self.waiting} sentences are waiting (at most {self.max_waiting}); retry later")
-        job = Job(sources, options, asyncio.get_running_loop().create_future())
+        job = Job(sources, options, output_limits, asyncio.get_running_loop().create_future(),
+                  long=options.beam * max(output_limits) > self.long_search)
+        job.future.add_done_callback(lambda _: self.leave_line(job))
         self.waiting += len(sources)
-        self.queue.put_nowait(job)
+        self.line.append(job)
+        self.arrived[job.long].set()
         return job.future
 
+    def leave_line(self, job: Job) -> None:
+        """A request answered or gone: if it was waiting for its turn, its other sentences are dropped."""
+        if job in self.line:
+            self.line.remove(job)
+            self.drop(job)
+
+    def drop(self, job: Job, abandoned: bool = True) -> None:
+        """The job's untranslated sentences stop waiting: abandoned (their request had gone) or failed."""
+        self.stats.abandoned += job.left if abandoned else 0
+        self.waiting -= job.left
+        job.done = len(job.sources)
+
     async def run(self) -> None:
-        """The worker: runs until cancelled (at server shutdown)."""
+        """Both workers: run until cancelled (at server shutdown)."""
         try:
-            while True:
-                jobs = await self.gather()
-                for group in group_by_options(jobs):
-                    await self.translate_group(group)
+            await asyncio.gather(self.work(long=False), self.work(long=True))
         finally:
-            self.executor.shutdown(wait=False, cancel_futures=True)
+            self.closing = True
+            for executor in self.executors.values():
+                executor.shutdown(wait=False, cancel_futures=True)
 
-    async def gather(self) -> list[Job]:
-        jobs = [await self.queue.get()]
-        tokens = jobs[0].tokens
+    async def work(self, long: bool) -> None:
+        while True:
+            await self.translate_batch(await self.gather(long), self.executors[long])
+
+    def first_waiting(self, long: bool, options: SearchOptions | None = None) -> Job | None:
+        return next((job for job in self.line if job.long == long and options in (None, job.options)), None)
+
+    async def gather(self, long: bool) -> list[Piece]:
+        """The first waiting request's next sentences, then, within the window, those of the requests
+        after it with the same options, while the batch stays within the memory budget."""
+        arrived = self.arrived[long]
+        while (first := self.first_waiting(long)) is None:
+            arrived.clear()
+            await arrived.wait()
+        self.line.remove(first)
+        tally = Tally(self.memory, first.options.beam)
+        pieces = [self.take(first, tally)]
         deadline = asyncio.get_running_loop().time() + self.window
-        while tokens < self.max_tokens:
-            remaining = deadline - asyncio.get_running_loop().time()
-            try:
-                job = self.queue.get_nowait() if remaining <= 0 else await asyncio.wait_for(self.queue.get(), remaining)
-            except (asyncio.QueueEmpty, asyncio.TimeoutError):
+        while True:
+            job = self.first_waiting(long, first.options)
+            if job is None:
+                remaining = deadline - asyncio.get_running_loop().time()
+                arrived.clear()
+                if remaining <= 0 or not await wait_for_event(arrived, remaining):
+                    break
+                continue
+            piece = self.take(job, tally)
+            if piece is None:  # its next sentence does not fit: the batch is full
                 break
-            jobs.append(job)
-            tokens += job.tokens
-        return jobs
+            self.line.remove(job)
+            pieces.append(piece)
+        return pieces
 
-    async def translate_group(self, jobs: list[Job]) -> None:
-        live = [job for job in jobs if not job.future.done()]  # a request that timed out is not translated
+    def take(self, job: Job, tally: Tally) -> Piece | None:
+        """As many of the job's next sentences as fit in the batch (at least one in an empty batch)."""
+        stop = job.done
+        while stop < len(job.sources):
+            length, limit = len(job.sources[stop]), job.output_limits[stop]
+            if tally.sentences and tally.with_sentence(length, limit) > self.budget:
+                break
+            tally.add(length, limit)
+            stop += 1
+        return Piece(job, stop) if stop > job.done else None
+
+    async def translate_batch(self, pieces: list[Piece], executor: ThreadPoolExecutor) -> None:
+        sources = [source for piece in pieces for source in piece.job.sources[piece.job.done:piece.stop]]
+        options = pieces[0].job.options
+
+        def gone() -> bool:  # asked from the worker thread: a future's done() only reads its state
+            return self.closing or all(piece.job.future.done() for piece in pieces)
+
+        start = time.perf_counter()
         try:
-            if not live:
-                return
-            sources = [source for job in live for source in job.sources]
-            start = time.perf_counter()
-            loop = asyncio.get_running_loop()
-            try:
-                results = await loop.run_in_executor(self.executor, self.translate, sources, live[0].options)
-            except Exception as exc:  # noqa: BLE001  (each request gets the error; the worker goes on)
-                for job in live:
-                    if not job.future.done():
-                        job.future.set_exception(exc)
-                return
-            self.stats.batches += 1
-            self.stats.sentences += len(sources)
-            self.stats.seconds += time.perf_counter() - start
-            start_of = 0
-            for job in live:
-                if not job.future.done():
-                    job.future.set_result(results[start_of:start_of + len(job.sources)])
-                start_of += len(job.sources)
-        finally:
-            self.waiting -= sum(len(job.sources) for job in jobs)
+            results = await asyncio.get_running_loop().run_in_executor(executor, self.translate, sources, options, gone)
+        except SearchStopped:
+            for piece in pieces:
+                self.drop(piece.job)
+            return
+        except Exception as exc:  # noqa: BLE001  (each request gets the error; the worker goes on)
+            for piece in pieces:
+                if not piece.job.future.done():
+                    piece.job.future.set_exception(exc)
+                self.drop(piece.job, abandoned=False)
+            return
+        self.stats.batches += 1
+        self.stats.sentences += len(sources)
+        self.stats.seconds += time.perf_counter() - start
+        start_of = 0
+        for piece in pieces:
+            job, count = piece.job, piece.stop - piece.job.done
+            job.results += results[start_of:start_of + count]
+            job.done, start_of = piece.stop, start_of + count
+            self.waiting -= count
+            if job.future.done():  # gone while its sentences were translated
+                self.drop(job)
+            elif job.left:
+                self.line.append(job)  # the rest waits for its next turn, behind the requests that came meanwhile
+                self.arrived[job.long].set()
+            else:
+                job.future.set_result(job.results)
 
 
-def group_by_options(jobs: list[Job]) -> list[list[Job]]:
-    """Requests with the same search options share a batch; arrival order is kept within each group."""
-    groups: dict[SearchOptions, list[Job]] = {}
-    for job in jobs:
-        groups.setdefault(job.options, []).append(job)
-    return list(groups.values())
+def lower_priority() -> None:
+    """The heavy requests' thread yields the processor to the light ones' (Linux: a thread's own nice value)."""
+    with contextlib.suppress(OSError, AttributeError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), HEAVY_NICENESS)
+
+
+async def wait_for_event(event: asyncio.Event, timeout: float) -> bool:
+    try:
+        await asyncio.wait_for(event.wait(), timeout)
+        return True
+    except asyncio.TimeoutError:
+        return False

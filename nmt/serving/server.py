@@ -6,89 +6,58 @@
 
 Starlette on uvicorn (the ``nmt[serve]`` extra). Safe by default: it binds to 127.0.0.1, and any
 other address needs an API key, checked on every request. Every bad request gets a 4xx with a
-JSON ``{"error": "one line"}``; load beyond the limits gets 413 (request too large), 429 (too
-many sentences waiting) or 503 (not answered within the request timeout), never a crash.
+JSON ``{"error": "one line"}``; load beyond the limits gets 408 (a body too slow to arrive), 413
+(request too large), 429 (too many sentences waiting) or 503 (not answered within the request
+timeout, or too many connections), never a crash. What a request may ask is bounded so that a
+batch's memory is (nmt/serving/budget.py), and /info reports the bound of the whole process.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import json
 import math
+import resource
 import secrets
 import socket
+import sys
 import time
-from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from nmt.device_options import PANEL as DEVICE_PANEL, InferenceDeviceOptions
+import numpy as np
+import torch
+
+from nmt.data.vocabulary import EOS_ID
 from nmt.errors import NmtError
 from nmt.generation.inference import check_lengths, encode_sources, translate_ids
 from nmt.generation.options import BatchingOptions, SearchOptions
+from nmt.generation.search import max_lengths, model_positions
 from nmt.generation.translator import Translator
 from nmt.log import logger
-from nmt.options import check_values
 from nmt.serving.batcher import Batcher, QueueFull
+from nmt.serving.budget import HYPOTHESIS_BYTES_PER_TOKEN, SearchMemory
+from nmt.serving.options import ServeOptions
 from nmt.version import __version__
 
-API_KEY_ENV = "NMT_API_KEY"
-MAX_LEN_A, MAX_LEN_B = 4.0, 512  # output length limits: a request cannot make the server decode for ever
+MAX_LEN_A = 4.0  # with --max-output-length, what keeps a request from making the server decode for ever
+# JSON may escape every character as \uXXXX, twice for one outside the BMP: 12 bytes a character
+BODY_BYTES_PER_CHARACTER, BODY_SLACK = 12, 65536
+MIB = 2 ** 20
 # What a request may set: the deterministic search options (sampling would depend on the batch).
 REQUEST_OPTIONS = ("beam", "lenpen", "lenpen_style", "max_len_a", "max_len_b", "min_len", "no_repeat_ngram_size",
                    "nbest", "stop")
-
-
-@dataclass(frozen=True)
-class ServeOptions:
-    path: str = field(default="checkpoints/checkpoint_best.pt", metadata={
-        "help": "Checkpoint to serve; a.pt:b.pt serves an ensemble."})
-    host: str = field(default="127.0.0.1", metadata={
-        "help": "Address to bind; anything but loopback needs --api-key."})
-    port: int = field(default=8080, metadata={"help": "Port to bind (0: a free one, logged).", "min": 0,
-                                              "max": 65535})
-    api_key: str | None = field(default=None, metadata={
-        "help": f"Require this key on every request (Authorization: Bearer KEY or X-API-Key); env {API_KEY_ENV}."})
-    compute: InferenceDeviceOptions = field(default_factory=InferenceDeviceOptions, metadata={
-        "help": "Device options.", "panel": DEVICE_PANEL})
-    max_sentences: int = field(default=64, metadata={"help": "Sentences per request at most (413 beyond).",
-                                                     "min": 1})
-    max_characters: int = field(default=20_000, metadata={"help": "Characters per request at most (413 beyond).",
-                                                          "min": 1})
-    max_beam: int = field(default=16, metadata={"help": "Largest beam a request may ask for.", "min": 1})
-    max_queue: int = field(default=1024, metadata={
-        "help": "Sentences waiting or being translated at most; more answer 429.", "min": 1})
-    batch_window_ms: float = field(default=5.0, metadata={
-        "help": "How long the first request of a batch waits for others to join it.", "min": 0})
-    max_batch_tokens: int = field(default=BatchingOptions.max_tokens, metadata={
-        "help": "Source tokens x beam gathered into one batch at most.", "min": 1})
-    request_timeout: float = field(default=60.0, metadata={
-        "help": "Seconds a request may wait for its translation; later it answers 503.", "min": 0.001})
-
-    def validate(self) -> None:
-        check_values(self)
-        if self.max_queue < self.max_sentences:
-            raise NmtError(f"--max-queue {self.max_queue} is below --max-sentences {self.max_sentences}: a full request "
-                           "would always be refused (429)")
-        if not is_loopback(self.host) and not self.api_key:
-            raise NmtError(f"binding to {self.host} exposes the server beyond this machine: give --api-key KEY "
-                           f"(or set {API_KEY_ENV})")
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 class ApiError(Exception):
     def __init__(self, status: int, message: str):
         super().__init__(message)
         self.status = status
+
+
+def body_limit(options: ServeOptions) -> int:
+    return options.max_characters * BODY_BYTES_PER_CHARACTER + BODY_SLACK
 
 
 def parse_request(body: bytes, options: ServeOptions) -> tuple[list[str], dict[str, Any]]:
@@ -99,6 +68,10 @@ def parse_request(body: bytes, options: ServeOptions) -> tuple[list[str], dict[s
         raise ApiError(400, f"the body is not valid UTF-8 ({exc.reason})") from exc
     except json.JSONDecodeError as exc:
         raise ApiError(400, f"the body is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from exc
+    except RecursionError:
+        raise ApiError(400, "the body is not valid JSON here: it nests too deeply") from None
+    except ValueError as exc:  # an integer of more digits than Python converts (sys.get_int_max_str_digits)
+        raise ApiError(400, f"the body is not valid JSON here: {str(exc).split(';')[0]}") from None
     if not isinstance(payload, dict):
         raise ApiError(400, 'the body must be a JSON object like {"text": ["a sentence"]}')
     text = payload.pop("text", None)
@@ -125,11 +98,26 @@ def parse_request(body: bytes, options: ServeOptions) -> tuple[list[str], dict[s
                 (expected is float and not math.isfinite(value)):
             wanted = {float: "a finite number", int: "an integer", str: "a string"}[expected]
             raise ApiError(422, f'"{name}" must be {wanted}, got {json_type(value)}')
-    limits = {"beam": options.max_beam, "max_len_a": MAX_LEN_A, "max_len_b": MAX_LEN_B}
-    for name, most in limits.items():
+    most_output = options.max_output_length
+    limits = {"beam": (options.max_beam, "--max-beam"), "max_len_a": (MAX_LEN_A, ""),
+              "max_len_b": (most_output, "--max-output-length"), "min_len": (most_output, "--max-output-length"),
+              "no_repeat_ngram_size": (most_output, "--max-output-length")}
+    for name, (most, flag) in limits.items():
         if payload.get(name, getattr(defaults, name)) > most:
-            raise ApiError(422, f'"{name}" must be at most {most}')
+            raise ApiError(422, f'"{name}" must be at most {most:g}' + (f" (the server's {flag})" if flag else ""))
     return text, payload
+
+
+def output_limits(model, sources: list, search: SearchOptions, options: ServeOptions) -> list[int]:
+    """The longest output each source may reach, or a 422 for one beyond --max-output-length."""
+    lengths = torch.tensor([len(source) - 1 for source in sources])  # EOS excluded
+    limits = max_lengths(lengths, search.max_len_a, search.max_len_b, model_positions(model)).tolist()
+    for number, (length, limit) in enumerate(zip(lengths.tolist(), limits), start=1):
+        if limit > options.max_output_length:
+            raise ApiError(422, f"text {number} may reach {limit} output tokens (max_len_a {search.max_len_a:g} x "
+                                f"its {length} tokens + max_len_b {search.max_len_b}); the server's "
+                                f"--max-output-length is {options.max_output_length}: lower max_len_a or max_len_b")
+    return limits
 
 
 def json_type(value: Any) -> str:
@@ -138,20 +126,28 @@ def json_type(value: Any) -> str:
     return names.get(type(value), type(value).__name__)
 
 
-def create_app(translator: Translator, options: ServeOptions):
-    """The Starlette application: /translate, /health, /info."""
+def create_app(translator: Translator, options: ServeOptions, baseline: int = 0):
+    """The Starlette application: /translate, /health, /info. ``baseline``: the bytes the process held
+    before serving (the model loaded), for the memory bound /info reports."""
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
     from starlette.requests import Request
     from starlette.responses import JSONResponse
     from starlette.routing import Route
 
-    batching = BatchingOptions(max_tokens=options.max_batch_tokens)
-    batcher = Batcher(lambda sources, search: translate_ids(translator.model, sources, search, batching,
-                                                            translator.device, translator.precision),
-                      options.batch_window_ms / 1000, options.max_batch_tokens, options.max_queue)
+    memory = SearchMemory(translator.model)
+    budget = batch_budget(translator, memory, options)
+    batching = BatchingOptions(max_tokens=None, batch_size=options.max_queue)  # the batcher sized the batch
+
+    def translate(sources, search, should_stop):
+        return translate_ids(translator.model, sources, search, batching, translator.device, translator.precision,
+                             should_stop=should_stop)
+
+    # A sentence searching over a quarter of the longest search the limits allow is heavy (see batcher.py).
+    batcher = Batcher(translate, options.batch_window_ms / 1000, memory, budget, options.max_queue,
+                      long_search=options.max_beam * options.max_output_length // 4)
     started = time.time()
-    info = server_info(translator, options)
+    info = server_info(translator, options, memory_bound(options, baseline, budget))
 
     def endpoint(handler):
         """Checks the API key, and turns an ApiError into its JSON answer."""
@@ -168,9 +164,8 @@ def create_app(translator: Translator, options: ServeOptions):
         return wrapped
 
     @endpoint
-    async def translate(request: Request) -> dict[str, Any]:
-        # JSON may escape every character as \uXXXX, twice for one outside the BMP: 12 bytes a character
-        texts, overrides = parse_request(await read_body(request, options.max_characters * 12 + 65536), options)
+    async def translate_endpoint(request: Request) -> dict[str, Any]:
+        texts, overrides = parse_request(await read_body(request, body_limit(options), options.body_timeout), options)
         try:
             search, _ = translator.options(**overrides)
         except NmtError as exc:
@@ -181,13 +176,10 @@ def create_app(translator: Translator, options: ServeOptions):
         except NmtError as exc:
             raise ApiError(422, str(exc).replace("input line", "text")) from exc
         try:
-            future = batcher.submit(sources, search)
+            future = batcher.submit(sources, search, output_limits(translator.model, sources, search, options))
         except QueueFull as exc:
             raise ApiError(429, str(exc)) from exc
-        try:
-            hypotheses = await asyncio.wait_for(future, options.request_timeout)
-        except asyncio.TimeoutError as exc:
-            raise ApiError(503, f"no translation within {options.request_timeout:g} s; the server is busy") from exc
+        hypotheses = await answer_or_give_up(request, future, options.request_timeout)
         scored = [[translator.scored(h) for h in hyps] for hyps in hypotheses]
         if search.nbest == 1:
             return {"translations": [h[0].text for h in scored], "scores": [h[0].score for h in scored]}
@@ -197,7 +189,8 @@ def create_app(translator: Translator, options: ServeOptions):
     @endpoint
     async def health(request: Request) -> dict[str, Any]:
         return {"status": "ok", "uptime_s": round(time.time() - started, 1), "waiting_sentences": batcher.waiting,
-                "batches": batcher.stats.batches, "sentences": batcher.stats.sentences}
+                "batches": batcher.stats.batches, "sentences": batcher.stats.sentences,
+                "abandoned_sentences": batcher.stats.abandoned}
 
     @endpoint
     async def describe(request: Request) -> dict[str, Any]:
@@ -214,7 +207,7 @@ def create_app(translator: Translator, options: ServeOptions):
         with contextlib.suppress(asyncio.CancelledError):
             await worker
 
-    routes = [Route("/translate", translate, methods=["POST"]), Route("/health", health, methods=["GET"]),
+    routes = [Route("/translate", translate_endpoint, methods=["POST"]), Route("/health", health, methods=["GET"]),
               Route("/info", describe, methods=["GET"])]
     return Starlette(routes=routes, lifespan=lifespan, exception_handlers={HTTPException: http_error})
 
@@ -228,20 +221,82 @@ def authorize(request, api_key: str | None) -> None:
         raise ApiError(401, "missing or wrong API key (send Authorization: Bearer KEY or X-API-Key: KEY)")
 
 
-async def read_body(request, limit: int) -> bytes:
-    """The request body, refusing more than ``limit`` bytes without reading it all."""
+async def read_body(request, limit: int, timeout: float) -> bytes:
+    """The request body, refusing more than ``limit`` bytes without reading it all, or one that takes
+    more than ``timeout`` seconds to arrive (a slow client would hold its connection for ever)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise ApiError(413, f"the body has {declared} bytes; at most {limit}")
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise ApiError(413, f"the body has over {limit} bytes")
-    return bytes(body)
+
+    async def read() -> bytes:
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise ApiError(413, f"the body has over {limit} bytes")
+        return bytes(body)
+
+    try:
+        return await asyncio.wait_for(read(), timeout)
+    except asyncio.TimeoutError:
+        raise ApiError(408, f"the body did not arrive within {timeout:g} s") from None
 
 
-def server_info(translator: Translator, options: ServeOptions) -> dict[str, Any]:
+async def answer_or_give_up(request, future: asyncio.Future, timeout: float) -> list:
+    """The request's translations; if they do not come within ``timeout`` or the client leaves, the
+    future is cancelled, which takes the request out of the batcher (and stops a batch of only it)."""
+    async def client_left() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watch = asyncio.ensure_future(client_left())
+    try:
+        done, _ = await asyncio.wait({future, watch}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+    if future in done:
+        return future.result()
+    future.cancel()
+    if watch in done:
+        raise ApiError(499, "the client closed the connection")  # nobody reads it
+    raise ApiError(503, f"no translation within {timeout:g} s; the server is busy")
+
+
+def batch_budget(translator: Translator, memory: SearchMemory, options: ServeOptions) -> int:
+    """The bytes a batch may take. Every request the limits allow must fit one batch: the heaviest
+    sentence alone (the longest source the model takes, at --max-beam, reaching --max-output-length)."""
+    longest_source = min(model_positions(translator.model) or math.inf, 4 * options.max_characters + 1)  # UTF-8 bytes
+    needed = memory.batch([options.max_output_length], options.max_beam, longest_source)
+    if options.max_batch_memory is None:
+        return max(1024 * MIB, needed)
+    if needed > options.max_batch_memory * MIB:
+        raise NmtError(f"--max-batch-memory {options.max_batch_memory} MiB cannot hold one sentence at --max-beam "
+                       f"{options.max_beam} and --max-output-length {options.max_output_length} ({math.ceil(needed / MIB)} "
+                       "MiB for this model): raise it or lower those")
+    return options.max_batch_memory * MIB
+
+
+def memory_bound(options: ServeOptions, baseline: int, budget: int) -> dict[str, int]:
+    """What the process may hold, in MiB: before serving, one batch, the bodies being read, the answers."""
+    bodies = options.max_connections * 3 * body_limit(options)  # the bytes read, joined, decoded
+    answers = options.max_queue * options.max_beam * (options.max_output_length + 1) * HYPOTHESIS_BYTES_PER_TOKEN
+    parts = {"before_serving": baseline, "batches": 2 * budget, "bodies": bodies, "answers": answers}  # 2 workers
+    return {**{name: math.ceil(size / MIB) for name, size in parts.items()},
+            "total": math.ceil(sum(parts.values()) / MIB)}
+
+
+def peak_memory() -> int:
+    """This process's peak resident set so far, in bytes (Linux's VmHWM: getrusage's counts the parent's
+    memory at fork too, across exec)."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/status").read_text(encoding="ascii").splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024
+
+
+def server_info(translator: Translator, options: ServeOptions, memory: dict[str, int]) -> dict[str, Any]:
     from nmt.checkpoint.format import load_checkpoint
     from nmt.checkpoint.names import split_paths
 
@@ -253,14 +308,16 @@ def server_info(translator: Translator, options: ServeOptions) -> dict[str, Any]
         "vocab": {"source": len(vocabs.source), "target": len(vocabs.target), "joint": vocabs.joint},
         "device": str(translator.device), "precision": translator.precision, "quantize": translator.quantize,
         "limits": {"max_sentences": options.max_sentences, "max_characters": options.max_characters,
-                   "max_beam": options.max_beam, "max_queue": options.max_queue},
+                   "max_body_bytes": body_limit(options), "max_beam": options.max_beam,
+                   "max_output_length": options.max_output_length, "max_queue": options.max_queue,
+                   "max_connections": options.max_connections},
+        "memory_mib": memory,
         "defaults": {name: getattr(SearchOptions(), name) for name in REQUEST_OPTIONS},
     }
 
 
 def serve(options: ServeOptions) -> None:
     """Check the options, load the model once, bind, and serve until interrupted."""
-    options.validate()
     try:
         import starlette  # noqa: F401
         import uvicorn
@@ -268,7 +325,10 @@ def serve(options: ServeOptions) -> None:
         raise NmtError("nmt serve needs its optional dependencies: pip install 'nmt[serve]'") from None
     translator = Translator.from_checkpoint(options.path, options.compute.device, options.compute.precision,
                                             options.compute.quantize)
-    app = create_app(translator, options)
+    # torch's first call allocates its own buffers: before the memory at start is taken
+    translate_ids(translator.model, [np.full(2, EOS_ID)], SearchOptions(beam=1, max_len_b=1), None, translator.device,
+                  translator.precision)
+    app = create_app(translator, options, peak_memory())
     family = socket.AF_INET6 if ":" in options.host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -280,5 +340,7 @@ def serve(options: ServeOptions) -> None:
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if family == socket.AF_INET6 else host
     logger.info("serving %s on http://%s:%d (POST /translate, GET /health, GET /info)", translator.path, shown, port)
-    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")
+    # uvicorn refuses a request when its connection brings the open ones to limit_concurrency
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",
+                            limit_concurrency=options.max_connections + 1)
     uvicorn.Server(config).run(sockets=[sock])

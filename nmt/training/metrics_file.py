@@ -6,16 +6,22 @@ descriptor opened with ``O_APPEND``, so a kill leaves at most one torn last line
 skip. A resumed run restarts from its checkpoint's update and replays the updates after it, so
 on start it first drops the lines of those updates (and any torn line): the file then tells one
 history, with no update twice.
+
+A record that cannot be written (a full disk) is lost with a warning, and training goes on: the
+record is a report, and stopping would lose the updates since the last checkpoint. The next line
+written starts on a line of its own, after whatever part of a record the failed write left.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 from pathlib import Path
 from typing import Any, Iterable
 
 from nmt.files import atomic_write
+from nmt.log import logger
 
 FILE_NAME = "metrics.jsonl"
 
@@ -48,11 +54,23 @@ class MetricsFile:
             if rewritten != text:  # only when updates will be replayed (or a line was torn)
                 with atomic_write(self.path) as handle:
                     handle.write(rewritten)
+        self.lost = 0  # records not written since the last one that was
 
     def append(self, record: dict[str, Any]) -> None:
-        line = (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")
-        descriptor = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        line = (("\n" if self.lost else "") + json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")
         try:
-            os.write(descriptor, line)
-        finally:
-            os.close(descriptor)
+            descriptor = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                if os.write(descriptor, line) < len(line):  # the disk filled up within the line
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            finally:
+                os.close(descriptor)
+        except OSError as exc:
+            if not self.lost:
+                logger.warning("cannot append to %s (%s): training goes on; its records are lost until it can "
+                               "write again", self.path, exc.strerror or exc)
+            self.lost += 1
+            return
+        if self.lost:
+            logger.info("appending to %s again; %d record(s) were lost", self.path, self.lost)
+            self.lost = 0
