@@ -17,10 +17,12 @@ from typing import Callable
 
 import numpy as np
 
+from nmt.generation.constraints import SentenceControls
 from nmt.generation.options import SearchOptions
 from nmt.generation.search import Hypothesis
 
-TranslateFn = Callable[[list[np.ndarray], SearchOptions], list[list[Hypothesis]]]
+Controls = list[SentenceControls | None]
+TranslateFn = Callable[[list[np.ndarray], SearchOptions, Controls | None], list[list[Hypothesis]]]
 
 
 class QueueFull(Exception):
@@ -32,6 +34,7 @@ class Job:
     sources: list[np.ndarray]  # token ids ending in EOS
     options: SearchOptions
     future: asyncio.Future
+    controls: Controls | None = None  # per source: prefix, constraints, bans
     tokens: int = field(init=False)
 
     def __post_init__(self) -> None:
@@ -56,11 +59,12 @@ class Batcher:
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nmt-translate")
         self.stats = BatchStats()
 
-    def submit(self, sources: list[np.ndarray], options: SearchOptions) -> asyncio.Future:
+    def submit(self, sources: list[np.ndarray], options: SearchOptions, controls: Controls | None = None
+               ) -> asyncio.Future:
         """Queue a request; its future gets the ``nbest`` hypotheses of each source."""
         if self.waiting + len(sources) > self.max_waiting:
             raise QueueFull(f"{self.waiting} sentences are waiting (at most {self.max_waiting}); retry later")
-        job = Job(sources, options, asyncio.get_running_loop().create_future())
+        job = Job(sources, options, asyncio.get_running_loop().create_future(), controls)
         self.waiting += len(sources)
         self.queue.put_nowait(job)
         return job.future
@@ -95,10 +99,12 @@ class Batcher:
             if not live:
                 return
             sources = [source for job in live for source in job.sources]
+            controls = [c for job in live for c in job.controls or [None] * len(job.sources)] \
+                if any(job.controls for job in live) else None
             start = time.perf_counter()
             loop = asyncio.get_running_loop()
             try:
-                results = await loop.run_in_executor(self.executor, self.translate, sources, live[0].options)
+                results = await loop.run_in_executor(self.executor, self.translate, sources, live[0].options, controls)
             except Exception as exc:  # noqa: BLE001  (each request gets the error; the worker goes on)
                 for job in live:
                     if not job.future.done():

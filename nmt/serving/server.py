@@ -1,6 +1,8 @@
 """``nmt serve``: an HTTP translation server over the same Translator as the Python API.
 
     POST /translate  {"text": ["...", ...], "beam": 4, ...}  ->  {"translations": [...], "scores": [...]}
+                     optional controls: "prefix": [one string or null per text], "constraints": [one list
+                     of strings per text], "ban": [strings] (nmt/generation/constraints.py)
     GET  /health     {"status": "ok", ...}
     GET  /info       arch, vocabularies, languages, precision, version, limits
 
@@ -25,8 +27,10 @@ from typing import Any
 
 from nmt.device_options import PANEL as DEVICE_PANEL, InferenceDeviceOptions
 from nmt.errors import NmtError
-from nmt.generation.inference import check_lengths, encode_sources, translate_ids
+from nmt.generation.control_input import controls_from_lists
+from nmt.generation.inference import check_controls, check_lengths, encode_sources, translate_ids
 from nmt.generation.options import BatchingOptions, SearchOptions
+from nmt.generation.search import model_positions
 from nmt.generation.translator import Translator
 from nmt.log import logger
 from nmt.options import check_values
@@ -38,6 +42,7 @@ MAX_LEN_A, MAX_LEN_B = 4.0, 512  # output length limits: a request cannot make t
 # What a request may set: the deterministic search options (sampling would depend on the batch).
 REQUEST_OPTIONS = ("beam", "lenpen", "lenpen_style", "max_len_a", "max_len_b", "min_len", "no_repeat_ngram_size",
                    "nbest", "stop")
+CONTROL_FIELDS = ("prefix", "constraints", "ban")  # passed to controls_from_lists
 
 
 @dataclass(frozen=True)
@@ -91,8 +96,8 @@ class ApiError(Exception):
         self.status = status
 
 
-def parse_request(body: bytes, options: ServeOptions) -> tuple[list[str], dict[str, Any]]:
-    """The sentences and search options of a /translate body, or an ApiError saying what is wrong."""
+def parse_request(body: bytes, options: ServeOptions) -> tuple[list[str], dict[str, Any], dict[str, Any]]:
+    """The sentences, search options and controls of a /translate body, or an ApiError saying what is wrong."""
     try:
         payload = json.loads(body.decode("utf-8"))
     except UnicodeDecodeError as exc:
@@ -114,9 +119,11 @@ def parse_request(body: bytes, options: ServeOptions) -> tuple[list[str], dict[s
     characters = sum(len(t) for t in text)
     if characters > options.max_characters:
         raise ApiError(413, f"{characters} characters in one request; at most {options.max_characters}")
+    controls = {name: payload.pop(name) for name in CONTROL_FIELDS if name in payload}
     unknown = sorted(set(payload) - set(REQUEST_OPTIONS))
     if unknown:
-        raise ApiError(422, f"unknown field(s) {', '.join(unknown)}; known: text, {', '.join(REQUEST_OPTIONS)}")
+        raise ApiError(422, f"unknown field(s) {', '.join(unknown)}; known: text, {', '.join(REQUEST_OPTIONS)}, "
+                            f"{', '.join(CONTROL_FIELDS)}")
     defaults = SearchOptions()
     for name, value in payload.items():
         expected = type(getattr(defaults, name))
@@ -129,7 +136,7 @@ def parse_request(body: bytes, options: ServeOptions) -> tuple[list[str], dict[s
     for name, most in limits.items():
         if payload.get(name, getattr(defaults, name)) > most:
             raise ApiError(422, f'"{name}" must be at most {most}')
-    return text, payload
+    return text, payload, controls
 
 
 def json_type(value: Any) -> str:
@@ -147,8 +154,9 @@ def create_app(translator: Translator, options: ServeOptions):
     from starlette.routing import Route
 
     batching = BatchingOptions(max_tokens=options.max_batch_tokens)
-    batcher = Batcher(lambda sources, search: translate_ids(translator.model, sources, search, batching,
-                                                            translator.device, translator.precision),
+    batcher = Batcher(lambda sources, search, controls: translate_ids(translator.model, sources, search, batching,
+                                                                      translator.device, translator.precision,
+                                                                      controls=controls),
                       options.batch_window_ms / 1000, options.max_batch_tokens, options.max_queue)
     started = time.time()
     info = server_info(translator, options)
@@ -170,7 +178,7 @@ def create_app(translator: Translator, options: ServeOptions):
     @endpoint
     async def translate(request: Request) -> dict[str, Any]:
         # JSON may escape every character as \uXXXX, twice for one outside the BMP: 12 bytes a character
-        texts, overrides = parse_request(await read_body(request, options.max_characters * 12 + 65536), options)
+        texts, overrides, given = parse_request(await read_body(request, options.max_characters * 12 + 65536), options)
         try:
             search, _ = translator.options(**overrides)
         except NmtError as exc:
@@ -178,10 +186,14 @@ def create_app(translator: Translator, options: ServeOptions):
         sources = encode_sources(translator.vocabs, texts)
         try:  # here, not in the batch: one request's sentence must not fail the others batched with it
             check_lengths(translator.model, sources)
+            controls = controls_from_lists(translator.vocabs.target, len(texts), *(given.get(f) for f in CONTROL_FIELDS),
+                                           names=tuple(f'"{f}"' for f in CONTROL_FIELDS))
+            if controls is not None:
+                controls = check_controls(sources, controls, search, model_positions(translator.model))
         except NmtError as exc:
             raise ApiError(422, str(exc).replace("input line", "text")) from exc
         try:
-            future = batcher.submit(sources, search)
+            future = batcher.submit(sources, search, controls)
         except QueueFull as exc:
             raise ApiError(429, str(exc)) from exc
         try:
