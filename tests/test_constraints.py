@@ -4,44 +4,32 @@ text forms users give them in."""
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import random
+from pathlib import Path
 
 import pytest
 import torch
-from test_search import (
-    VOCAB,
-    WORDS,
-    ToyDecoder,
-    random_table,
-    scripted_table,
-    search,
-    sources,
-    table_logprob,
-)
 
+from conftest import assert_one_line_error, run_cli, run_nmt
+from nmt import Translator
 from nmt.data.vocabulary import EOS_ID, UNK_ID, Vocabulary
 from nmt.errors import NmtError
-from nmt.generation.constraints import (
-    BatchControls,
-    SentenceControls,
-    advance,
-    contains,
-    progress,
-    rank_in_bank,
-    transitions,
-)
-from nmt.generation.control_input import (
-    controls_from_lists,
-    lines_with_controls,
-    sentence_controls,
-    split_line,
-)
+from nmt.generation.constraints import (BatchControls, SentenceControls, advance, contains, progress, rank_in_bank,
+                                        transitions)
+from nmt.generation.control_input import controls_from_lists, lines_with_controls, sentence_controls, split_line
 from nmt.generation.inference import check_controls, warn_unmet
 from nmt.generation.options import SearchOptions
 from nmt.generation.search import NEG_INF, beam_search, length_penalty
+from test_search import VOCAB, WORDS, ToyDecoder, random_table, scripted_table, search, sources, table_logprob
+from nmt.training.config import load_train_config
+from nmt.training.trainer import train
+from test_translator import tiny_checkpoint
 
 CPU = torch.device("cpu")
+needs_ct2 = pytest.mark.skipif(importlib.util.find_spec("ctranslate2") is None,
+                               reason="ctranslate2 is not installed (pip install 'nmt[ct2]')")
 
 
 def controlled(table, source: list[int], controls: SentenceControls | None, **options):
@@ -361,3 +349,137 @@ def test_lists_of_controls_are_checked(vocab, arguments, message):
     with pytest.raises(NmtError, match="^" + message.replace("(", r"\(").replace(")", r"\)")):
         controls_from_lists(vocab, 2, **arguments)
     assert controls_from_lists(vocab, 2) is None
+
+
+# --- through every surface: nmt generate, the API, the server, CTranslate2 -------------------------
+
+SENTENCES = ["five", "Turn to page twelve.", "the number four", "seven", ""]
+PREFIXES = ["die Zahl", "", "Schlag Seite", "sieben", "Zahl"]
+CONSTRAINTS = [["fünf"], [], ["vier", "Seite"], ["acht"], ["neun"]]
+
+
+@pytest.fixture(scope="module")
+def model(tiny_data_dir, tmp_path_factory) -> Path:
+    """transformer_tiny after 120 updates on the numbers task: words, not noise (a few seconds)."""
+    save_dir = tmp_path_factory.mktemp("controls")
+    train(load_train_config({"data": str(tiny_data_dir), "arch": "transformer_tiny", "save_dir": str(save_dir),
+                             "max_tokens": 1000, "lr": 3e-3, "warmup_updates": 10, "max_update": 120,
+                             "valid_subset": "none", "log_interval": 1000}))
+    return save_dir / "checkpoint_last.pt"
+
+
+@pytest.fixture(scope="module")
+def target(model) -> Vocabulary:
+    return Translator.from_checkpoint(model, device="cpu").vocabs.target
+
+
+def write_lines(path: Path, lines: list[str]) -> Path:
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return path
+
+
+def tab_lines() -> list[str]:
+    return ["\t".join([source, prefix, *constraints]) for source, prefix, constraints in
+            zip(SENTENCES, PREFIXES, CONSTRAINTS)]
+
+
+def cli_lines(monkeypatch, capsys, *args, stdin: str = "") -> list[str]:
+    code, out, err = run_cli(monkeypatch, capsys, "generate", "-q", *args, stdin=stdin)
+    assert code == 0, err
+    return out.splitlines()
+
+
+def obeys(text: str, prefix: str, constraints: list[str]) -> bool:
+    """The translation begins with the prefix and holds the constraints (as text: its pieces can
+    encode differently on their own)."""
+    return text.startswith(prefix) and all(c in text for c in constraints)
+
+
+def pieces_of(lines: list[str]) -> list[list[str]]:
+    """The pieces of each hypothesis of --format fairseq output."""
+    return [line.split("\t")[2].split() for line in lines if line.startswith("H-")]
+
+
+def test_the_tab_form_the_prefix_file_the_api_and_stdin_agree(target, model, tmp_path, monkeypatch, capsys):
+    tabs = write_lines(tmp_path / "tab.txt", tab_lines())
+    found = cli_lines(monkeypatch, capsys, "-i", tabs, "--path", model, "--prefix-column", "--constraints")
+    assert len(found) == len(SENTENCES)
+    for text, prefix, constraints in zip(found, PREFIXES, CONSTRAINTS):
+        assert obeys(text, prefix, constraints), text
+    plain = cli_lines(monkeypatch, capsys, "-i", write_lines(tmp_path / "plain.txt", SENTENCES), "--path", model)
+    assert sum(a != b for a, b in zip(found, plain)) >= 3  # the controls changed the translations
+
+    prefixes = write_lines(tmp_path / "prefixes.txt", PREFIXES)
+    constraint_lines = write_lines(tmp_path / "c.txt", ["\t".join([s, *c]) for s, c in zip(SENTENCES, CONSTRAINTS)])
+    assert cli_lines(monkeypatch, capsys, "-i", constraint_lines, "--path", model, "--prefix", prefixes,
+                     "--constraints") == found
+    translator = Translator.from_checkpoint(model, device="cpu")
+    assert translator.translate(SENTENCES, prefixes=PREFIXES, constraints=CONSTRAINTS) == found
+    streamed = run_nmt("generate", "-i", "-", "--path", model, "--prefix-column", "--constraints", "-q",
+                       stdin="".join(line + "\n" for line in tab_lines()))
+    assert streamed.returncode == 0 and streamed.stdout.splitlines() == found, streamed.stderr
+
+
+def test_banned_phrases_never_appear_in_generate(target, model, tmp_path, monkeypatch, capsys):
+    options = ["-i", write_lines(tmp_path / "plain.txt", SENTENCES[:4]), "--path", model, "--nbest", "2", "--beam", "3",
+               "--format", "fairseq"]
+    plain = pieces_of(cli_lines(monkeypatch, capsys, *options))
+    common = sorted({p for h in plain for p in h}, key=lambda p: -sum(h.count(p) for h in plain))
+    words = [p[1:] for p in common if p.startswith("▁") and [target.piece(i) for i in target.encode(p[1:])] == [p]][:2]
+    assert len(words) == 2 and all(any(f"▁{w}" in h for h in plain) for w in words)  # the bans have work to do
+    banned = pieces_of(cli_lines(monkeypatch, capsys, *options, "--ban", write_lines(tmp_path / "bans.txt", words)))
+    assert len(banned) == len(plain)
+    assert not any(f"▁{w}" in h for h in banned for w in words), banned
+
+
+def test_controls_with_an_ensemble_nbest_and_alignments(target, model, tmp_path, monkeypatch, capsys):
+    other = tiny_checkpoint(tmp_path / "other.pt", target, seed=1)
+    tabs = write_lines(tmp_path / "tab.txt", tab_lines())
+    lines = cli_lines(monkeypatch, capsys, "-i", tabs, "--path", f"{model}:{other}", "--prefix-column", "--constraints",
+                      "--nbest", "2", "--beam", "4", "--print-alignment", "--format", "fairseq")
+    hypotheses = [line.split("\t") for line in lines if line.startswith("D-")]
+    alignments = [line for line in lines if line.startswith("A-")]
+    assert len(hypotheses) == len(alignments) == 2 * len(SENTENCES)
+    for label, _, text in hypotheses:
+        i = int(label[2:])
+        assert obeys(text, PREFIXES[i], CONSTRAINTS[i]), text
+
+
+def test_the_server_passes_the_controls_through(target, model, tmp_path_factory):
+    from test_serve import request, run_server
+
+    expected = Translator.from_checkpoint(model, device="cpu").translate(
+        SENTENCES, prefixes=PREFIXES, constraints=CONSTRAINTS, bans=["hundert"])
+    for address in run_server(model, tmp_path_factory):
+        status, answer = request(address, "POST", "/translate", {"text": SENTENCES, "prefix": PREFIXES,
+                                                                  "constraints": CONSTRAINTS, "ban": ["hundert"]})
+        assert status == 200 and answer["translations"] == expected, answer
+        for body, message in (({"text": ["five"], "prefix": "fünf"}, '"prefix" must be a list of one string'),
+                              ({"text": ["five"], "constraints": [[""]]}, "text 1: constraint 1 is empty"),
+                              ({"text": ["five"], "ban": [1]}, '"ban" must be a list of strings'),
+                              ({"text": ["five"], "prefix": ["fünf " * 60]}, "text 1: the prefix has")):
+            status, answer = request(address, "POST", "/translate", body)
+            assert status == 422 and answer["error"].startswith(message), answer
+
+
+@needs_ct2
+def test_ctranslate2_takes_prefixes_and_bans_and_refuses_constraints(target, model, tmp_path, monkeypatch, capsys):
+    tabs = write_lines(tmp_path / "tab.txt", [f"{s}\t{p}" for s, p in zip(SENTENCES, PREFIXES)])
+    options = ["-i", tabs, "--path", model, "--prefix-column", "--lenpen", "0", "--beam", "3", "--format", "fairseq"]
+    unbanned = pieces_of(cli_lines(monkeypatch, capsys, *options))
+    words = [p[1:] for h in unbanned for p in h[len(target.encode(PREFIXES[0])):]
+             if p.startswith("▁") and [target.piece(i) for i in target.encode(p[1:])] == [p]][:1]
+    options += ["--ban", write_lines(tmp_path / "bans.txt", words)]
+    ours = pieces_of(cli_lines(monkeypatch, capsys, *options))
+    theirs = pieces_of(cli_lines(monkeypatch, capsys, *options, "--engine", "ctranslate2", "--lenpen-style", "fairseq"))
+    assert words and ours != unbanned  # the ban has work to do
+    assert theirs[:-1] == ours[:-1]
+    zahl = [target.piece(i) for i in target.encode("Zahl")]
+    assert theirs[-1] == zahl and ours[-1][:len(zahl)] == zahl != ours[-1]  # an empty source: CT2 gives the prefix alone
+    for hypothesis, prefix in zip(theirs, PREFIXES):
+        assert hypothesis[:len(target.encode(prefix))] == [target.piece(i) for i in target.encode(prefix)]
+        assert f"▁{words[0]}" not in hypothesis
+    code, out, err = run_cli(monkeypatch, capsys, "generate", "-i", tabs, "--path", model, "--constraints",
+                             "--engine", "ctranslate2", "--lenpen-style", "fairseq")
+    assert code == 1 and out == ""
+    assert_one_line_error(err, "--engine ctranslate2 has no lexical constraints")

@@ -28,7 +28,8 @@ Where the outputs can differ from nmt's own decoder (with the same weights, in f
 - Numerics: different kernels, so near-ties can break the other way.
 - Controls: a prefix goes as CTranslate2's ``target_prefix``, banned phrases as its
   ``suppress_sequences`` (one list per call: a batch bans what any of its sentences bans, which for
-  ``nmt generate --ban`` is the same list). CTranslate2 has no positive lexical constraints.
+  ``nmt generate --ban`` is the same list). For an empty source CTranslate2 returns the prefix
+  alone. CTranslate2 has no positive lexical constraints.
 """
 
 from __future__ import annotations
