@@ -24,7 +24,7 @@ class ScriptedTranslate:
         self.calls: list[tuple[list[int], int]] = []
         self.release = threading.Event()
 
-    def __call__(self, sources, options):
+    def __call__(self, sources, options, controls=None):
         if not self.calls:
             self.release.wait(60)
         self.calls.append(([int(s[0]) for s in sources], options.beam))
@@ -76,7 +76,7 @@ def test_a_failed_translation_fails_its_requests_not_the_worker():
     async def scenario():
         calls = []
 
-        def translate(sources, options):
+        def translate(sources, options, controls=None):
             calls.append(len(sources))
             if len(calls) == 1:
                 raise RuntimeError("out of memory")
