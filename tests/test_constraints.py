@@ -400,7 +400,7 @@ def pieces_of(lines: list[str]) -> list[list[str]]:
     return [line.split("\t")[2].split() for line in lines if line.startswith("H-")]
 
 
-def test_the_tab_form_the_prefix_file_the_api_and_stdin_agree(target, model, tmp_path, monkeypatch, capsys):
+def test_the_tab_form_the_prefix_file_the_api_stdin_and_any_batching_agree(target, model, tmp_path, monkeypatch, capsys):
     tabs = write_lines(tmp_path / "tab.txt", tab_lines())
     found = cli_lines(monkeypatch, capsys, "-i", tabs, "--path", model, "--prefix-column", "--constraints")
     assert len(found) == len(SENTENCES)
@@ -413,6 +413,8 @@ def test_the_tab_form_the_prefix_file_the_api_and_stdin_agree(target, model, tmp
     constraint_lines = write_lines(tmp_path / "c.txt", ["\t".join([s, *c]) for s, c in zip(SENTENCES, CONSTRAINTS)])
     assert cli_lines(monkeypatch, capsys, "-i", constraint_lines, "--path", model, "--prefix", prefixes,
                      "--constraints") == found
+    assert cli_lines(monkeypatch, capsys, "-i", tabs, "--path", model, "--prefix-column", "--constraints",
+                     "--batch-size", "2", "--workers", "2") == found  # other batches, on two threads
     translator = Translator.from_checkpoint(model, device="cpu")
     assert translator.translate(SENTENCES, prefixes=PREFIXES, constraints=CONSTRAINTS) == found
     streamed = run_nmt("generate", "-i", "-", "--path", model, "--prefix-column", "--constraints", "-q",
