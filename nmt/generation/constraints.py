@@ -242,13 +242,14 @@ class BatchControls:
         # bank first), then the second of each, and so on.
         bank = bank.masked_fill(~alive, -1)
         finishing = ends & (rank_in_bank(bank, values) < beam)
+        values = values.masked_fill(ends & ~finishing, NEG_INF)
         staying = bank.masked_fill(ends, -1)
         most = int(self.lengths.sum(dim=1).max()) + 1  # above every bank
         key = torch.where(staying >= 0, rank_in_bank(staying, values) * (most + 1) + (most - staying),
                           torch.iinfo(torch.long).max).masked_fill(finishing, -1)
         chosen = key.sort(dim=1, stable=True).indices[:, : 2 * beam]
 
-        self.ended_with_all |= (ends & done).gather(1, chosen[:, :beam]).any(dim=1)
+        self.ended_with_all |= (finishing & done).any(dim=1)  # at most `beam` of them: all in the first places
         found = values.gather(1, chosen), beams.gather(1, chosen), columns.gather(1, chosen)
         mine = self.constrained[:, None]
         return tuple(torch.where(mine, ours, theirs) for ours, theirs in zip(found, top))
