@@ -4,11 +4,12 @@ Python API, the server, validation BLEU, attention plots, the CTranslate2 engine
 Sources are sorted by length and batched (``max_tokens`` counts source tokens times beam) to cut
 padding; hypotheses come back in input order and do not depend on the batching (each sentence's
 search is independent, and padding is masked). An empty source (EOS only) gets an empty
-translation without running the model (unless its prefix or constraints ask for words). The model runs under ``torch.inference_mode`` with
-optional autocast (bf16/fp16), or on CPU with int8 dynamic quantization of its linear layers, the
-output projection included (given a module of its own for it); attention's matrix products stay
-fp32 then. Each sentence may carry controls (a target prefix, constraints, banned phrases:
-nmt/generation/constraints.py) that follow it through the sorting and batching.
+translation without running the model, unless its prefix or constraints ask for words. The model
+runs under ``torch.inference_mode`` with optional autocast (bf16/fp16), or on CPU with int8 dynamic
+quantization of its linear layers, the output projection included (given a module of its own for
+it); attention's matrix products stay fp32 then. Each sentence may carry controls (a target
+prefix, constraints, banned phrases: nmt/generation/constraints.py) that follow it through the
+sorting and batching.
 """
 
 from __future__ import annotations
