@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import assert_one_line_error, run_cli, run_nmt
 from nmt import Translator
 from nmt.data.vocabulary import EOS_ID, UNK_ID, Vocabulary
 from nmt.errors import NmtError
@@ -22,9 +21,11 @@ from nmt.generation.control_input import controls_from_lists, lines_with_control
 from nmt.generation.inference import check_controls, warn_unmet
 from nmt.generation.options import SearchOptions
 from nmt.generation.search import NEG_INF, beam_search, length_penalty
-from test_search import VOCAB, WORDS, ToyDecoder, random_table, scripted_table, search, sources, table_logprob
 from nmt.training.config import load_train_config
 from nmt.training.trainer import train
+
+from conftest import assert_one_line_error, run_cli, run_nmt
+from test_search import VOCAB, WORDS, ToyDecoder, random_table, scripted_table, search, sources, table_logprob
 from test_translator import tiny_checkpoint
 
 CPU = torch.device("cpu")
