@@ -31,6 +31,7 @@ from nmt.models.registry import build_model, get_arch, resolve_config
 
 TRAIN = ["train", "data", "--arch", "transformer_tiny", "--max-tokens", "1000", "-q"]
 GENERATE = ["generate", "data", "--path", "model.pt", "-q"]
+RAW = ["generate", "--path", "model.pt", "-q", "-i"]
 DISK_FULL_RUN = [*TRAIN, "--save-dir", "small/ck", "--max-update", "1"]
 
 
@@ -312,6 +313,29 @@ CASES = [
                                                                                                    "good.hyp"))),
     ("generate-output-under-another-users-directory-symlink", [*GENERATE, "-o", "planted-dir/good.hyp"],
      "planted-dir is a symbolic link owned by another user", setup(then=planted_symlink("planted-dir", "."))),
+    ("generate-constraint-empty", [*RAW, "bad/c.txt", "--constraints"], "input line 2: constraint 1 is empty",
+     setup({"bad/c.txt": "one two\tzwei\nthree\t\n"})),
+    ("generate-constraint-unknown-character", [*RAW, "bad/c.txt", "--constraints"],
+     "input line 1: constraint 1 'ƒ' has characters the target vocabulary cannot represent (ƒ)",
+     setup({"bad/c.txt": "one\tƒ\n"})),
+    ("generate-constraint-holds-a-ban", [*RAW, "bad/c.txt", "--constraints", "--ban", "bad/ban.txt"],
+     "input line 1: constraint 1 'drei vier' contains the banned phrase 'vier'",
+     setup({"bad/c.txt": "one\tdrei vier\n", "bad/ban.txt": "vier\n"})),
+    ("generate-prefix-column-without-tab", [*RAW, "text.en", "--prefix-column"], "input line 1 has no tab", NO_SETUP),
+    ("generate-prefix-column-extra-fields", [*RAW, "bad/p.txt", "--prefix-column"],
+     "input line 1 has 3 tab-separated fields", setup({"bad/p.txt": "one\tzwei\tdrei\n"})),
+    ("generate-prefix-over-max-length", [*RAW, "bad/p.txt", "--prefix-column", "--max-len-a", "0", "--max-len-b", "2"],
+     "input line 1: the prefix has", setup({"bad/p.txt": "one\tdrei vier fünf sechs\n"})),
+    ("generate-prefix-file-line-count", [*RAW, "text.en", "--prefix", "bad/p.txt"], "has 1 lines but the input has 20",
+     setup({"bad/p.txt": "zwei\n"})),
+    ("generate-prefix-file-and-column", [*RAW, "text.en", "--prefix", "text.de", "--prefix-column"],
+     "either as --prefix FILE or in the input", NO_SETUP),
+    ("generate-constraints-on-a-split", [*GENERATE, "--constraints"], "read raw text lines (--input FILE|-)", NO_SETUP),
+    ("generate-constraints-with-sampling", [*RAW, "text.en", "--constraints", "--sampling"],
+     "--constraints need beam search", NO_SETUP),
+    ("generate-constraints-with-ctranslate2", [*RAW, "text.en", "--constraints", "--engine", "ctranslate2",
+                                               "--lenpen-style", "fairseq"], "has no lexical constraints", NO_SETUP),
+    ("generate-ban-file-missing", [*RAW, "text.en", "--ban", "missing.txt"], "not found", NO_SETUP),
     # average
     ("average-other-arch", ["average", "model.pt", "bad/wide.pt", "-o", "good.hyp", "-q"], "ffn_dim",
      setup(then=lambda w: checkpoint_with(w, "bad/wide.pt", other_arch))),

@@ -49,7 +49,7 @@ class ScriptedTranslate:
         self.calls: list[tuple[list[int], int]] = []
         self.release = threading.Event()
 
-    def __call__(self, sources, options, should_stop):
+    def __call__(self, sources, options, controls, should_stop):
         if not self.calls:
             self.release.wait(60)
         self.calls.append(([int(s[0]) for s in sources], options.beam))
@@ -101,7 +101,7 @@ def test_a_failed_translation_fails_its_requests_not_the_worker():
     async def scenario():
         calls = []
 
-        def translate(sources, options, should_stop):
+        def translate(sources, options, controls, should_stop):
             calls.append(len(sources))
             if len(calls) == 1:
                 raise RuntimeError("out of memory")
@@ -146,7 +146,7 @@ def test_a_request_gone_leaves_the_line_and_a_batch_of_gone_requests_stops():
         steps, started = [], asyncio.Event()
         loop = asyncio.get_running_loop()
 
-        def translate(sources, options, should_stop):
+        def translate(sources, options, controls, should_stop):
             loop.call_soon_threadsafe(started.set)
             while not should_stop():  # a search asks before each step
                 steps.append(len(sources))
@@ -178,7 +178,7 @@ def test_a_light_request_does_not_wait_for_a_heavy_ones_turn():
     async def scenario():
         release, calls = threading.Event(), []
 
-        def translate(sources, options, should_stop):
+        def translate(sources, options, controls, should_stop):
             calls.append(options.beam)
             if options.beam == 16:
                 assert release.wait(60)
@@ -197,3 +197,29 @@ def test_a_light_request_does_not_wait_for_a_heavy_ones_turn():
 
     calls, light = asyncio.run(scenario())
     assert calls == [16, 15] and light[0][0].tokens == [2, 3]
+
+
+def test_controls_follow_their_sentences_into_a_shared_batch_and_across_turns():
+    """A request with controls batched with one without: the translate call gets one control per source,
+    None for the others; a request split over two turns keeps each sentence's own control."""
+    from nmt.generation.constraints import SentenceControls
+
+    seen: list[list] = []
+
+    def translate(sources, options, controls, should_stop):
+        seen.append(controls)
+        return [[Hypothesis([int(s[0]), 3], 0.0)] for s in sources]
+
+    async def scenario():
+        batcher = batcher_of(translate, budget=12)  # RowMemory, beam 4: three sentences a batch
+        worker = asyncio.create_task(batcher.run())
+        prefixed = [SentenceControls(prefix=[7]), None, SentenceControls(bans=[[9]]), SentenceControls(prefix=[8])]
+        first = batcher.submit([source(1), source(2), source(3), source(4)], SearchOptions(), [10] * 4, prefixed)
+        plain = submit(batcher, [source(5)], SearchOptions())
+        await first, await plain
+        worker.cancel()
+
+    asyncio.run(scenario())
+    flat = [control for call in seen for control in (call or [None])]
+    assert seen[0] == [SentenceControls(prefix=[7]), None, SentenceControls(bans=[[9]])]
+    assert SentenceControls(prefix=[8]) in flat and flat.count(None) >= 2

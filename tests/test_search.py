@@ -486,5 +486,6 @@ def test_should_stop_ends_the_search_before_the_next_step():
         return len(asked) == 4
 
     with pytest.raises(SearchStopped):
-        beam_search(model, sources([4, 5], [6]), SearchOptions(beam=2, min_len=30, max_len_b=30), None, should_stop)
+        beam_search(model, sources([4, 5], [6]), SearchOptions(beam=2, min_len=30, max_len_b=30), None,
+                    should_stop=should_stop)
     assert asked == [0, 1, 2, 3] and len(model.calls) == 3

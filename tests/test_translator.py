@@ -99,7 +99,7 @@ def test_readme_python_example_runs(checkpoint, tmp_path, monkeypatch, capsys):
     exec(compile(code.replace("nmt-demo/checkpoints/averaged.pt", str(checkpoint)), "README.md", "exec"), {})
     printed = capsys.readouterr().out.splitlines()
     assert printed[:2] == Translator.from_checkpoint(checkpoint, device="cpu").translate(
-        ["Turn to page twelve.", "the number four"])
+        ["Turn to page twelve.", "My room number is four hundred eleven."])
 
 
 def test_unknown_characters_are_reported_in_one_line(checkpoint, caplog, tmp_path):

@@ -27,6 +27,10 @@ Where the outputs can differ from nmt's own decoder (with the same weights, in f
   renormalizes too. EOS before the min length and repeated n-grams are banned, renormalized.
 - Sampling draws from CTranslate2's random generator: other samples than nmt's for the same seed.
 - Numerics: different kernels, so near-ties can break the other way.
+- Controls: a prefix goes as CTranslate2's ``target_prefix``, banned phrases as its
+  ``suppress_sequences`` (one list per call: a batch bans what any of its sentences bans, which for
+  ``nmt generate --ban`` is the same list). For an empty source CTranslate2 returns the prefix
+  alone. CTranslate2 has no positive lexical constraints.
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ from nmt.data.vocabulary import BOS_ID, EOS_ID, PAD_ID
 from nmt.errors import NmtError
 from nmt.export.ctranslate2 import export_ctranslate2, export_meta, import_ctranslate2, load_vocabularies
 from nmt.export.options import ExportOptions
-from nmt.generation.inference import TranslateSources, place_batches, plan_workload
+from nmt.generation.inference import Controls, TranslateSources, check_controls, place_batches, plan_workload
 from nmt.generation.options import GenerateOptions
 from nmt.generation.search import Hypothesis, max_lengths
 from nmt.generation.workers import map_in_workers, threads_per_worker
@@ -88,8 +92,8 @@ def load_ctranslate2(options: GenerateOptions, device: torch.device) -> tuple[Tr
                                                         options.batching.workers)
     if options.search.sampling:  # once: a stream's batches draw on, not the same samples again
         import_ctranslate2().set_random_seed(options.search.seed)
-    return lambda sources, progress: translate_ids_ctranslate2(translator, vocabs, sources, options, progress,
-                                                               max_positions), vocabs
+    return lambda sources, progress, controls=None, first_line=1: translate_ids_ctranslate2(
+        translator, vocabs, sources, options, progress, max_positions, controls, first_line), vocabs
 
 
 def open_translator(path: Path, device: torch.device, compute: str, workers: int = 1
@@ -113,10 +117,13 @@ def open_translator(path: Path, device: torch.device, compute: str, workers: int
 
 def translate_ids_ctranslate2(translator: ctranslate2.Translator, vocabs: Vocabularies, sources: list[np.ndarray],
                               options: GenerateOptions, progress: Progress | None = None,
-                              max_positions: int | None = None) -> list[list[Hypothesis]]:
+                              max_positions: int | None = None, controls: Controls | None = None,
+                              first_line: int = 1) -> list[list[Hypothesis]]:
     """Like ``translate_ids``: the ``nbest`` hypotheses of each source (ids ending in EOS), in order;
     outputs end before the model's last position, as nmt's own search does."""
-    work = plan_workload(sources, options.search, options.batching, progress)
+    if controls is not None:
+        controls = check_controls(sources, controls, options.search, max_positions, first_line)
+    work = plan_workload(sources, options.search, options.batching, progress, controls)
     limits = max_lengths(torch.as_tensor(work.lengths - 1), options.search.max_len_a, options.search.max_len_b,
                          max_positions).numpy()
     batches = []  # (source indices, their max length): one translate_batch call each
@@ -129,7 +136,7 @@ def translate_ids_ctranslate2(translator: ctranslate2.Translator, vocabs: Vocabu
     def decode(batch: tuple[np.ndarray, int]) -> list[list[Hypothesis]]:
         indices, limit = batch
         pieces = [[vocabs.source.piece(i) for i in sources[index][:-1]] for index in indices]
-        return decode_batch(translator, vocabs, pieces, limit, options)
+        return decode_batch(translator, vocabs, pieces, limit, options, [controls[i] for i in indices] if controls else None)
 
     place_batches(work.results, [indices for indices, _ in batches],
                   map_in_workers(decode, batches, options.batching.workers), progress, work.task)
@@ -137,15 +144,19 @@ def translate_ids_ctranslate2(translator: ctranslate2.Translator, vocabs: Vocabu
 
 
 def decode_batch(translator: ctranslate2.Translator, vocabs: Vocabularies, batch: list[list[str]], limit: int,
-                 options: GenerateOptions) -> list[list[Hypothesis]]:
+                 options: GenerateOptions, controls: Controls | None = None) -> list[list[Hypothesis]]:
     """One ``translate_batch`` call for sources that share the max length ``limit`` (EOS excluded)."""
-    banned = [[vocabs.target.piece(PAD_ID)], [vocabs.target.piece(BOS_ID)]] if options.search.sampling else None
+    pieces = lambda ids: [vocabs.target.piece(i) for i in ids]
+    banned = [[vocabs.target.piece(PAD_ID)], [vocabs.target.piece(BOS_ID)]] if options.search.sampling else []
+    for phrase in sorted({tuple(ban) for c in controls or [] if c for ban in c.bans}):
+        banned.append(pieces(phrase))
+    prefixes = [pieces(c.prefix) if c and c.prefix else None for c in controls] if controls else None
     try:
         results = translator.translate_batch(
-            batch, beam_size=1 if options.search.sampling else options.search.beam,
+            batch, prefixes, beam_size=1 if options.search.sampling else options.search.beam,
             num_hypotheses=options.search.beam if options.search.sampling else options.search.nbest,
             length_penalty=options.search.lenpen, max_decoding_length=limit, min_decoding_length=min(options.search.min_len, limit),
-            no_repeat_ngram_size=options.search.no_repeat_ngram_size, suppress_sequences=banned,
+            no_repeat_ngram_size=options.search.no_repeat_ngram_size, suppress_sequences=banned or None,
             max_input_length=0, return_scores=True, return_end_token=True,
             sampling_topk=(options.search.topk or 0) if options.search.sampling else 1, sampling_topp=options.search.topp or 1.0,
             sampling_temperature=options.search.temperature)

@@ -28,9 +28,11 @@ from nmt.device import inference_device
 from nmt.errors import NmtError
 from nmt.files import atomic_write, read_lines, refuse_overwriting
 from nmt.generation.alignment import word_attentions
+from nmt.generation.control_input import lines_with_controls, read_bans
 from nmt.generation.ctranslate2_engine import load_ctranslate2
 from nmt.generation.ensemble import Ensemble
-from nmt.generation.inference import TranslateSources, encode_sources, prepare_model, sampling_generator, translate_ids
+from nmt.generation.inference import (Controls, TranslateSources, encode_sources, prepare_model, sampling_generator,
+                                      translate_ids)
 from nmt.generation.options import GenerateOptions
 from nmt.generation.output import Translation, write_translations
 from nmt.generation.streaming import LineReader, is_stream
@@ -60,8 +62,9 @@ def progress_bar(show: bool) -> Progress:
                     disable=not show)
 
 
-def read_inputs(options: GenerateOptions, vocabs: Vocabularies) -> tuple[list[np.ndarray], list[str], list[str] | None]:
-    """Source token ids, source text and (for a binarized split) reference text."""
+def read_inputs(options: GenerateOptions, vocabs: Vocabularies, bans: list[list[int]]
+                ) -> tuple[list[np.ndarray], list[str], list[str] | None, Controls | None]:
+    """Source token ids, source text, (for a binarized split) reference text, and the controls."""
     if options.data is not None:
         datadir = DataDir.open(options.data)
         if (datadir.source_lang, datadir.target_lang) != (vocabs.source_lang, vocabs.target_lang):
@@ -72,9 +75,24 @@ def read_inputs(options: GenerateOptions, vocabs: Vocabularies) -> tuple[list[np
         split = datadir.split(options.split)
         sources = [split.source[i] for i in range(len(split))]
         references = [vocabs.target.decode(split.target[i]) for i in range(len(split))]
-        return sources, [vocabs.source.decode(s) for s in sources], references
+        texts = [vocabs.source.decode(s) for s in sources]
+        _, controls = lines_with_controls(vocabs.target, texts, False, False, read_prefixes(options, len(texts)), bans)
+        return sources, texts, references, controls
     lines = read_lines(options.input)  # empty in, empty out (a sharded pipeline has empty shards)
-    return encode_sources(vocabs, lines), lines, None
+    texts, controls = lines_with_controls(vocabs.target, lines, options.prefix_column, options.constraints,
+                                          read_prefixes(options, len(lines)), bans)
+    return encode_sources(vocabs, texts), texts, None, controls
+
+
+def read_prefixes(options: GenerateOptions, count: int) -> list[str] | None:
+    """The lines of --prefix FILE, one for each of the ``count`` input lines."""
+    if options.prefix is None:
+        return None
+    prefixes = read_lines(options.prefix)
+    if len(prefixes) != count:
+        raise NmtError(f"--prefix {options.prefix} has {len(prefixes)} lines but the input has {count}: one prefix "
+                       "(or an empty line) per input line")
+    return prefixes
 
 
 def split_text_files(options: GenerateOptions) -> tuple[str | None, str | None]:
@@ -123,19 +141,23 @@ def load_engine(options: GenerateOptions, device: torch.device) -> Engine:
         return Engine(*load_ctranslate2(options, device), None)
     model, vocabs = prepare_model(options.path, device, options.compute.quantize)
     generator = sampling_generator(options.search, device) if options.search.sampling else None  # one stream of draws
-    return Engine(lambda sources, progress=None: translate_ids(model, sources, options.search, options.batching,
-                                                               device, options.compute.precision, progress, generator),
-                  vocabs, model)
+    return Engine(lambda sources, progress=None, controls=None, first_line=1: translate_ids(
+        model, sources, options.search, options.batching, device, options.compute.precision, progress, generator,
+        controls, first_line), vocabs, model)
 
 
-def translate_stream(engine: Engine, options: GenerateOptions, device: torch.device) -> list[Translation]:
+def translate_stream(engine: Engine, options: GenerateOptions, device: torch.device, bans: list[list[int]]
+                     ) -> list[Translation]:
     """Translate stdin as lines arrive, writing and flushing each batch before reading on."""
     reader = LineReader(name="stdin")
     translations: list[Translation] = []
     while lines := reader.next_batch(options.buffer_size):
-        sources = encode_sources(engine.vocabs, lines)
-        hypotheses = engine.translate(sources, None)
-        batch = [Translation(len(translations) + i, line, hyps) for i, (line, hyps) in enumerate(zip(lines, hypotheses))]
+        first_line = len(translations) + 1
+        texts, controls = lines_with_controls(engine.vocabs.target, lines, options.prefix_column, options.constraints,
+                                              None, bans, first_line)
+        sources = encode_sources(engine.vocabs, texts)
+        hypotheses = engine.translate(sources, None, controls, first_line)
+        batch = [Translation(len(translations) + i, text, hyps) for i, (text, hyps) in enumerate(zip(texts, hypotheses))]
         if options.print_alignment or options.print_attention:
             attach_attention(engine.model, engine.vocabs, sources, batch, options, device)
         write_translations(batch, engine.vocabs, None, options.format, options.print_scores)
@@ -178,17 +200,22 @@ def generate(options: GenerateOptions, show_progress: bool = True) -> GenerateRe
         refuse_overwriting("--print-attention", options.print_attention, {"raw text of the split": raw})
     device, precision, reason = inference_device(options.compute, options.engine)
     options = dataclasses.replace(options, compute=dataclasses.replace(options.compute, precision=precision))
+    streaming = options.input == "-" and options.output is None and is_stream(sys.stdin)
+    if streaming and options.prefix is not None:
+        raise NmtError("--prefix FILE cannot follow stdin as it arrives: give each prefix on its input line "
+                       "(--prefix-column)")
     engine = load_engine(options, device)
     vocabs = engine.vocabs
+    bans = read_bans(vocabs.target, options.ban) if options.ban else []
     start = time.perf_counter()
     references = None
-    if options.input == "-" and options.output is None and is_stream(sys.stdin):
-        translations = translate_stream(engine, options, device)
+    if streaming:
+        translations = translate_stream(engine, options, device, bans)
     else:
-        sources, source_texts, references = read_inputs(options, vocabs)
+        sources, source_texts, references, controls = read_inputs(options, vocabs, bans)
         start = time.perf_counter()
         with progress_bar(show_progress and stderr_console.is_terminal) as progress:
-            hypotheses = engine.translate(sources, progress)
+            hypotheses = engine.translate(sources, progress, controls, 1)
         translations = [Translation(i, source_texts[i], hyps, references[i] if references else None)
                         for i, hyps in enumerate(hypotheses)]
         if options.print_alignment or options.print_attention:

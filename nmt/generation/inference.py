@@ -4,14 +4,17 @@ Python API, the server, validation BLEU, attention plots, the CTranslate2 engine
 Sources are sorted by length and batched (``max_tokens`` counts source tokens times beam) to cut
 padding; hypotheses come back in input order and do not depend on the batching (each sentence's
 search is independent, and padding is masked). An empty source (EOS only) gets an empty
-translation without running the model. The model runs under ``torch.inference_mode`` with
-optional autocast (bf16/fp16), or on CPU with int8 dynamic quantization of its linear layers, the
-output projection included (given a module of its own for it); attention's matrix products stay
-fp32 then.
+translation without running the model, unless its prefix or constraints ask for words. The model
+runs under ``torch.inference_mode`` with optional autocast (bf16/fp16), or on CPU with int8 dynamic
+quantization of its linear layers, the output projection included (given a module of its own for
+it); attention's matrix products stay fp32 then. Each sentence may carry controls (a target
+prefix, constraints, banned phrases: nmt/generation/constraints.py) that follow it through the
+sorting and batching.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,14 +31,17 @@ from nmt.data.batching import batch_by_size, collate
 from nmt.data.vocabulary import EOS_ID, UNK_ID
 from nmt.device import autocast
 from nmt.errors import NmtError
+from nmt.generation.constraints import BatchControls, SentenceControls, contains
 from nmt.generation.ensemble import Ensemble
 from nmt.generation.options import BatchingOptions, SearchOptions, check_workers
-from nmt.generation.search import beam_search, Hypothesis, model_positions
+from nmt.generation.search import beam_search, Hypothesis, max_lengths, model_positions
 from nmt.generation.workers import map_in_workers
 from nmt.log import logger
 
 
-TranslateSources = Callable[[list[np.ndarray], Progress | None], list[list[Hypothesis]]]  # as translate_ids
+Controls = list[SentenceControls | None]  # one per source
+# As translate_ids: sources, a progress bar, controls and the number of the first source in messages.
+TranslateSources = Callable[[list[np.ndarray], Progress | None, Controls | None, int], list[list[Hypothesis]]]
 
 
 def prepare_model(checkpoint_path: str | Path | list[str], device: torch.device, quantize: str = "none"
@@ -80,10 +86,12 @@ class Workload:
 
 
 def plan_workload(sources: list[np.ndarray], search: SearchOptions, batching: BatchingOptions,
-                  progress: Progress | None) -> Workload:
-    """Answer the empty sources at once and size the batches of the others."""
-    results = [empty_hypotheses(search.nbest) if len(s) <= 1 else [] for s in sources]
-    todo = np.asarray([i for i, s in enumerate(sources) if len(s) > 1], dtype=np.int64)
+                  progress: Progress | None, controls: Controls | None = None) -> Workload:
+    """Answer the empty sources at once (unless a prefix or constraints ask for output) and size the
+    batches of the others."""
+    asks = [bool(c and (c.prefix or c.constraints)) for c in controls] if controls else [False] * len(sources)
+    todo = np.asarray([i for i, s in enumerate(sources) if len(s) > 1 or asks[i]], dtype=np.int64)
+    results = [[] if len(s) > 1 or asks[i] else empty_hypotheses(search.nbest) for i, s in enumerate(sources)]
     lengths = np.fromiter((len(sources[i]) for i in todo), dtype=np.int64, count=len(todo))
     # A sentence's beams take about beam * (source length + some output) rows of work.
     max_tokens = None if batching.max_tokens is None else max(batching.max_tokens // search.beam,
@@ -96,24 +104,28 @@ def plan_workload(sources: list[np.ndarray], search: SearchOptions, batching: Ba
 def translate_ids(model: nn.Module, sources: list[np.ndarray], search: SearchOptions | None = None,
                   batching: BatchingOptions | None = None, device: torch.device = torch.device("cpu"),
                   precision: str = "fp32", progress: Progress | None = None,
-                  generator: torch.Generator | None = None,
-                  should_stop: Callable[[], bool] | None = None) -> list[list[Hypothesis]]:
+                  generator: torch.Generator | None = None, controls: Controls | None = None,
+                  first_line: int = 1, should_stop: Callable[[], bool] | None = None) -> list[list[Hypothesis]]:
     """The ``nbest`` hypotheses for each source (token ids ending in EOS), in the order given.
 
     Sampling draws from ``generator``; without one, from a new one seeded with ``search.seed`` (so
-    callers translating in several calls, such as a stream, pass theirs to draw on). ``should_stop``
-    goes to every beam search (see there)."""
+    callers translating in several calls, such as a stream, pass theirs to draw on). ``controls``
+    (one per source, or None) are checked by ``check_controls``; messages number the sources from
+    ``first_line``. ``should_stop`` goes to every beam search (see there)."""
     search, batching = search or SearchOptions(), batching or BatchingOptions()
-    check_lengths(model, sources)
+    check_lengths(model, sources, first_line)
     check_workers(search, batching, device.type)
+    if controls is not None:
+        controls = check_controls(sources, controls, search, model_positions(model), first_line)
     if search.sampling and generator is None:
         generator = sampling_generator(search, device)
-    work = plan_workload(sources, search, batching, progress)
+    work = plan_workload(sources, search, batching, progress, controls)
 
     def search_batch(indices: np.ndarray) -> list[list[Hypothesis]]:
         with torch.inference_mode(), autocast(device, precision):  # both are per thread
             batch = collate(indices, [sources[i] for i in indices]).to(device)
-            return beam_search(model, batch.source, search, generator, should_stop)
+            batch_controls = BatchControls.create([controls[i] for i in indices], device) if controls else None
+            return beam_search(model, batch.source, search, generator, batch_controls, should_stop)
 
     batches = [work.todo[positions]
                for positions in batch_by_size(work.lengths, None, work.max_tokens, batching.batch_size)]
@@ -122,6 +134,8 @@ def translate_ids(model: nn.Module, sources: list[np.ndarray], search: SearchOpt
     with torch.inference_mode(), autocast(device, precision):
         place_batches(work.results, batches, map_in_workers(search_batch, batches, batching.workers), progress,
                       work.task)
+    if controls is not None:
+        warn_unmet(work.results, controls, first_line)
     return work.results
 
 
@@ -142,13 +156,48 @@ def sampling_generator(search: SearchOptions, device: torch.device) -> torch.Gen
     return torch.Generator(device=device).manual_seed(search.seed)
 
 
-def check_lengths(model: nn.Module, sources: list[np.ndarray]) -> None:
+def check_lengths(model: nn.Module, sources: list[np.ndarray], first_line: int = 1) -> None:
     """A source longer than the model's positions is an error before any work, not a failure mid-batch."""
     limit = model_positions(model)
     longest = max(range(len(sources)), key=lambda i: len(sources[i]), default=None)
     if limit is not None and longest is not None and len(sources[longest]) > limit:
-        raise NmtError(f"input line {longest + 1} has {len(sources[longest])} tokens (EOS included), over the "
+        raise NmtError(f"input line {longest + first_line} has {len(sources[longest])} tokens (EOS included), over the "
                        f"model's max_positions {limit}")
+
+
+def check_controls(sources: list[np.ndarray], controls: Controls, search: SearchOptions, max_positions: int | None,
+                   first_line: int = 1) -> Controls:
+    """The controls, checked against each sentence's max output length: a longer prefix is an
+    error; constraints that cannot fit after the prefix are left out, with a warning naming the
+    sentence (it gets its best translation without them)."""
+    if len(controls) != len(sources):
+        raise NmtError(f"{len(controls)} sentence controls for {len(sources)} sentences")
+    if search.sampling and any(c and c.constraints for c in controls):
+        raise NmtError("constraints need beam search: they cannot be used with --sampling")
+    lengths = torch.tensor([len(s) - 1 for s in sources])  # EOS excluded
+    limits = max_lengths(lengths, search.max_len_a, search.max_len_b, max_positions).tolist()
+    checked: Controls = []
+    for number, (sentence, limit) in enumerate(zip(controls, limits), start=first_line):
+        if sentence:
+            if len(sentence.prefix) > limit:
+                raise NmtError(f"input line {number}: the prefix has {len(sentence.prefix)} pieces, more than its "
+                               f"max output length {limit} (--max-len-a/--max-len-b)")
+            needed = len(sentence.prefix) + sum(len(p) for p in sentence.constraints if not contains(sentence.prefix, p))
+            if needed > limit:
+                logger.warning("input line %d: its constraints need %d output pieces (with its prefix), over its max "
+                               "output length %d: translated without them", number, needed, limit)
+                sentence = dataclasses.replace(sentence, constraints=[])
+        checked.append(sentence or None)
+    return checked
+
+
+def warn_unmet(results: list[list[Hypothesis]], controls: Controls, first_line: int) -> None:
+    """A warning for each sentence whose best translation misses a constraint (the search guarantees
+    them only when every token of their path may be produced: a ban or --no-repeat-ngram-size can block one)."""
+    for number, (hyps, sentence) in enumerate(zip(results, controls), start=first_line):
+        if sentence and not all(contains(hyps[0].tokens, phrase) for phrase in sentence.constraints):
+            logger.warning("input line %d: its translation misses a constraint (a ban or --no-repeat-ngram-size "
+                           "blocked it)", number)
 
 
 def encode_sources(vocabs: Vocabularies, lines: list[str]) -> list[np.ndarray]:

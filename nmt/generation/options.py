@@ -85,6 +85,19 @@ class GenerateOptions:
     buffer_size: int | None = field(default=None, metadata={
         "help": "Streaming stdin: translate N lines at a time (waiting for N) instead of whatever has arrived.",
         "min": 1})
+    prefix: str | None = field(default=None, metadata={
+        "help": "Target prefixes, one a line for the input's lines (an empty line: none): each translation begins "
+                "with its prefix and the score is the continuation's. Stdin as it arrives: use --prefix-column.",
+        "panel": "Controls"})
+    prefix_column: bool = field(default=False, metadata={
+        "help": "Raw input lines are source<TAB>prefix (an empty prefix: none), before any constraints.",
+        "panel": "Controls"})
+    constraints: bool = field(default=False, metadata={
+        "help": "Raw input lines are source<TAB>constraint<TAB>...: target phrases each translation must contain "
+                "(fairseq's form; after the prefix with --prefix-column). Slower; a larger --beam helps.",
+        "panel": "Controls"})
+    ban: str | None = field(default=None, metadata={
+        "help": "Target phrases no translation may contain, one a line.", "panel": "Controls"})
     format: Literal["plain", "fairseq"] = field(default="plain", metadata={
         "help": "plain: one translation per line; fairseq: S-/T-/H-/D-/P- lines."})
     print_scores: bool = field(default=False, metadata={
@@ -121,16 +134,29 @@ class GenerateOptions:
         if self.engine == "ctranslate2" and (self.print_alignment or self.print_attention):
             raise NmtError("--print-alignment and --print-attention need --engine nmt (attention weights)")
         check_workers(self.search, self.batching)
+        self.check_controls()
         if self.print_scores and self.format != "plain":
             raise NmtError("--print-scores is for --format plain (fairseq's H- lines carry the scores)")
         if self.buffer_size is not None and (self.input != "-" or self.output is not None):
             raise NmtError("--buffer-size applies to translating stdin as it arrives (--input - and no --output)")
-        inputs = {"--input": self.input, "--path": [item for path in self.path for item in split_paths(path)]}
+        inputs = {"--input": self.input, "--path": [item for path in self.path for item in split_paths(path)],
+                  "--prefix": self.prefix, "--ban": self.ban}
         refuse_overwriting("--output", self.output, {**inputs, "--print-attention": self.print_attention})
         refuse_overwriting("--print-attention", self.print_attention, inputs)
         if self.score_reference and self.data is None:
             raise NmtError("--score-reference needs a binarized split (DATA_DIR --split); "
                            "for raw input use `nmt score --ref FILE` on the output")
+
+    def check_controls(self) -> None:
+        if (self.prefix_column or self.constraints) and self.input is None:
+            raise NmtError("--prefix-column and --constraints read raw text lines (--input FILE|-); for a binarized "
+                           "split give --prefix FILE")
+        if self.prefix is not None and self.prefix_column:
+            raise NmtError("give the prefixes either as --prefix FILE or in the input (--prefix-column), not both")
+        if self.constraints and self.search.sampling:
+            raise NmtError("--constraints need beam search: they cannot be used with --sampling")
+        if self.constraints and self.engine == "ctranslate2":
+            raise NmtError("--engine ctranslate2 has no lexical constraints (only prefixes and bans): use --engine nmt")
 
 
 def check_workers(search: SearchOptions, batching: BatchingOptions, device_type: str | None = None) -> None:

@@ -21,7 +21,7 @@ from torch import Tensor
 from nmt.data.vocabulary import BOS_ID, EOS_ID, PAD_ID
 from nmt.errors import NmtError
 from nmt.generation.options import SearchOptions
-from nmt.generation.searchable import SearchableModel
+from nmt.generation.searchable import SearchableModel, SearchControls
 
 NEG_INF = float("-inf")
 
@@ -154,9 +154,11 @@ class SearchStopped(Exception):
 
 
 def beam_search(model: SearchableModel, source: Tensor, options: SearchOptions, generator: torch.Generator | None = None,
-                should_stop: Callable[[], bool] | None = None) -> list[list[Hypothesis]]:
+                controls: SearchControls | None = None, should_stop: Callable[[], bool] | None = None
+                ) -> list[list[Hypothesis]]:
     """Decode a padded batch of sources; returns the ``nbest`` hypotheses per sentence, best first.
 
+    ``controls`` (nmt/generation/constraints.py) force prefixes, ban phrases and place constraints.
     ``should_stop`` is asked before each step; when it answers True the search raises SearchStopped."""
     beam = options.beam
     device = source.device
@@ -175,6 +177,8 @@ def beam_search(model: SearchableModel, source: Tensor, options: SearchOptions, 
     scores = torch.zeros(sentences, width, device=device)
     alive_ids = torch.arange(sentences, device=device)  # original index of each alive sentence
     finished: list[list[Hypothesis]] = [[] for _ in range(sentences)]
+    if controls is not None:
+        controls.begin(limit)
 
     for step in range(int(limit.max()) + 1):
         if should_stop is not None and should_stop():
@@ -182,9 +186,13 @@ def beam_search(model: SearchableModel, source: Tensor, options: SearchOptions, 
         logits = model.decode(tokens[:, -1:], encoder_out, cache)[:, -1].float()
         logprobs = constrain(logits.log_softmax(dim=-1), tokens, step, limit[alive_ids].repeat_interleave(width),
                              options.min_len, options.no_repeat_ngram_size)
+        if controls is not None:
+            controls.restrict(logprobs, tokens, step)
         if options.sampling:
             cand_scores, cand_beams, cand_tokens = select_sample(
                 scores, logprobs, options.temperature, options.topk, options.topp, generator)
+        elif controls is not None and controls.has_constraints:
+            cand_scores, cand_beams, cand_tokens = controls.select(scores, logprobs, beam)
         else:
             cand_scores, cand_beams, cand_tokens = select_top(scores, logprobs, beam)
         base = (torch.arange(len(alive_ids), device=device) * width).unsqueeze(1)
@@ -210,11 +218,15 @@ def beam_search(model: SearchableModel, source: Tensor, options: SearchOptions, 
             keep_rows, keep_tokens, scores = keep_rows[still], keep_tokens[still], scores[still]
             alive_ids = alive_ids[still]
             encoder_out = model.reorder_encoder_out(encoder_out, still)
+            if controls is not None:
+                controls.keep(still)
         order = keep_rows.reshape(-1)
         step_scores = logprobs[order, keep_tokens.reshape(-1)]
         tokens = torch.cat([tokens[order], keep_tokens.reshape(-1, 1)], dim=1)
         token_scores = torch.cat([token_scores[order], step_scores.unsqueeze(1)], dim=1)
         cache.reorder(order)
+        if controls is not None:
+            controls.reorder(order, keep_tokens.reshape(-1))
         width = beam
 
     if not all(finished):  # only non-finite scores end a sentence with nothing: an EOS is forced at the limit

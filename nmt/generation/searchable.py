@@ -1,6 +1,7 @@
 """What a model must provide to be searched (beam search, greedy, sampling): the whole contract
 between ``nmt.generation.search`` and a model. The Transformer implements it; so does the
-scripted toy decoder of tests/test_search.py."""
+scripted toy decoder of tests/test_search.py. SearchControls is the same for what changes the
+search of some sentences (prefixes, constraints, bans)."""
 
 from __future__ import annotations
 
@@ -34,3 +35,25 @@ class SearchableModel(Protocol):
 
         ``rows`` is k times the encoder output's sentences, k consecutive rows per sentence (its beams,
         1 at beam search's first step), so that the encoder output is never copied per beam."""
+
+
+class SearchControls(Protocol):
+    """What changes the search for some sentences (prefixes, constraints, bans: nmt/generation/constraints.py's
+    BatchControls): the whole contract between them and ``beam_search``, which calls them only when given."""
+
+    has_constraints: bool  # whether ``select`` replaces select_top
+
+    def begin(self, limit: Tensor) -> None:
+        """The sentences' max output lengths, before the first step."""
+
+    def restrict(self, logprobs: Tensor, tokens: Tensor, step: int) -> None:
+        """Ban in place what the controls forbid at this step (``tokens``: the hypotheses so far, BOS first)."""
+
+    def select(self, scores: Tensor, logprobs: Tensor, beam: int) -> tuple[Tensor, Tensor, Tensor]:
+        """The 2*beam candidates (score, beam, token) per sentence, as select_top gives them."""
+
+    def keep(self, still: Tensor) -> None:
+        """Only the sentences ``still`` stay in the batch."""
+
+    def reorder(self, rows: Tensor, tokens: Tensor) -> None:
+        """Row i becomes old row ``rows[i]`` with ``tokens[i]`` appended."""

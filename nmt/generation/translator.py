@@ -5,6 +5,8 @@
     translator = Translator.from_checkpoint("checkpoints/checkpoint_best.pt")
     translator.translate(["A man is riding a bike."])           # ['Ein Mann fährt Fahrrad.']
     translator.hypotheses(["A dog."], beam=5, nbest=2)           # scores and per-token scores
+    translator.translate(["A man is riding a bike."], prefixes=["Ein Mann"], constraints=[["Fahrrad"]],
+                         bans=["Rad"])                           # controls: see nmt/generation/constraints.py
 
 Everything goes through the functions ``nmt generate`` uses (loading, encoding, length-sorted
 batches, beam search), with its defaults, so a sentence translates the same either way.
@@ -23,6 +25,7 @@ from nmt.checkpoint.format import Vocabularies
 from nmt.errors import NmtError
 from nmt.device import inference_device
 from nmt.device_options import InferenceDeviceOptions
+from nmt.generation.control_input import controls_from_lists
 from nmt.generation.inference import encode_sources, prepare_model, translate_ids
 from nmt.generation.options import BatchingOptions, SearchOptions
 from nmt.generation.search import Hypothesis
@@ -70,21 +73,31 @@ class Translator:
         batching = build(BatchingOptions, {k: v for k, v in overrides.items() if k in options_of(BatchingOptions)})
         return search, batching
 
-    def hypotheses(self, sentences: list[str], **options: Any) -> list[list[ScoredTranslation]]:
-        """The ``nbest`` translations of each sentence, best first, with their scores."""
+    def hypotheses(self, sentences: list[str], prefixes: list[str | None] | None = None,
+                   constraints: list[list[str] | None] | None = None, bans: list[str] | None = None,
+                   **options: Any) -> list[list[ScoredTranslation]]:
+        """The ``nbest`` translations of each sentence, best first, with their scores.
+
+        Controls: ``prefixes`` one target prefix (or None) per sentence, which each translation
+        begins with (its score is the continuation's); ``constraints`` one list of target phrases per
+        sentence, which the translation must contain; ``bans`` target phrases no translation contains."""
         if isinstance(sentences, str):
             raise NmtError("translate a list of strings (one sentence each), not a single string")
         sentences = list(sentences)  # any iterable: a generator or a file is read once, here
         if not all(isinstance(s, str) for s in sentences):
             raise NmtError("translate a list of strings (one sentence each)")
         search, batching = self.options(**options)
+        controls = controls_from_lists(self.vocabs.target, len(sentences), prefixes, constraints, bans)
         found = translate_ids(self.model, encode_sources(self.vocabs, sentences), search, batching, self.device,
-                              self.precision)
+                              self.precision, controls=controls)
         return [[self.scored(h) for h in hyps] for hyps in found]
 
-    def translate(self, sentences: list[str], **options: Any) -> list[str]:
-        """The best translation of each sentence. Options: beam=4, lenpen=0.6, nbest=1, ... (`nmt generate`'s)."""
-        return [hyps[0].text for hyps in self.hypotheses(sentences, **options)]
+    def translate(self, sentences: list[str], prefixes: list[str | None] | None = None,
+                  constraints: list[list[str] | None] | None = None, bans: list[str] | None = None,
+                  **options: Any) -> list[str]:
+        """The best translation of each sentence. Options: beam=4, lenpen=0.6, nbest=1, ... (`nmt generate`'s);
+        controls as ``hypotheses``."""
+        return [hyps[0].text for hyps in self.hypotheses(sentences, prefixes, constraints, bans, **options)]
 
     def scored(self, hypothesis: Hypothesis) -> ScoredTranslation:
         target = self.vocabs.target

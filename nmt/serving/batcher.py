@@ -33,12 +33,15 @@ from typing import Callable
 
 import numpy as np
 
+from nmt.generation.constraints import SentenceControls
 from nmt.generation.options import SearchOptions
 from nmt.generation.search import Hypothesis, SearchStopped
 from nmt.serving.budget import SearchMemory
 
 HEAVY_NICENESS = 10  # of 19: still running when the light worker waits for requests
-TranslateFn = Callable[[list[np.ndarray], SearchOptions, Callable[[], bool]], list[list[Hypothesis]]]
+Controls = list[SentenceControls | None]
+# (sources, options, their controls or None, should_stop) -> hypotheses
+TranslateFn = Callable[[list[np.ndarray], SearchOptions, Controls | None, Callable[[], bool]], list[list[Hypothesis]]]
 
 
 class QueueFull(Exception):
@@ -52,6 +55,7 @@ class Job:
     output_limits: list[int]  # the longest output each source may reach
     future: asyncio.Future
     long: bool  # searches long: the heavy requests' worker takes it
+    controls: Controls | None = None  # per source: prefix, constraints, bans
     done: int = 0  # sources translated so far
     results: list[list[Hypothesis]] = field(default_factory=list)
 
@@ -111,13 +115,14 @@ class Batcher:
                                                    initializer=lower_priority)}
         self.stats = BatchStats()
 
-    def submit(self, sources: list[np.ndarray], options: SearchOptions, output_limits: list[int]) -> asyncio.Future:
+    def submit(self, sources: list[np.ndarray], options: SearchOptions, output_limits: list[int],
+               controls: Controls | None = None) -> asyncio.Future:
         """Queue a request; its future gets the ``nbest`` hypotheses of each source. Cancelling the future
         (a timeout, a client that left) takes the request out of the line."""
         if self.waiting + len(sources) > self.max_waiting:
             raise QueueFull(f"{self.waiting} sentences are waiting (at most {self.max_waiting}); retry later")
         job = Job(sources, options, output_limits, asyncio.get_running_loop().create_future(),
-                  long=options.beam * max(output_limits) > self.long_search)
+                  long=options.beam * max(output_limits) > self.long_search, controls=controls)
         job.future.add_done_callback(lambda _: self.leave_line(job))
         self.waiting += len(sources)
         self.line.append(job)
@@ -192,13 +197,17 @@ class Batcher:
     async def translate_batch(self, pieces: list[Piece], executor: ThreadPoolExecutor) -> None:
         sources = [source for piece in pieces for source in piece.job.sources[piece.job.done:piece.stop]]
         options = pieces[0].job.options
+        controls = [control for piece in pieces
+                    for control in (piece.job.controls or [None] * len(piece.job.sources))[piece.job.done:piece.stop]] \
+            if any(piece.job.controls for piece in pieces) else None
 
         def gone() -> bool:  # asked from the worker thread: a future's done() only reads its state
             return self.closing or all(piece.job.future.done() for piece in pieces)
 
         start = time.perf_counter()
         try:
-            results = await asyncio.get_running_loop().run_in_executor(executor, self.translate, sources, options, gone)
+            results = await asyncio.get_running_loop().run_in_executor(executor, self.translate, sources, options,
+                                                                       controls, gone)
         except SearchStopped:
             for piece in pieces:
                 self.drop(piece.job)

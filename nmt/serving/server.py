@@ -1,6 +1,8 @@
 """``nmt serve``: an HTTP translation server over the same Translator as the Python API.
 
     POST /translate  {"text": ["...", ...], "beam": 4, ...}  ->  {"translations": [...], "scores": [...]}
+                     optional controls: "prefix": [one string or null per text], "constraints": [one list
+                     of strings per text], "ban": [strings] (nmt/generation/constraints.py)
     GET  /health     {"status": "ok", ...}
     GET  /info       arch, vocabularies, languages, precision, version, limits
 
@@ -31,7 +33,8 @@ import torch
 
 from nmt.data.vocabulary import EOS_ID
 from nmt.errors import NmtError
-from nmt.generation.inference import check_lengths, encode_sources, translate_ids
+from nmt.generation.control_input import controls_from_lists
+from nmt.generation.inference import check_controls, check_lengths, encode_sources, translate_ids
 from nmt.generation.options import BatchingOptions, SearchOptions
 from nmt.generation.search import max_lengths, model_positions
 from nmt.generation.translator import Translator
@@ -48,6 +51,7 @@ MIB = 2 ** 20
 # What a request may set: the deterministic search options (sampling would depend on the batch).
 REQUEST_OPTIONS = ("beam", "lenpen", "lenpen_style", "max_len_a", "max_len_b", "min_len", "no_repeat_ngram_size",
                    "nbest", "stop")
+CONTROL_FIELDS = ("prefix", "constraints", "ban")  # passed to controls_from_lists
 
 
 class ApiError(Exception):
@@ -60,8 +64,8 @@ def body_limit(options: ServeOptions) -> int:
     return options.max_characters * BODY_BYTES_PER_CHARACTER + BODY_SLACK
 
 
-def parse_request(body: bytes, options: ServeOptions) -> tuple[list[str], dict[str, Any]]:
-    """The sentences and search options of a /translate body, or an ApiError saying what is wrong."""
+def parse_request(body: bytes, options: ServeOptions) -> tuple[list[str], dict[str, Any], dict[str, Any]]:
+    """The sentences, search options and controls of a /translate body, or an ApiError saying what is wrong."""
     try:
         payload = json.loads(body.decode("utf-8"))
     except UnicodeDecodeError as exc:
@@ -87,9 +91,11 @@ def parse_request(body: bytes, options: ServeOptions) -> tuple[list[str], dict[s
     characters = sum(len(t) for t in text)
     if characters > options.max_characters:
         raise ApiError(413, f"{characters} characters in one request; at most {options.max_characters}")
+    controls = {name: payload.pop(name) for name in CONTROL_FIELDS if name in payload}
     unknown = sorted(set(payload) - set(REQUEST_OPTIONS))
     if unknown:
-        raise ApiError(422, f"unknown field(s) {', '.join(unknown)}; known: text, {', '.join(REQUEST_OPTIONS)}")
+        raise ApiError(422, f"unknown field(s) {', '.join(unknown)}; known: text, {', '.join(REQUEST_OPTIONS)}, "
+                            f"{', '.join(CONTROL_FIELDS)}")
     defaults = SearchOptions()
     for name, value in payload.items():
         expected = type(getattr(defaults, name))
@@ -105,7 +111,7 @@ def parse_request(body: bytes, options: ServeOptions) -> tuple[list[str], dict[s
     for name, (most, flag) in limits.items():
         if payload.get(name, getattr(defaults, name)) > most:
             raise ApiError(422, f'"{name}" must be at most {most:g}' + (f" (the server's {flag})" if flag else ""))
-    return text, payload
+    return text, payload, controls
 
 
 def output_limits(model, sources: list, search: SearchOptions, options: ServeOptions) -> list[int]:
@@ -139,9 +145,9 @@ def create_app(translator: Translator, options: ServeOptions, baseline: int = 0)
     budget = batch_budget(translator, memory, options)
     batching = BatchingOptions(max_tokens=None, batch_size=options.max_queue)  # the batcher sized the batch
 
-    def translate(sources, search, should_stop):
+    def translate(sources, search, controls, should_stop):
         return translate_ids(translator.model, sources, search, batching, translator.device, translator.precision,
-                             should_stop=should_stop)
+                             controls=controls, should_stop=should_stop)
 
     # A sentence searching over a quarter of the longest search the limits allow is heavy (see batcher.py).
     batcher = Batcher(translate, options.batch_window_ms / 1000, memory, budget, options.max_queue,
@@ -165,7 +171,7 @@ def create_app(translator: Translator, options: ServeOptions, baseline: int = 0)
 
     @endpoint
     async def translate_endpoint(request: Request) -> dict[str, Any]:
-        texts, overrides = parse_request(await read_body(request, body_limit(options), options.body_timeout), options)
+        texts, overrides, given = parse_request(await read_body(request, body_limit(options), options.body_timeout), options)
         try:
             search, _ = translator.options(**overrides)
         except NmtError as exc:
@@ -173,10 +179,15 @@ def create_app(translator: Translator, options: ServeOptions, baseline: int = 0)
         sources = encode_sources(translator.vocabs, texts)
         try:  # here, not in the batch: one request's sentence must not fail the others batched with it
             check_lengths(translator.model, sources)
+            controls = controls_from_lists(translator.vocabs.target, len(texts), *(given.get(f) for f in CONTROL_FIELDS),
+                                           names=tuple(f'"{f}"' for f in CONTROL_FIELDS))
+            if controls is not None:
+                controls = check_controls(sources, controls, search, model_positions(translator.model))
         except NmtError as exc:
             raise ApiError(422, str(exc).replace("input line", "text")) from exc
         try:
-            future = batcher.submit(sources, search, output_limits(translator.model, sources, search, options))
+            future = batcher.submit(sources, search, output_limits(translator.model, sources, search, options),
+                                    controls)
         except QueueFull as exc:
             raise ApiError(429, str(exc)) from exc
         hypotheses = await answer_or_give_up(request, future, options.request_timeout)

@@ -1,0 +1,118 @@
+"""Controls as users give them: target prefixes, constraints and banned phrases as text, encoded
+with the target sentencepiece model into SentenceControls, and checked.
+
+Raw text input (``-i FILE`` or stdin) has one form, tab-separated: the source; then, with
+``--prefix-column``, a tab and the target prefix (empty: none); then, with ``--constraints``, a
+tab before each constraint (fairseq's form)::
+
+    A man rides a bike.<TAB>Ein Mann<TAB>Fahrrad          (--prefix-column --constraints)
+
+``--prefix FILE`` gives the prefixes as a file of their own instead, one line per input line (also
+for a binarized split); ``--ban FILE`` one banned phrase a line, for every sentence.
+"""
+
+from __future__ import annotations
+
+from nmt.data.vocabulary import UNK_ID, Vocabulary
+from nmt.errors import NmtError
+from nmt.files import read_lines
+from nmt.generation.constraints import SentenceControls, contains
+
+
+def split_line(line: str, prefix_column: bool, constraints: bool, where: str) -> tuple[str, str | None, list[str]]:
+    """The source, prefix (None: none) and constraints of one input line in the tab form."""
+    fields = line.split("\t")
+    source = fields.pop(0)
+    prefix = None
+    if prefix_column:
+        if not fields:
+            raise NmtError(f"{where} has no tab: with --prefix-column each line is source<TAB>prefix "
+                           "(the prefix may be empty)")
+        prefix = fields.pop(0) or None
+    if fields and not constraints:
+        expected = "source<TAB>prefix" if prefix_column else "a source"
+        raise NmtError(f"{where} has {line.count(chr(9)) + 1} tab-separated fields, but is {expected} "
+                       "(constraints after more tabs need --constraints)")
+    return source, prefix, fields
+
+
+def encode_phrase(vocab: Vocabulary, text: str, what: str) -> list[int]:
+    """A phrase's target pieces; empty text, or text the vocabulary cannot represent, is an error."""
+    if not text.strip():
+        raise NmtError(f"{what} is empty")
+    ids = vocab.encode(text)
+    if UNK_ID in ids:
+        unknown = sorted({c for c in text if UNK_ID in vocab.encode(c)})
+        raise NmtError(f"{what} {text!r} has characters the target vocabulary cannot represent "
+                       f"({' '.join(unknown) or 'unknown pieces'})")
+    return ids
+
+
+def encode_bans(vocab: Vocabulary, phrases: list[str], what: str) -> list[list[int]]:
+    """Banned phrases, blank ones left out; errors name phrase n as ``what`` n ("bans.txt line")."""
+    return [encode_phrase(vocab, text, f"{what} {number}") for number, text in enumerate(phrases, start=1)
+            if text.strip()]
+
+
+def read_bans(vocab: Vocabulary, path: str) -> list[list[int]]:
+    return encode_bans(vocab, read_lines(path), f"{path} line")
+
+
+def sentence_controls(vocab: Vocabulary, prefix: str | None, constraints: list[str], bans: list[list[int]],
+                      where: str) -> SentenceControls | None:
+    """One sentence's controls (None when it has none). A prefix or constraint holding a banned
+    phrase is an error: the output could not both contain and avoid it."""
+    pieces = encode_phrase(vocab, prefix, f"{where}: the prefix") if prefix else []
+    phrases: list[list[int]] = []
+    for number, text in enumerate(constraints, start=1):
+        phrase = encode_phrase(vocab, text, f"{where}: constraint {number}")
+        if phrase not in phrases:
+            phrases.append(phrase)
+    for what, phrase in [("the prefix", pieces)] + [(f"constraint {i}", p) for i, p in enumerate(phrases, start=1)]:
+        for ban in bans:
+            if contains(phrase, ban):
+                raise NmtError(f"{where}: {what} {vocab.decode(phrase)!r} contains the banned phrase "
+                               f"{vocab.decode(ban)!r}")
+    controls = SentenceControls(pieces, phrases, bans)
+    return controls or None
+
+
+def controls_from_lists(vocab: Vocabulary, count: int, prefixes: object = None, constraints: object = None,
+                        bans: object = None, names: tuple[str, str, str] = ("prefixes", "constraints", "bans")
+                        ) -> list[SentenceControls | None] | None:
+    """The controls of ``count`` sentences given as Python lists (the API's and the server's form):
+    one prefix (a string or None) and one list of constraint strings per sentence, and banned
+    phrases for all of them. None when none is given. ``names`` name the three in errors."""
+    if prefixes is None and constraints is None and not bans:
+        return None
+    prefix_name, constraints_name, bans_name = names
+    if prefixes is not None and not (isinstance(prefixes, list) and len(prefixes) == count and
+                                     all(p is None or isinstance(p, str) for p in prefixes)):
+        raise NmtError(f"{prefix_name} must be a list of one string (or null) per sentence ({count})")
+    if constraints is not None and not (isinstance(constraints, list) and len(constraints) == count and all(
+            c is None or (isinstance(c, list) and all(isinstance(t, str) for t in c)) for c in constraints)):
+        raise NmtError(f"{constraints_name} must be a list of one list of strings (or null) per sentence ({count})")
+    if bans is not None and not (isinstance(bans, list) and all(isinstance(b, str) for b in bans)):
+        raise NmtError(f"{bans_name} must be a list of strings")
+    banned = encode_bans(vocab, bans or [], f"{bans_name} phrase")
+    return [sentence_controls(vocab, prefixes[i] if prefixes else None, (constraints[i] or []) if constraints else [],
+                              banned, f"input line {i + 1}") for i in range(count)]
+
+
+def lines_with_controls(vocab: Vocabulary, lines: list[str], prefix_column: bool, constraints: bool,
+                        prefixes: list[str] | None, bans: list[list[int]], first_line: int = 1
+                        ) -> tuple[list[str], list[SentenceControls | None] | None]:
+    """The source text of input lines and their controls (None when no control is asked for):
+    the tab form (``split_line``), ``prefixes`` from --prefix FILE (one per line), ``bans`` for all."""
+    if not (prefix_column or constraints or prefixes is not None or bans):
+        return lines, None
+    sources, controls = [], []
+    for number, line in enumerate(lines, start=first_line):
+        where = f"input line {number}"
+        source, prefix, phrases = split_line(line, prefix_column, constraints, where) \
+            if prefix_column or constraints else (line, None, [])
+        if prefixes is not None:
+            prefix = prefixes[number - first_line] or None
+        sources.append(source)
+        controls.append(sentence_controls(vocab, prefix, phrases, bans, where))
+    return sources, controls
