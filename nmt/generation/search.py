@@ -171,8 +171,9 @@ def beam_search(model: SearchableModel, source: Tensor, options: SearchOptions, 
 
     for step in range(int(limit.max()) + 1):
         logits = model.decode(tokens[:, -1:], encoder_out, cache)[:, -1].float()
-        logprobs = constrain(logits.log_softmax(dim=-1), tokens, step, limit[alive_ids].repeat_interleave(width),
-                             options.min_len, options.no_repeat_ngram_size)
+        logprobs = constrain(torch.log_softmax(logits, dim=-1, out=logits),  # in place: one (rows, vocab) tensor less
+                             tokens, step, limit[alive_ids].repeat_interleave(width), options.min_len,
+                             options.no_repeat_ngram_size)
         if options.sampling:
             cand_scores, cand_beams, cand_tokens = select_sample(
                 scores, logprobs, options.temperature, options.topk, options.topp, generator)
