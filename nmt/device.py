@@ -74,6 +74,21 @@ def resolve_precision(precision: str, device: torch.device) -> tuple[str, str]:
     return "fp32", f"auto: no bf16 detection for {device.type} devices"
 
 
+ONEDNN_CACHE_CAPACITY = 16  # oneDNN's own default is 1,024
+
+
+def bound_onednn_cache() -> None:
+    """Keep oneDNN's cache of compiled products small for decoding, unless the user set its size.
+
+    torch's bf16 products on CPU run on oneDNN, which keeps one compiled primitive per matrix shape.
+    Decoding meets new shapes at nearly every step (a batch's rows change as sentences finish), so
+    a large cache only grows: 60-80 MiB over 500 sentences of transformer_small, at no measured
+    speed (docs/performance.md); 16 holds every shape in use at once. oneDNN reads the size when it
+    makes its first primitive, so this acts in a process that has not run bf16 products yet.
+    """
+    os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(ONEDNN_CACHE_CAPACITY))
+
+
 def autocast(device: torch.device, precision: str) -> ContextManager:
     """Mixed precision through torch.amp: bf16 works on CPU and GPU, fp16 on GPU only."""
     if precision == "auto":
