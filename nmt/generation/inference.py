@@ -26,7 +26,7 @@ from nmt.checkpoint.format import Vocabularies, load_checkpoint, model_from_chec
 from nmt.checkpoint.names import split_paths
 from nmt.data.batching import batch_by_size, collate
 from nmt.data.vocabulary import EOS_ID, UNK_ID
-from nmt.device import autocast, bound_onednn_cache
+from nmt.device import autocast, bound_onednn_caches
 from nmt.errors import NmtError
 from nmt.generation.ensemble import Ensemble
 from nmt.generation.options import BatchingOptions, SearchOptions, check_workers
@@ -56,7 +56,7 @@ def prepare_model(checkpoint_path: str | Path | list[str], device: torch.device,
 
 def inference_model(model: nn.Module, quantize: str) -> nn.Module:
     model.eval()
-    bound_onednn_cache()
+    bound_onednn_caches()
     if quantize == "int8":
         model.separate_output_layer()  # the largest product of every step; int8 only sees modules
         with warnings.catch_warnings():  # torch.ao's eager quantization warns it will move to torchao
