@@ -162,6 +162,8 @@ def beam_search(model: SearchableModel, source: Tensor, options: SearchOptions, 
     width = beam if options.sampling else 1  # rows per sentence now
     encoder_out = model.encode(source)  # one row per sentence, shared by its `width` decoder rows
     cache = model.new_cache()
+    if hasattr(cache, "reserve"):  # room for the longest output at once (see nmt.models.kv_cache)
+        cache.reserve(int(limit.max()) + 1, sentences * beam)
 
     tokens = torch.full((sentences * width, 1), BOS_ID, dtype=torch.long, device=device)
     token_scores = torch.zeros((sentences * width, 0), device=device)

@@ -16,6 +16,9 @@ class DecoderState(Protocol):
     def reorder(self, indices: Tensor) -> None:
         """Row i becomes old row ``indices[i]`` (rows may be duplicated or dropped)."""
 
+    # Optional: ``reserve(positions, rows)``, called once before the first step with the most
+    # positions (BOS and the longest output's tokens) and rows (sentences x beam) it will hold.
+
 
 @runtime_checkable
 class SearchableModel(Protocol):

@@ -7,8 +7,11 @@ position in place, the first ``length`` positions are one contiguous block, and 
 single ``index_select`` of that block into a spare buffer (then the two swap). The cache keeps one
 spare for all its layers: a layer's reorder hands its old buffer on as the next layer's spare, so
 the history is held ``layers + 1`` times, not twice. Since the buffers are flat, fewer rows (when
-sentences leave) fit in the same memory as more positions: a buffer is replaced only when it is
-full, by one half as large again. It is for inference (``torch.no_grad``/``inference_mode``):
+sentences leave) fit in the same memory as more positions. On CPU, search reserves room for its
+longest output up front: pages never written cost no memory there, while buffers replaced as they
+grow scatter freed blocks that the C allocator keeps (100 MiB of peak RSS over 1,000 sentences
+with int8 layers, docs/performance.md). Elsewhere, or without a reservation, a full buffer is
+replaced by one half as large again. It is for inference (``torch.no_grad``/``inference_mode``):
 reordering writes into existing storage.
 """
 
@@ -28,6 +31,7 @@ class KeyValueCache:
         self.rows = 0
         self.buffer: Tensor | None = None  # flat; see view()
         self.head_shape: tuple[int, int] = (0, 0)  # heads, head_dim
+        self.reserved = 0  # positions x rows that a CPU buffer has room for from the start
 
     def view(self, buffer: Tensor, rows: int) -> Tensor:
         """A flat buffer as (capacity, rows, 2, heads, head_dim), the capacity it has room for."""
@@ -39,7 +43,10 @@ class KeyValueCache:
         return buffer is not None and buffer.numel() >= positions * rows * 2 * self.head_shape[0] * self.head_shape[1]
 
     def new_buffer(self, like: Tensor, positions: int, rows: int) -> Tensor:
-        size = int(GROWTH * positions) * rows * 2 * self.head_shape[0] * self.head_shape[1]
+        room = int(GROWTH * positions) * rows
+        if like.device.type == "cpu":
+            room = max(room, self.reserved)
+        size = room * 2 * self.head_shape[0] * self.head_shape[1]
         return like.new_empty(size, dtype=self.dtype(like))
 
     def append(self, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
@@ -94,6 +101,11 @@ class DecoderCache:
     @property
     def length(self) -> int:
         return self.layers[0].length
+
+    def reserve(self, positions: int, rows: int) -> None:
+        """Room for ``positions`` positions of ``rows`` rows in every buffer made from now on (CPU only)."""
+        for layer in self.layers:
+            layer.reserved = positions * rows
 
     def reorder(self, indices: Tensor) -> None:
         """Keep/duplicate rows: beam search calls this with the surviving beams' origins."""
