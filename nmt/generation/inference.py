@@ -29,7 +29,7 @@ from nmt.data.vocabulary import EOS_ID, UNK_ID
 from nmt.device import autocast, bound_onednn_caches
 from nmt.errors import NmtError
 from nmt.generation.ensemble import Ensemble
-from nmt.generation.options import BatchingOptions, SearchOptions, check_workers
+from nmt.generation.options import BatchingOptions, SearchOptions, check_workers, choose_workers
 from nmt.generation.search import beam_search, Hypothesis, model_positions
 from nmt.generation.workers import map_in_workers
 from nmt.log import logger
@@ -81,13 +81,14 @@ class Workload:
 
 
 def plan_workload(sources: list[np.ndarray], search: SearchOptions, batching: BatchingOptions,
-                  progress: Progress | None) -> Workload:
-    """Answer the empty sources at once and size the batches of the others."""
+                  progress: Progress | None, workers: int = 1) -> Workload:
+    """Answer the empty sources at once and size the batches of the others (``workers`` at a time)."""
     results = [empty_hypotheses(search.nbest) if len(s) <= 1 else [] for s in sources]
     todo = np.asarray([i for i, s in enumerate(sources) if len(s) > 1], dtype=np.int64)
     lengths = np.fromiter((len(sources[i]) for i in todo), dtype=np.int64, count=len(todo))
-    # A sentence's beams take about beam * (source length + some output) rows of work.
-    max_tokens = None if batching.max_tokens is None else max(batching.max_tokens // search.beam,
+    # A sentence's beams take about beam * (source length + some output) rows of work; the
+    # workers' batches share the budget, so that more workers do not hold more memory.
+    max_tokens = None if batching.max_tokens is None else max(batching.max_tokens // (search.beam * workers),
                                                               int(lengths.max(initial=1)))
     task = progress.add_task("translating", total=len(sources), completed=len(sources) - len(todo)) \
         if progress else None
@@ -105,9 +106,10 @@ def translate_ids(model: nn.Module, sources: list[np.ndarray], search: SearchOpt
     search, batching = search or SearchOptions(), batching or BatchingOptions()
     check_lengths(model, sources)
     check_workers(search, batching, device.type)
+    workers = choose_workers(search, batching, device.type, torch.get_num_threads(), len(sources))
     if search.sampling and generator is None:
         generator = sampling_generator(search, device)
-    work = plan_workload(sources, search, batching, progress)
+    work = plan_workload(sources, search, batching, progress, workers)
 
     def search_batch(indices: np.ndarray) -> list[list[Hypothesis]]:
         with torch.inference_mode(), autocast(device, precision):  # both are per thread
@@ -119,7 +121,7 @@ def translate_ids(model: nn.Module, sources: list[np.ndarray], search: SearchOpt
     # Also entered here: with one worker the batches run in this thread, and autocast keeps its
     # low-precision copies of the weights only until its outermost context ends.
     with torch.inference_mode(), autocast(device, precision):
-        place_batches(work.results, batches, map_in_workers(search_batch, batches, batching.workers), progress,
+        place_batches(work.results, batches, map_in_workers(search_batch, batches, workers), progress,
                       work.task)
     return work.results
 
