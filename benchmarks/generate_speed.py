@@ -196,8 +196,8 @@ def main() -> None:
                         help="nmt's stopping rule (generate --stop; finished is CTranslate2's)")
     parser.add_argument("--max-tokens", type=int, default=8000)
     parser.add_argument("--threads", default="1,2", help="comma-separated torch thread counts")
-    parser.add_argument("--workers", type=int, default=1, help="batches decoded at once, sharing the threads "
-                        "(generate --workers; CTranslate2's inter_threads)")
+    parser.add_argument("--workers", type=int, help="batches decoded at once, sharing the threads (generate "
+                        "--workers; CTranslate2's inter_threads); default: each engine's own (nmt: one per thread)")
     parser.add_argument("--settings", default="fp32,bf16,int8" + (",ct2-float32,ct2-int8" if HAVE_CT2 else ""),
                         help=f"comma-separated, from {', '.join([*SETTINGS, *CT2_SETTINGS])}")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per setting; the table shows the median")
@@ -212,7 +212,7 @@ def main() -> None:
     test_file = args.data / "test_2016_flickr.en.gz"
     if not test_file.exists():
         raise SystemExit(f"Multi30k not found in {args.data} (set --data or NMT_MULTI30K)")
-    if args.before and args.workers != 1:
+    if args.before and args.workers is not None:
         raise SystemExit("--before times older checkouts, which have no --workers: give one or the other")
     if args.reference and not args.path:
         raise SystemExit("--reference needs --path: BLEU of a random model means nothing")
@@ -224,7 +224,7 @@ def main() -> None:
         model_name = str(args.path) if args.path else f"random transformer_small, vocab {args.vocab_size}"
         length_rule = dict(max_len_a=1.0, max_len_b=50) if args.path else dict(max_len_a=1.0, max_len_b=2)
         table = Table(title=f"nmt generate, beam {args.beam}, lenpen {args.lenpen:g}, stop {args.stop}, "
-                            f"{args.workers} worker(s), "
+                            f"{args.workers or 'default'} worker(s), "
                             f"Multi30k test_2016_flickr ({len(lines):,} sentences), "
                             f"{model_name}, max length {length_rule['max_len_a']:g}*src+{length_rule['max_len_b']}, "
                             f"{describe_cpu()}, torch {torch.__version__}")
@@ -241,7 +241,7 @@ def main() -> None:
                 search = dict(beam=args.beam, lenpen=args.lenpen, max_tokens=args.max_tokens, **length_rule)
                 if args.stop != "exact":  # older checkouts (--before) have no stop option
                     search["stop"] = args.stop
-                if args.workers != 1:  # nor workers
+                if args.workers is not None:  # nor workers
                     search["workers"] = args.workers
                 timings = [(name, lambda: time_translation(make_translator(name, Path(path), search, Path(tmp)),
                                                            lines, args.repeats))]

@@ -60,7 +60,7 @@ def ct2_hypotheses(exported, sources, options):
 
     translator, vocabs, max_positions = open_translator(exported, torch.device("cpu"), "default",
                                                         options.batching.workers)
-    assert translator.num_translators == options.batching.workers  # CTranslate2's inter_threads
+    assert translator.num_translators == (options.batching.workers or 1)  # CTranslate2's inter_threads
     return translate_ids_ctranslate2(translator, vocabs, sources, options, max_positions=max_positions)
 
 

@@ -21,7 +21,7 @@ from nmt.device import inference_device
 from nmt.device_options import InferenceDeviceOptions
 from nmt.generation.generate import generate
 from nmt.generation.inference import prepare_model, translate_ids
-from nmt.generation.options import check_workers, GenerateOptions
+from nmt.generation.options import check_workers, choose_workers, GenerateOptions
 from nmt.generation.workers import map_in_workers
 from nmt.options import build
 from nmt.models.registry import build_model, get_arch, resolve_config
@@ -138,6 +138,44 @@ def test_workers_run_batches_at_the_same_time_with_their_share_of_the_threads(ch
     assert len(seen) >= 3 and set_threads == [2, 2, 4]  # once per worker, then the caller's count set back
     assert len({thread for thread, _ in seen}) == 2 and threading.get_ident() not in {t for t, _ in seen}
     assert all(inference for _, inference in seen)  # inference mode is per thread: each worker enters it
+
+
+def test_cpu_decoding_runs_one_worker_per_thread_by_default_sharing_the_token_budget(checkpoint, data_dir,
+                                                                                       monkeypatch):
+    model, _ = prepare_model(checkpoint, torch.device("cpu"))
+    split = DataDir.open(data_dir).split("test")
+    sources = [split.source[i] for i in range(len(split))]
+    search = inference_module.beam_search
+    seen = []  # (thread, source tokens with padding) per batch
+
+    def watched(model, source, *args, **kwargs):
+        seen.append((threading.get_ident(), source.numel()))
+        return search(model, source, *args, **kwargs)
+
+    monkeypatch.setattr(inference_module, "beam_search", watched)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    monkeypatch.setattr(torch, "set_num_threads", lambda threads: None)
+    longest = max(len(s) for s in sources)
+    for workers, threads in ((None, 2), (1, 1)):
+        seen.clear()
+        chosen = options(checkpoint, beam=2, max_len_b=4, max_tokens=8 * longest, workers=workers)
+        translate_ids(model, sources, chosen.search, chosen.batching)
+        assert len({thread for thread, _ in seen}) == threads
+        share = 8 * longest // (2 * threads)  # --max-tokens counts source tokens x beam, shared by the workers
+        assert max(tokens for _, tokens in seen) <= share < 2 * max(tokens for _, tokens in seen)
+
+
+def test_default_workers_follow_the_threads_and_the_input_but_never_sample_or_use_a_gpu(checkpoint):
+    chosen = options(checkpoint)
+    assert chosen.batching.workers is None
+    assert choose_workers(chosen.search, chosen.batching, "cpu", threads=4, sentences=100) == 4
+    assert choose_workers(chosen.search, chosen.batching, "cpu", threads=4, sentences=3) == 3
+    assert choose_workers(chosen.search, chosen.batching, "cpu", threads=1, sentences=100) == 1
+    assert choose_workers(chosen.search, chosen.batching, "cuda", threads=4, sentences=100) == 1
+    sampling = options(checkpoint, sampling=True)
+    assert choose_workers(sampling.search, sampling.batching, "cpu", threads=4, sentences=100) == 1
+    given = options(checkpoint, workers=3)
+    assert choose_workers(given.search, given.batching, "cpu", threads=8, sentences=100) == 3
 
 
 def test_workers_refuse_sampling_and_gpus(checkpoint):

@@ -81,6 +81,53 @@ def test_cache_reorder_follows_beam_indices():
     assert cache.length == 4
 
 
+def test_cache_follows_reorders_that_drop_rows_over_many_steps():
+    """Rows leave (sentences finish) and positions grow past each buffer's room, with and without
+    reorders in between: every step still equals decoding the rows' whole prefixes at once."""
+    model = make_model()
+    src = random_tokens(6, 5)
+    prev = torch.cat([torch.full((6, 1), BOS_ID), random_tokens(6, 39, seed=5)], dim=1)
+    encoder_out = model.encode(src)
+    rows = torch.arange(6)  # which original row each cached row continues
+    cache = model.new_cache()
+    with torch.no_grad():
+        for t in range(prev.size(1)):
+            step = model.decode(prev[rows, t:t + 1], model.reorder_encoder_out(encoder_out, rows), cache)
+            full = model.decode(prev[rows, :t + 1], model.reorder_encoder_out(encoder_out, rows))[:, -1]
+            torch.testing.assert_close(step[:, 0], full, rtol=0, atol=1e-5)
+            if t % 4 == 3:  # appends in between fill the buffers; a row leaves at every third reorder
+                order = torch.tensor([0, 0, 2, 1, 4, 3])[:len(rows) - (t % 12 == 11)]
+                cache.reorder(order)
+                rows = rows[order]
+    assert cache.length == 40 and len(rows) == 3
+
+
+def test_a_reserved_cache_never_replaces_its_buffers():
+    """Search reserves room for its longest output on CPU: each layer's buffer and the spare are made
+    once, however the rows change, and decoding is the same as with buffers that grow."""
+    model = make_model()
+    src = random_tokens(3, 5)
+    prev = torch.cat([torch.full((6, 1), BOS_ID), random_tokens(6, 29, seed=6)], dim=1)
+    encoder_out = model.reorder_encoder_out(model.encode(src), torch.tensor([0, 0, 1, 1, 2, 2]))
+    outputs, storages = [], set()
+    for reserve in (True, False):
+        cache = model.new_cache()
+        if reserve:
+            cache.reserve(prev.size(1), 6)
+        with torch.no_grad():
+            steps, rows = [], torch.arange(6)
+            for t in range(prev.size(1)):
+                steps.append(model.decode(prev[rows, t:t + 1], model.reorder_encoder_out(encoder_out, rows), cache))
+                order = torch.tensor([1, 0, 3, 2, 4, 5])[:6 - t // 10]  # rows leave at steps 10 and 20
+                cache.reorder(order)
+                rows = rows[order]
+                if reserve:
+                    storages |= {layer.buffer.data_ptr() for layer in cache.layers} | {cache.spare.data_ptr()}
+        outputs.append(torch.cat([step[:4] for step in steps], dim=1))
+    assert len(storages) == len(model.decoder_layers) + 1
+    torch.testing.assert_close(outputs[0], outputs[1], rtol=0, atol=0)
+
+
 def test_rows_grouped_per_sentence_read_their_own_source():
     """Beam search keeps one encoder row per sentence for its k beams (k consecutive decoder rows):
     that must equal decoding with each sentence's encoder output copied k times."""
@@ -207,7 +254,7 @@ def test_bf16_decoding_on_cpu_caches_and_attends_in_fp32():
         cache = model.new_cache()
         steps = torch.cat([model.decode(prev[:, t:t + 1], encoder_out, cache) for t in range(prev.size(1))], dim=1)
     assert all(k.dtype == v.dtype == torch.float32 for k, v in encoder_out.memory)
-    assert all(buffer.dtype == torch.float32 for layer in cache.layers for buffer in layer.buffers)
+    assert all(layer.buffer.dtype == torch.float32 for layer in cache.layers)
     assert steps.dtype == torch.bfloat16  # the output projection still computes in bf16
     with torch.inference_mode():
         exact = model.decode(prev, model.encode(src))

@@ -96,13 +96,14 @@ def load_ctranslate2(options: GenerateOptions, device: torch.device) -> tuple[Tr
         translator, vocabs, sources, options, progress, max_positions, controls, first_line), vocabs
 
 
-def open_translator(path: Path, device: torch.device, compute: str, workers: int = 1
+def open_translator(path: Path, device: torch.device, compute: str, workers: int | None = 1
                     ) -> tuple[ctranslate2.Translator, Vocabularies, int | None]:
     """An exported directory as it is; a checkpoint is exported to a temporary directory first
     (the translator reads its files into memory, so the directory can go right after). ``workers``
     batches run at once (CTranslate2's inter_threads), sharing torch's thread count. Also the
     model's positions (None for an export made before nmt.json kept them)."""
     ctranslate2 = import_ctranslate2()
+    workers = workers or 1  # unset: one, CTranslate2's own default
     with tempfile.TemporaryDirectory(prefix="nmt-ct2-") as tmp:
         directory = path if path.is_dir() else export_ctranslate2(ExportOptions(str(path), str(Path(tmp) / "model")))
         vocabs, max_positions = load_vocabularies(directory), export_meta(directory).get("max_positions")
@@ -123,7 +124,8 @@ def translate_ids_ctranslate2(translator: ctranslate2.Translator, vocabs: Vocabu
     outputs end before the model's last position, as nmt's own search does."""
     if controls is not None:
         controls = check_controls(sources, controls, options.search, max_positions, first_line)
-    work = plan_workload(sources, options.search, options.batching, progress, controls)
+    workers = options.batching.workers or 1
+    work = plan_workload(sources, options.search, options.batching, progress, controls, workers)
     limits = max_lengths(torch.as_tensor(work.lengths - 1), options.search.max_len_a, options.search.max_len_b,
                          max_positions).numpy()
     batches = []  # (source indices, their max length): one translate_batch call each
@@ -139,7 +141,7 @@ def translate_ids_ctranslate2(translator: ctranslate2.Translator, vocabs: Vocabu
         return decode_batch(translator, vocabs, pieces, limit, options, [controls[i] for i in indices] if controls else None)
 
     place_batches(work.results, [indices for indices, _ in batches],
-                  map_in_workers(decode, batches, options.batching.workers), progress, work.task)
+                  map_in_workers(decode, batches, workers), progress, work.task)
     return work.results
 
 

@@ -20,6 +20,10 @@ class EnsembleCache:
     def __init__(self, caches: list):
         self.caches = caches
 
+    def reserve(self, positions: int, rows: int) -> None:
+        for cache in self.caches:
+            cache.reserve(positions, rows)
+
     def reorder(self, indices: Tensor) -> None:
         for cache in self.caches:
             cache.reorder(indices)

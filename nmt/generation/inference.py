@@ -29,11 +29,11 @@ from nmt.checkpoint.format import Vocabularies, load_checkpoint, model_from_chec
 from nmt.checkpoint.names import split_paths
 from nmt.data.batching import batch_by_size, collate
 from nmt.data.vocabulary import EOS_ID, UNK_ID
-from nmt.device import autocast
+from nmt.device import autocast, bound_onednn_caches
 from nmt.errors import NmtError
 from nmt.generation.constraints import BatchControls, SentenceControls, contains
 from nmt.generation.ensemble import Ensemble
-from nmt.generation.options import BatchingOptions, SearchOptions, check_workers
+from nmt.generation.options import BatchingOptions, SearchOptions, check_workers, choose_workers
 from nmt.generation.search import beam_search, Hypothesis, max_lengths, model_positions
 from nmt.generation.workers import map_in_workers
 from nmt.log import logger
@@ -62,6 +62,7 @@ def prepare_model(checkpoint_path: str | Path | list[str], device: torch.device,
 
 def inference_model(model: nn.Module, quantize: str) -> nn.Module:
     model.eval()
+    bound_onednn_caches()
     if quantize == "int8":
         model.separate_output_layer()  # the largest product of every step; int8 only sees modules
         with warnings.catch_warnings():  # torch.ao's eager quantization warns it will move to torchao
@@ -86,15 +87,16 @@ class Workload:
 
 
 def plan_workload(sources: list[np.ndarray], search: SearchOptions, batching: BatchingOptions,
-                  progress: Progress | None, controls: Controls | None = None) -> Workload:
+                  progress: Progress | None, controls: Controls | None = None, workers: int = 1) -> Workload:
     """Answer the empty sources at once (unless a prefix or constraints ask for output) and size the
-    batches of the others."""
+    batches of the others (``workers`` at a time)."""
     asks = [bool(c and (c.prefix or c.constraints)) for c in controls] if controls else [False] * len(sources)
     todo = np.asarray([i for i, s in enumerate(sources) if len(s) > 1 or asks[i]], dtype=np.int64)
     results = [[] if len(s) > 1 or asks[i] else empty_hypotheses(search.nbest) for i, s in enumerate(sources)]
     lengths = np.fromiter((len(sources[i]) for i in todo), dtype=np.int64, count=len(todo))
-    # A sentence's beams take about beam * (source length + some output) rows of work.
-    max_tokens = None if batching.max_tokens is None else max(batching.max_tokens // search.beam,
+    # A sentence's beams take about beam * (source length + some output) rows of work; the
+    # workers' batches share the budget, so that more workers do not hold more memory.
+    max_tokens = None if batching.max_tokens is None else max(batching.max_tokens // (search.beam * workers),
                                                               int(lengths.max(initial=1)))
     task = progress.add_task("translating", total=len(sources), completed=len(sources) - len(todo)) \
         if progress else None
@@ -117,9 +119,10 @@ def translate_ids(model: nn.Module, sources: list[np.ndarray], search: SearchOpt
     check_workers(search, batching, device.type)
     if controls is not None:
         controls = check_controls(sources, controls, search, model_positions(model), first_line)
+    workers = choose_workers(search, batching, device.type, torch.get_num_threads(), len(sources))
     if search.sampling and generator is None:
         generator = sampling_generator(search, device)
-    work = plan_workload(sources, search, batching, progress, controls)
+    work = plan_workload(sources, search, batching, progress, controls, workers)
 
     def search_batch(indices: np.ndarray) -> list[list[Hypothesis]]:
         with torch.inference_mode(), autocast(device, precision):  # both are per thread
@@ -132,7 +135,7 @@ def translate_ids(model: nn.Module, sources: list[np.ndarray], search: SearchOpt
     # Also entered here: with one worker the batches run in this thread, and autocast keeps its
     # low-precision copies of the weights only until its outermost context ends.
     with torch.inference_mode(), autocast(device, precision):
-        place_batches(work.results, batches, map_in_workers(search_batch, batches, batching.workers), progress,
+        place_batches(work.results, batches, map_in_workers(search_batch, batches, workers), progress,
                       work.task)
     if controls is not None:
         warn_unmet(work.results, controls, first_line)

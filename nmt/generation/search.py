@@ -171,6 +171,8 @@ def beam_search(model: SearchableModel, source: Tensor, options: SearchOptions, 
     width = beam if options.sampling else 1  # rows per sentence now
     encoder_out = model.encode(source)  # one row per sentence, shared by its `width` decoder rows
     cache = model.new_cache()
+    if hasattr(cache, "reserve"):  # room for the longest output at once (see nmt.models.kv_cache)
+        cache.reserve(int(limit.max()) + 1, sentences * beam)
 
     tokens = torch.full((sentences * width, 1), BOS_ID, dtype=torch.long, device=device)
     token_scores = torch.zeros((sentences * width, 0), device=device)
@@ -184,8 +186,9 @@ def beam_search(model: SearchableModel, source: Tensor, options: SearchOptions, 
         if should_stop is not None and should_stop():
             raise SearchStopped(f"stopped at step {step}")
         logits = model.decode(tokens[:, -1:], encoder_out, cache)[:, -1].float()
-        logprobs = constrain(logits.log_softmax(dim=-1), tokens, step, limit[alive_ids].repeat_interleave(width),
-                             options.min_len, options.no_repeat_ngram_size)
+        logprobs = constrain(torch.log_softmax(logits, dim=-1, out=logits),  # in place: one (rows, vocab) tensor less
+                             tokens, step, limit[alive_ids].repeat_interleave(width), options.min_len,
+                             options.no_repeat_ngram_size)
         if controls is not None:
             controls.restrict(logprobs, tokens, step)
         if options.sampling:

@@ -17,6 +17,9 @@ class DecoderState(Protocol):
     def reorder(self, indices: Tensor) -> None:
         """Row i becomes old row ``indices[i]`` (rows may be duplicated or dropped)."""
 
+    # Optional: ``reserve(positions, rows)``, called once before the first step with the most
+    # positions (BOS and the longest output's tokens) and rows (sentences x beam) it will hold.
+
 
 @runtime_checkable
 class SearchableModel(Protocol):
@@ -31,7 +34,8 @@ class SearchableModel(Protocol):
         """An empty decoder state for incremental decoding."""
 
     def decode(self, prev_output_tokens: Tensor, encoder_out: Any, cache: DecoderState) -> Tensor:
-        """Logits (rows, new, vocab) for the new tokens (rows, new), continuing ``cache`` and updating it.
+        """Logits (rows, new, vocab) for the new tokens (rows, new), continuing ``cache`` and updating it:
+        a tensor of its own, which search turns into log-probabilities in place.
 
         ``rows`` is k times the encoder output's sentences, k consecutive rows per sentence (its beams,
         1 at beam search's first step), so that the encoder output is never copied per beam."""

@@ -41,7 +41,7 @@ class ServeOptions:
     max_batch_memory: int | None = field(default=None, metadata={
         "help": "MiB one batch's search may take at most, estimated from the model's shape: rows (sentences x "
                 "beam) x the longest output each may reach, and the encoder's; a request that needs more gives "
-                "its sentences over several batches, taking turns with the others. Default: 1024, or what the "
+                "its sentences over several batches, taking turns with the others. Unset: 1024, or what the "
                 "heaviest sentence the limits allow needs if more.", "min": 1})
     request_timeout: float = field(default=60.0, metadata={
         "help": "Seconds a request may wait for its translation; later it answers 503.", "min": 0.001})
