@@ -36,6 +36,7 @@ from rich.table import Table
 
 from nmt.data.corpus import SplitFiles, file_lines, find_splits, read_chunks
 from nmt.data.dataset import META_FILE, DataDir, smallest_dtype
+from nmt.data.shortlist import save_shortlist
 from nmt.data.vocabulary import EOS_ID, UNK_ID, Vocabulary
 from nmt.errors import NmtError
 from nmt.files import atomic_write, clean_workdirs_beside, fsync_dir
@@ -159,6 +160,8 @@ def write_dataset(workdir: Path, splits: list[SplitFiles], vocabs: dict[str, Voc
         advance = lambda lines: progress.advance(task, lines)  # noqa: E731
         meta["splits"][split.name] = binarize_split(workdir, split, vocabs, options, advance, chunk_lines)
         log_split(split.name, meta["splits"][split.name])
+    if "train" in meta["splits"]:
+        meta["shortlist_file"] = save_shortlist(DataDir(workdir, meta), vocabs)
     DataDir(workdir, meta).write_meta()
 
 

@@ -30,8 +30,9 @@ from nmt.files import atomic_write, read_lines, refuse_overwriting
 from nmt.generation.alignment import word_attentions
 from nmt.generation.ctranslate2_engine import load_ctranslate2
 from nmt.generation.ensemble import Ensemble
-from nmt.generation.inference import TranslateSources, encode_sources, prepare_model, sampling_generator, translate_ids
-from nmt.generation.options import GenerateOptions
+from nmt.generation.inference import (TranslateSources, encode_sources, prepare_model, sampling_generator,
+                                      translate_ids, uses_shortlist)
+from nmt.generation.options import GenerateOptions, SearchOptions
 from nmt.generation.output import Translation, write_translations
 from nmt.generation.streaming import LineReader, is_stream
 from nmt.log import logger, stderr_console
@@ -125,9 +126,18 @@ def load_engine(options: GenerateOptions, device: torch.device) -> Engine:
         return Engine(*load_ctranslate2(options, device), None)
     model, vocabs = prepare_model(options.path, device, options.compute.quantize)
     generator = sampling_generator(options.search, device) if options.search.sampling else None  # one stream of draws
+    log_shortlist(options.search, vocabs)
     return Engine(lambda sources, progress=None: translate_ids(model, sources, options.search, options.batching,
-                                                               device, options.compute.precision, progress, generator),
+                                                               device, options.compute.precision, progress, generator,
+                                                               vocabs.shortlist),
                   vocabs, model)
+
+
+def log_shortlist(search: SearchOptions, vocabs: Vocabularies) -> None:
+    if uses_shortlist(search, vocabs.shortlist):
+        logger.info("vocabulary shortlist: each sentence scores its own candidates (%d per source piece, %d frequent; "
+                    "--shortlist none scores all %d pieces)", vocabs.shortlist.translations.shape[1],
+                    len(vocabs.shortlist.frequent), len(vocabs.target))
 
 
 def translate_stream(engine: Engine, options: GenerateOptions, device: torch.device) -> list[Translation]:

@@ -19,6 +19,7 @@ from torch import Tensor
 
 from nmt.data.vocabulary import BOS_ID, EOS_ID, PAD_ID
 from nmt.errors import NmtError
+from nmt.generation.candidates import Candidates
 from nmt.generation.options import SearchOptions
 from nmt.generation.searchable import SearchableModel
 
@@ -60,10 +61,12 @@ def model_positions(model: SearchableModel) -> int | None:
 
 
 def constrain(logprobs: Tensor, tokens: Tensor, step: int, max_len: Tensor, min_len: int,
-              no_repeat_ngram_size: int) -> Tensor:
+              no_repeat_ngram_size: int, columns: Tensor | None = None) -> Tensor:
     """Ban tokens in place: specials never; EOS before min_len; only EOS at max_len; n-gram repeats.
 
     ``tokens`` (rows, step + 1) is each hypothesis so far, BOS first; ``max_len`` is per row.
+    With ``columns`` (a shortlist), ``logprobs`` has a column per entry of it (a special token's
+    column is its id).
     """
     logprobs[:, PAD_ID] = NEG_INF
     logprobs[:, BOS_ID] = NEG_INF
@@ -82,7 +85,8 @@ def constrain(logprobs: Tensor, tokens: Tensor, step: int, max_len: Tensor, min_
         matches = (windows[:, :, :-1] == prefix[:, None, :]).all(dim=2) if n > 1 else \
             torch.ones(windows.shape[:2], dtype=torch.bool, device=tokens.device)
         rows, where = matches.nonzero(as_tuple=True)
-        logprobs[rows, windows[rows, where, -1]] = NEG_INF
+        banned = windows[rows, where, -1]
+        logprobs[rows, banned if columns is None else torch.searchsorted(columns, banned)] = NEG_INF
     return logprobs
 
 
@@ -148,9 +152,13 @@ def select_sample(scores: Tensor, logprobs: Tensor, temperature: float, topk: in
     return scores + logprobs.gather(1, draws).view(sentences, rows_per), beams, draws.view(sentences, rows_per)
 
 
-def beam_search(model: SearchableModel, source: Tensor, options: SearchOptions, generator: torch.Generator | None = None
-                ) -> list[list[Hypothesis]]:
-    """Decode a padded batch of sources; returns the ``nbest`` hypotheses per sentence, best first."""
+def beam_search(model: SearchableModel, source: Tensor, options: SearchOptions, generator: torch.Generator | None = None,
+                candidates: Candidates | None = None) -> list[list[Hypothesis]]:
+    """Decode a padded batch of sources; returns the ``nbest`` hypotheses per sentence, best first.
+
+    With ``candidates`` (a vocabulary shortlist), the model scores only their columns and each
+    sentence chooses among its own: the steps work in column space (column c is token
+    ``columns[c]``) and tokens are mapped back to vocabulary ids as they join a hypothesis."""
     beam = options.beam
     device = source.device
     sentences = source.size(0)
@@ -160,7 +168,9 @@ def beam_search(model: SearchableModel, source: Tensor, options: SearchOptions, 
     # Beam search starts from one row per sentence (its beams would all be the same prefix, BOS)
     # and widens to `beam` rows after the first step; sampling draws `beam` lines from the start.
     width = beam if options.sampling else 1  # rows per sentence now
-    encoder_out = model.encode(source)  # one row per sentence, shared by its `width` decoder rows
+    columns = candidates.columns if candidates is not None else None
+    # One row per sentence, shared by its `width` decoder rows.
+    encoder_out = model.encode(source) if columns is None else model.encode(source, columns)
     cache = model.new_cache()
 
     tokens = torch.full((sentences * width, 1), BOS_ID, dtype=torch.long, device=device)
@@ -171,8 +181,10 @@ def beam_search(model: SearchableModel, source: Tensor, options: SearchOptions, 
 
     for step in range(int(limit.max()) + 1):
         logits = model.decode(tokens[:, -1:], encoder_out, cache)[:, -1].float()
+        if candidates is not None:
+            candidates.restrict(logits, alive_ids)
         logprobs = constrain(logits.log_softmax(dim=-1), tokens, step, limit[alive_ids].repeat_interleave(width),
-                             options.min_len, options.no_repeat_ngram_size)
+                             options.min_len, options.no_repeat_ngram_size, columns)
         if options.sampling:
             cand_scores, cand_beams, cand_tokens = select_sample(
                 scores, logprobs, options.temperature, options.topk, options.topp, generator)
@@ -203,7 +215,8 @@ def beam_search(model: SearchableModel, source: Tensor, options: SearchOptions, 
             encoder_out = model.reorder_encoder_out(encoder_out, still)
         order = keep_rows.reshape(-1)
         step_scores = logprobs[order, keep_tokens.reshape(-1)]
-        tokens = torch.cat([tokens[order], keep_tokens.reshape(-1, 1)], dim=1)
+        new_tokens = keep_tokens.reshape(-1, 1)
+        tokens = torch.cat([tokens[order], new_tokens if columns is None else columns[new_tokens]], dim=1)
         token_scores = torch.cat([token_scores[order], step_scores.unsqueeze(1)], dim=1)
         cache.reorder(order)
         width = beam

@@ -79,7 +79,7 @@ class Translator:
             raise NmtError("translate a list of strings (one sentence each)")
         search, batching = self.options(**options)
         found = translate_ids(self.model, encode_sources(self.vocabs, sentences), search, batching, self.device,
-                              self.precision)
+                              self.precision, shortlist=self.vocabs.shortlist)
         return [[self.scored(h) for h in hyps] for hyps in found]
 
     def translate(self, sentences: list[str], **options: Any) -> list[str]:

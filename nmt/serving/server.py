@@ -148,7 +148,8 @@ def create_app(translator: Translator, options: ServeOptions):
 
     batching = BatchingOptions(max_tokens=options.max_batch_tokens)
     batcher = Batcher(lambda sources, search: translate_ids(translator.model, sources, search, batching,
-                                                            translator.device, translator.precision),
+                                                            translator.device, translator.precision,
+                                                            shortlist=translator.vocabs.shortlist),
                       options.batch_window_ms / 1000, options.max_batch_tokens, options.max_queue)
     started = time.time()
     info = server_info(translator, options)

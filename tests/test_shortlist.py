@@ -1,0 +1,219 @@
+"""The vocabulary shortlist: learned from a corpus, carried by data directories and checkpoints, and
+decoding over each sentence's candidates only (nmt/data/shortlist.py, nmt/generation/candidates.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from nmt.checkpoint.averaging import average_checkpoints
+from nmt.checkpoint.format import load_checkpoint, model_state, save_checkpoint
+from nmt.data.dataset import DataDir
+from nmt.data.shortlist import Shortlist, learn_shortlist
+from nmt.data.vocabulary import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Vocabularies
+from nmt.errors import NmtError
+from nmt.generation.candidates import batch_candidates
+from nmt.generation.inference import prepare_model, translate_ids
+from nmt.generation.options import BatchingOptions, SearchOptions
+from nmt.models.registry import build_model, get_arch, resolve_config
+
+from conftest import make_data_dir, numbers_pairs
+
+
+def corpus(pairs: list[tuple[list[int], list[int]]]) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
+    """Both sides of token-id sentence pairs as (flat tokens, offsets), each sentence ending in EOS."""
+    sides = []
+    for side in (0, 1):
+        sentences = [pair[side] + [EOS_ID] for pair in pairs]
+        offsets = np.concatenate([[0], np.cumsum([len(s) for s in sentences])])
+        sides.append((np.concatenate(sentences).astype(np.uint16), offsets))
+    return tuple(sides)
+
+
+def test_model1_ranks_a_pieces_translation_above_the_words_it_merely_meets():
+    # Source 10 always meets target 20 and 30; 30 also comes with every other source word (like "the"):
+    # model 1 explains 30 by the others, so 10's likeliest translation is 20 (co-occurrence ties them).
+    pairs = [([10, 11], [20, 30, 21])] * 3 + [([12], [30, 22])] * 5 + [([13], [30, 23])] * 5 + [([11], [21])] * 3
+    source, target = corpus(pairs)
+    shortlist = learn_shortlist(source, target, 40, 40, joint=False, per_piece=2, frequent=1)
+    assert shortlist.frequent.tolist() == [30]  # the most frequent target piece, for every sentence
+    assert shortlist.translations[10].tolist() == [20, 21]  # 30 is frequent: its slot goes to another piece
+    assert shortlist.translations[12].tolist() == [22, 0]  # padded with PAD
+    assert shortlist.translations[14].tolist() == [0, 0]  # never seen: nothing of its own
+
+
+def test_a_joint_vocabulary_lets_every_piece_be_copied():
+    pairs = [([10], [20, 21])] * 4
+    source, target = corpus(pairs)
+    joint = learn_shortlist(source, target, 40, 40, joint=True, per_piece=2, frequent=0)
+    assert set(joint.translations[10]) == {10, 20} or set(joint.translations[10]) == {10, 21}
+    assert joint.translations[33].tolist() == [33, 0]  # unseen in training, still itself
+    separate = learn_shortlist(source, target, 40, 40, joint=False, per_piece=2, frequent=0)
+    assert 10 not in separate.translations[10]
+
+
+def test_a_large_corpus_is_learned_from_a_seeded_sample():
+    rng = np.random.default_rng(0)
+    pairs = [(rng.integers(4, 30, 5).tolist(), rng.integers(4, 30, 6).tolist()) for _ in range(200)]
+    source, target = corpus(pairs)
+    whole = learn_shortlist(source, target, 30, 30, joint=False, per_piece=3, frequent=2)
+    sampled, again = (learn_shortlist(source, target, 30, 30, joint=False, per_piece=3, frequent=2, max_links=600)
+                      for _ in range(2))
+    assert np.array_equal(sampled.translations, again.translations)
+    assert not np.array_equal(sampled.translations, whole.translations)
+
+
+def test_bytes_round_trip_and_mismatched_sizes_are_refused():
+    shortlist = Shortlist(np.arange(12, dtype=np.uint16).reshape(6, 2), np.asarray([5, 4], dtype=np.uint16))
+    again = Shortlist.from_bytes(shortlist.to_bytes(), 6, 12)
+    assert np.array_equal(again.translations, shortlist.translations)
+    assert np.array_equal(again.frequent, shortlist.frequent)
+    with pytest.raises(NmtError, match="6 source pieces, the source vocabulary 7"):
+        Shortlist.from_bytes(shortlist.to_bytes(), 7, 12)
+    with pytest.raises(NmtError, match="not ids of the 11-piece target vocabulary"):
+        Shortlist.from_bytes(shortlist.to_bytes(), 6, 11)
+    with pytest.raises(NmtError, match="not readable"):
+        Shortlist.from_bytes(b"not a shortlist", 6, 12)
+
+
+def test_batch_candidates_keep_each_sentence_to_its_own():
+    translations = np.zeros((10, 2), dtype=np.uint16)
+    translations[5], translations[6] = (7, 8), (9, 0)
+    shortlist = Shortlist(translations, np.asarray([4], dtype=np.uint16))
+    found = batch_candidates(shortlist, [np.asarray([5, EOS_ID]), np.asarray([6, EOS_ID])], torch.device("cpu"),
+                             required=[(), [5]])
+    columns = found.columns.tolist()
+    assert columns == [PAD_ID, UNK_ID, BOS_ID, EOS_ID, 4, 5, 7, 8, 9]  # ascending, specials first
+    own = [{columns[c] for c in row.nonzero().flatten().tolist()} for row in found.allowed]
+    assert own == [{0, 1, 2, 3, 4, 7, 8}, {0, 1, 2, 3, 4, 5, 9}]  # the second requires 5 (a prefix, say)
+
+
+# -- decoding -------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    pairs = numbers_pairs(260, seed=3)
+    return make_data_dir(tmp_path_factory.mktemp("shortlist-data"), {"train": pairs[:240], "test": pairs[240:]})
+
+
+@pytest.fixture(scope="module")
+def vocabs(data_dir) -> Vocabularies:
+    data = DataDir.open(data_dir)
+    vocabs = data.vocabularies()
+    train = data.split("train")
+    vocabs.shortlist = learn_shortlist((train.source.tokens, train.source.offsets),
+                                       (train.target.tokens, train.target.offsets), len(vocabs.source),
+                                       len(vocabs.target), joint=True, per_piece=4, frequent=4)
+    return vocabs
+
+
+def tiny_checkpoint(directory, vocabs: Vocabularies):
+    """An untrained, deterministic tiny model with peaky distributions (no near-ties)."""
+    torch.manual_seed(0)
+    arch = get_arch("transformer_tiny")
+    config = resolve_config(arch.config, {"d_model": 32, "ffn_dim": 64})
+    model = build_model(arch.model_name, config, len(vocabs.source), len(vocabs.target), PAD_ID)
+    with torch.no_grad():
+        model.tgt_embed.weight.mul_(4.0)
+    path = directory / "model.pt"
+    save_checkpoint(path, model_state(model, "transformer_tiny", config, vocabs))
+    return path
+
+
+@pytest.fixture(scope="module")
+def checkpoint(vocabs, tmp_path_factory):
+    return tiny_checkpoint(tmp_path_factory.mktemp("shortlist-ckpt"), vocabs)
+
+
+@pytest.fixture(scope="module")
+def sources(data_dir) -> list[np.ndarray]:
+    split = DataDir.open(data_dir).split("test")
+    return [split.source[i] for i in range(len(split))]
+
+
+def whole_vocabulary(size: int) -> Shortlist:
+    return Shortlist(np.tile(np.arange(size, dtype=np.uint16), (size, 1)), np.arange(size, dtype=np.uint16))
+
+
+def hypotheses(model, sources, given: Shortlist | None, precision="fp32", **search):
+    found = translate_ids(model, sources, SearchOptions(**{"beam": 3, "nbest": 2, "max_len_b": 8, **search}),
+                          BatchingOptions(**{"max_tokens": None, "batch_size": 7}), precision=precision,
+                          shortlist=given)
+    return [[(h.tokens, h.score, h.positional_scores) for h in hyps] for hyps in found]
+
+
+@pytest.mark.parametrize("quantize,precision", [("none", "fp32"), ("int8", "fp32"), ("none", "bf16")])
+def test_a_shortlist_of_the_whole_vocabulary_changes_nothing(checkpoint, sources, quantize, precision):
+    model, vocabs = prepare_model(checkpoint, torch.device("cpu"), quantize)
+    everything = whole_vocabulary(len(vocabs.target))
+    assert hypotheses(model, sources, everything, precision, no_repeat_ngram_size=2) == \
+        hypotheses(model, sources, None, precision, no_repeat_ngram_size=2)
+
+
+@pytest.mark.parametrize("quantize,precision", [("none", "fp32"), ("int8", "fp32"), ("none", "bf16")])
+def test_each_translation_keeps_to_its_sentences_candidates(checkpoint, sources, quantize, precision):
+    model, vocabs = prepare_model(checkpoint, torch.device("cpu"), quantize)
+    assert vocabs.shortlist is not None  # the checkpoint carries it
+    with_shortlist = hypotheses(model, sources, vocabs.shortlist, precision)
+    without = hypotheses(model, sources, None, precision)
+    assert with_shortlist != without  # the random model likes pieces outside the candidates
+    for source, hyps in zip(sources, with_shortlist):
+        allowed = set(vocabs.shortlist.candidates(source).tolist()) | {EOS_ID}
+        assert all(set(tokens) <= allowed for tokens, _, _ in hyps)
+        assert all(np.isfinite(score) for _, score, _ in hyps)
+
+
+def test_no_repeat_ngrams_are_banned_in_column_space(checkpoint, sources):
+    model, vocabs = prepare_model(checkpoint, torch.device("cpu"))
+    for hyps in hypotheses(model, sources, vocabs.shortlist, no_repeat_ngram_size=1, max_len_b=12):
+        for tokens, _, _ in hyps:
+            assert len(set(tokens)) == len(tokens)
+
+
+def test_with_a_shortlist_translations_do_not_depend_on_the_batch(checkpoint, sources):
+    model, vocabs = prepare_model(checkpoint, torch.device("cpu"))
+    search = SearchOptions(beam=3, nbest=3, max_len_b=8)
+
+    def run(order, **batching):
+        found = translate_ids(model, [sources[i] for i in order], search, BatchingOptions(**batching),
+                              shortlist=vocabs.shortlist)
+        restored = [None] * len(sources)
+        for position, index in enumerate(order):
+            restored[index] = [h.tokens for h in found[position]]
+        return restored
+
+    identity = np.arange(len(sources))
+    alone = run(identity, batch_size=1, max_tokens=None)
+    assert run(identity, batch_size=20, max_tokens=None) == alone
+    assert run(np.random.default_rng(0).permutation(len(sources)), batch_size=6, max_tokens=None, workers=2) == alone
+
+
+def test_shortlist_none_and_sampling_score_the_whole_vocabulary(checkpoint, sources):
+    model, vocabs = prepare_model(checkpoint, torch.device("cpu"))
+    without = hypotheses(model, sources, None)
+    assert hypotheses(model, sources, vocabs.shortlist, shortlist="none") == without
+    sampled = dict(sampling=True, beam=2, nbest=1, seed=5)
+    assert hypotheses(model, sources, vocabs.shortlist, **sampled) == hypotheses(model, sources, None, **sampled)
+
+
+def test_a_checkpoint_without_a_shortlist_decodes_as_before(vocabs, sources, tmp_path):
+    old_style = Vocabularies(vocabs.source_lang, vocabs.target_lang, vocabs.source, vocabs.target)
+    path = tiny_checkpoint(tmp_path, old_style)
+    assert "shortlist" not in load_checkpoint(path)["vocab"]
+    model, loaded = prepare_model(path, torch.device("cpu"))
+    assert loaded.shortlist is None
+    assert hypotheses(model, sources, loaded.shortlist) == hypotheses(model, sources, None, shortlist="none")
+
+
+def test_averaging_keeps_the_shortlist(checkpoint, vocabs, tmp_path):
+    averaged = average_checkpoints([checkpoint, tiny_checkpoint(tmp_path, vocabs)])
+    assert averaged["vocab"]["shortlist"] == vocabs.shortlist.to_bytes()
+
+
+def test_an_ensemble_uses_a_shortlist_only_when_its_models_share_it(checkpoint, vocabs, tmp_path):
+    other = Vocabularies(vocabs.source_lang, vocabs.target_lang, vocabs.source, vocabs.target,
+                         whole_vocabulary(len(vocabs.target)))
+    _, same = prepare_model([str(checkpoint), str(checkpoint)], torch.device("cpu"))
+    _, different = prepare_model([str(checkpoint), str(tiny_checkpoint(tmp_path, other))], torch.device("cpu"))
+    assert same.shortlist is not None and different.shortlist is None
