@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from nmt.checkpoint.averaging import average_checkpoints
+from nmt.data.preprocess import PreprocessOptions, preprocess
 from nmt.checkpoint.format import load_checkpoint, model_state, save_checkpoint
 from nmt.data.dataset import DataDir
 from nmt.data.shortlist import Shortlist, learn_shortlist
@@ -17,8 +18,9 @@ from nmt.generation.candidates import batch_candidates
 from nmt.generation.inference import prepare_model, translate_ids
 from nmt.generation.options import BatchingOptions, SearchOptions
 from nmt.models.registry import build_model, get_arch, resolve_config
+from nmt.training.trainer import train
 
-from conftest import make_data_dir, numbers_pairs
+from conftest import make_data_dir, numbers_pairs, tiny_config
 
 
 def corpus(pairs: list[tuple[list[int], list[int]]]) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
@@ -87,6 +89,24 @@ def test_batch_candidates_keep_each_sentence_to_its_own():
     assert columns == [PAD_ID, UNK_ID, BOS_ID, EOS_ID, 4, 5, 7, 8, 9]  # ascending, specials first
     own = [{columns[c] for c in row.nonzero().flatten().tolist()} for row in found.allowed]
     assert own == [{0, 1, 2, 3, 4, 7, 8}, {0, 1, 2, 3, 4, 5, 9}]  # the second requires 5 (a prefix, say)
+
+
+def test_preprocess_learns_it_and_training_carries_it_into_checkpoints(tmp_path):
+    pairs = numbers_pairs(200, seed=4)
+    for lang, side in (("en", 0), ("de", 1)):
+        (tmp_path / f"train.{lang}").write_text("".join(pair[side] + "\n" for pair in pairs), encoding="utf-8")
+    data = preprocess(PreprocessOptions("en", "de", str(tmp_path / "bin"), trainpref=str(tmp_path / "train"),
+                                        vocab_size=120, byte_fallback=False), show_progress=False)
+    assert data.meta["shortlist_file"] == "shortlist.npz"
+    shortlist = data.vocabularies().shortlist
+    split = data.split("train")
+    learned = learn_shortlist((split.source.tokens, split.source.offsets), (split.target.tokens, split.target.offsets),
+                              120, 120, joint=True)
+    assert np.array_equal(shortlist.translations, learned.translations)
+    assert np.array_equal(shortlist.frequent, learned.frequent)
+    train(tiny_config(data.path, tmp_path / "run", max_update=1))
+    carried = load_checkpoint(tmp_path / "run" / "checkpoint_last.pt")["vocab"]["shortlist"]
+    assert carried == shortlist.to_bytes()
 
 
 # -- decoding -------------------------------------------------------------------------------------
