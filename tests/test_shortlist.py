@@ -3,6 +3,8 @@ decoding over each sentence's candidates only (nmt/data/shortlist.py, nmt/genera
 
 from __future__ import annotations
 
+import importlib.util
+
 import numpy as np
 import pytest
 import torch
@@ -14,10 +16,12 @@ from nmt.data.dataset import DataDir
 from nmt.data.shortlist import Shortlist, learn_shortlist
 from nmt.data.vocabulary import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Vocabularies
 from nmt.errors import NmtError
+from nmt.export.ctranslate2 import ExportOptions, export_ctranslate2
 from nmt.generation.candidates import batch_candidates
 from nmt.generation.inference import prepare_model, translate_ids
-from nmt.generation.options import BatchingOptions, SearchOptions
+from nmt.generation.options import BatchingOptions, GenerateOptions, SearchOptions
 from nmt.models.registry import build_model, get_arch, resolve_config
+from nmt.options import build
 from nmt.training.trainer import train
 
 from conftest import make_data_dir, numbers_pairs, tiny_config
@@ -237,3 +241,54 @@ def test_an_ensemble_uses_a_shortlist_only_when_its_models_share_it(checkpoint, 
     _, same = prepare_model([str(checkpoint), str(checkpoint)], torch.device("cpu"))
     _, different = prepare_model([str(checkpoint), str(tiny_checkpoint(tmp_path, other))], torch.device("cpu"))
     assert same.shortlist is not None and different.shortlist is None
+
+
+# -- CTranslate2 ----------------------------------------------------------------------------------
+
+needs_ct2 = pytest.mark.skipif(importlib.util.find_spec("ctranslate2") is None,
+                               reason="ctranslate2 is not installed (pip install 'nmt[ct2]')")
+
+
+@pytest.fixture(scope="module")
+def trained_with_shortlist(tiny_data_dir, tmp_path_factory):
+    """transformer_tiny after 120 updates on the numbers task, given a small shortlist afterwards."""
+    save_dir = tmp_path_factory.mktemp("shortlist-train")
+    train(tiny_config(tiny_data_dir, save_dir, max_update=120, valid_subset="none", log_interval=1000))
+    checkpoint = load_checkpoint(save_dir / "checkpoint_last.pt")
+    train_split, size = DataDir.open(tiny_data_dir).split("train"), len(DataDir.open(tiny_data_dir).vocabulary("en"))
+    shortlist = learn_shortlist((train_split.source.tokens, train_split.source.offsets),
+                                (train_split.target.tokens, train_split.target.offsets), size, size, joint=True,
+                                per_piece=2, frequent=2)
+    checkpoint["vocab"]["shortlist"] = shortlist.to_bytes()
+    save_checkpoint(save_dir / "with_shortlist.pt", checkpoint)
+    return save_dir / "with_shortlist.pt"
+
+
+@needs_ct2
+def test_the_export_writes_a_vocabulary_map_that_ctranslate2_decodes_with(trained_with_shortlist, tmp_path):
+    from nmt.generation.ctranslate2_engine import open_translator, translate_ids_ctranslate2
+
+    directory = export_ctranslate2(ExportOptions(str(trained_with_shortlist), str(tmp_path / "model")))
+    model, vocabs = prepare_model(trained_with_shortlist, torch.device("cpu"))
+    lines = (directory / "vmap.txt").read_text(encoding="utf-8").splitlines()
+    piece = vocabs.target.piece
+    assert lines[0] == "\t" + " ".join(piece(int(t)) for t in vocabs.shortlist.frequent)
+    key, values = lines[4].split("\t")  # after UNK's, BOS's and EOS's lines (PAD has none): the first word piece
+    assert key == piece(4) and values.split() == [piece(int(t)) for t in vocabs.shortlist.translations[4] if t]
+
+    sources = [np.asarray(ids + [EOS_ID]) for ids in vocabs.source.encode_batch([s for s, _ in numbers_pairs(40, 12)])]
+    translator, ct2_vocabs, max_positions = open_translator(directory, torch.device("cpu"), "default")
+    assert ct2_vocabs.shortlist.to_bytes() == vocabs.shortlist.to_bytes()
+
+    def best(engine: str, shortlist: str) -> list[list[int]]:
+        options = build(GenerateOptions, {"input": "-", "beam": 1, "lenpen": 0.0, "batch_size": 1, "max_tokens": None,
+                                          "shortlist": shortlist})
+        if engine == "nmt":
+            found = translate_ids(model, sources, options.search, options.batching, shortlist=vocabs.shortlist)
+        else:
+            found = translate_ids_ctranslate2(translator, ct2_vocabs, sources, options, max_positions=max_positions)
+        return [hyps[0].tokens for hyps in found]
+
+    with_map = best("ctranslate2", "auto")
+    assert with_map != best("ctranslate2", "none")  # the map is used: two candidates per piece are too few
+    assert with_map == best("nmt", "auto")  # one sentence a batch: the same candidates in both engines
