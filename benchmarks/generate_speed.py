@@ -105,8 +105,9 @@ def with_shortlist(path: Path, data_dir: Path, directory: Path) -> Path:
     if checkpoint["vocab"]["source"] != data.vocabulary(data.source_lang).model_proto:
         raise SystemExit(f"{data_dir} has another vocabulary than {path}")
     train, size = data.split("train"), len(data.vocabulary(data.target_lang))
-    shortlist = learn_shortlist((train.source.tokens, train.source.offsets), (train.target.tokens, train.target.offsets),
-                                len(data.vocabulary(data.source_lang)), size, joint=data.meta.get("joint", False))
+    shortlist = learn_shortlist((train.source.tokens, train.source.offsets),
+                                (train.target.tokens, train.target.offsets), len(data.vocabulary(data.source_lang)),
+                                size, joint=data.meta.get("joint", False))
     checkpoint["vocab"]["shortlist"] = shortlist.to_bytes()
     copy = directory / f"{path.stem}_with_shortlist.pt"
     save_checkpoint(copy, checkpoint)
@@ -203,7 +204,8 @@ def ratio_table(speeds: dict[tuple[str, int], float]) -> Table:
     """nmt / CTranslate2 sentences/s per thread count: float32 against float32, fastest against fastest
     (CTranslate2 as it ships, without a vocabulary map), and fastest against fastest with the shortlist."""
     table = Table(title="nmt / CTranslate2 (ratio of sentences/s, same threads)")
-    for column in ("threads", "fp32 / ct2-float32", "fastest nmt / fastest ct2", "with the shortlist: fastest / fastest"):
+    for column in ("threads", "fp32 / ct2-float32", "fastest nmt / fastest ct2",
+                   "with the shortlist: fastest / fastest"):
         table.add_column(column, justify="right")
 
     def fastest(names: dict[str, float]) -> str:

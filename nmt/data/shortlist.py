@@ -8,10 +8,10 @@ It is learned by ``nmt preprocess`` from the binarized training split with a few
 IBM model 1 (Brown et al., 1993): p(t | s) is the share of the target pieces' alignment mass
 each source piece ``s`` (or the sentence's NULL word) takes, so a frequent target piece that
 co-occurs with everything ("the", ".") is explained by the pieces that cause it rather than
-listed for all of them (plain co-occurrence counts would do that). Each source piece keeps its
-``PER_PIECE`` likeliest target pieces outside the frequent ones; with a joint vocabulary also itself, so names, numbers
-and characters seen only in the input can be copied. The ``FREQUENT`` most frequent target pieces
-are candidates for every sentence. A corpus with more than ``MAX_LINKS`` (source, target) piece
+listed for all of them (plain co-occurrence counts would do that). The ``FREQUENT`` most frequent
+target pieces are candidates for every sentence; each source piece adds its ``PER_PIECE``
+likeliest others and, with a joint vocabulary, itself, so that names, numbers and characters seen
+only in the input can be copied. A corpus with more than ``MAX_LINKS`` (source, target) piece
 pairs is learned from a seeded random sample of its sentences that holds that many.
 
 Saved as ``shortlist.npz`` in the data directory and carried in checkpoints next to the
@@ -105,8 +105,9 @@ class Links:
 def save_shortlist(data: DataDir, vocabs: dict[str, Vocabulary]) -> str:
     """Learn the shortlist of a data directory's train split and save it there; returns its file name."""
     train, source, target = data.split("train"), vocabs[data.source_lang], vocabs[data.target_lang]
-    shortlist = learn_shortlist((train.source.tokens, train.source.offsets), (train.target.tokens, train.target.offsets),
-                                len(source), len(target), joint=source == target)
+    shortlist = learn_shortlist((train.source.tokens, train.source.offsets),
+                                (train.target.tokens, train.target.offsets), len(source), len(target),
+                                joint=source == target)
     shortlist.save(data.path / SHORTLIST_FILE)
     logger.info("vocabulary shortlist: %d target candidates per source piece and %d frequent ones",
                 shortlist.translations.shape[1], len(shortlist.frequent))

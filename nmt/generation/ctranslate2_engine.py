@@ -144,7 +144,8 @@ def decode_batch(translator: ctranslate2.Translator, vocabs: Vocabularies, batch
             no_repeat_ngram_size=options.search.no_repeat_ngram_size, suppress_sequences=banned,
             max_input_length=0, return_scores=True, return_end_token=True,
             sampling_topk=(options.search.topk or 0) if options.search.sampling else 1, sampling_topp=options.search.topp or 1.0,
-            sampling_temperature=options.search.temperature, use_vmap=uses_shortlist(options.search, vocabs.shortlist))
+            sampling_temperature=options.search.temperature,
+            use_vmap=uses_shortlist(options.search, vocabs.shortlist))
     except (RuntimeError, ValueError) as exc:  # e.g. a sentence longer than the exported position table
         raise NmtError(f"CTranslate2 failed: {str(exc).strip().splitlines()[0]}") from exc
     to_id = vocabs.target.processor.piece_to_id

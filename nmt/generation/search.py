@@ -152,8 +152,9 @@ def select_sample(scores: Tensor, logprobs: Tensor, temperature: float, topk: in
     return scores + logprobs.gather(1, draws).view(sentences, rows_per), beams, draws.view(sentences, rows_per)
 
 
-def beam_search(model: SearchableModel, source: Tensor, options: SearchOptions, generator: torch.Generator | None = None,
-                candidates: Candidates | None = None) -> list[list[Hypothesis]]:
+def beam_search(model: SearchableModel, source: Tensor, options: SearchOptions,
+                generator: torch.Generator | None = None, candidates: Candidates | None = None
+                ) -> list[list[Hypothesis]]:
     """Decode a padded batch of sources; returns the ``nbest`` hypotheses per sentence, best first.
 
     With ``candidates`` (a vocabulary shortlist), the model scores only their columns and each
