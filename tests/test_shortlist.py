@@ -91,7 +91,7 @@ def test_batch_candidates_keep_each_sentence_to_its_own():
                              required=[(), [5]])
     columns = found.columns.tolist()
     assert columns == [PAD_ID, UNK_ID, BOS_ID, EOS_ID, 4, 5, 7, 8, 9]  # ascending, specials first
-    own = [{columns[c] for c in row.nonzero().flatten().tolist()} for row in found.allowed]
+    own = [{columns[c] for c in row.eq(0).nonzero().flatten().tolist()} for row in found.others]
     assert own == [{0, 1, 2, 3, 4, 7, 8}, {0, 1, 2, 3, 4, 5, 9}]  # the second requires 5 (a prefix, say)
 
 

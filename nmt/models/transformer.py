@@ -233,8 +233,9 @@ class Transformer(nn.Module):
         them), so that every step multiplies by a smaller matrix and casts nothing."""
         layer = self.output_layer
         if layer is not None and not isinstance(layer, nn.Linear):  # int8 (see separate_output_layer)
-            rows = type(layer)(layer.in_features, len(columns), bias_=False, dtype=layer.weight().dtype)
-            rows.set_weight_bias(layer.weight().index_select(0, columns), None)
+            weight = layer.weight()  # unpacked from the quantized kernel's layout: one unpack per batch
+            rows = type(layer)(layer.in_features, len(columns), bias_=False, dtype=weight.dtype)
+            rows.set_weight_bias(weight.index_select(0, columns), None)
             return rows
         weight = (layer.weight if layer is not None else self.output_weight()).index_select(0, columns)
         if torch.is_autocast_enabled(weight.device.type):
