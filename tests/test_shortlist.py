@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from nmt import Translator
 from nmt.checkpoint.averaging import average_checkpoints
 from nmt.data.preprocess import PreprocessOptions, preprocess
 from nmt.checkpoint.format import load_checkpoint, model_state, save_checkpoint
@@ -292,3 +293,24 @@ def test_the_export_writes_a_vocabulary_map_that_ctranslate2_decodes_with(traine
     with_map = best("ctranslate2", "auto")
     assert with_map != best("ctranslate2", "none")  # the map is used: two candidates per piece are too few
     assert with_map == best("nmt", "auto")  # one sentence a batch: the same candidates in both engines
+
+
+# -- the Python API and the server ---------------------------------------------------------------
+
+def test_the_api_and_the_server_use_the_checkpoints_shortlist_by_default(checkpoint, tmp_path_factory):
+    pytest.importorskip("starlette")
+    pytest.importorskip("uvicorn")
+    from test_serve import request, run_server
+
+    lines = [source for source, _ in numbers_pairs(12, seed=9)]
+    translator = Translator.from_checkpoint(checkpoint, device="cpu")
+    shortlisted, whole = translator.translate(lines), translator.translate(lines, shortlist="none")
+    assert shortlisted != whole
+    server = run_server(checkpoint, tmp_path_factory)
+    address = next(server)
+    try:
+        assert request(address, "GET", "/info")[1]["vocab"]["shortlist"] is True
+        assert request(address, "POST", "/translate", {"text": lines})[1]["translations"] == shortlisted
+        assert request(address, "POST", "/translate", {"text": lines, "shortlist": "none"})[1]["translations"] == whole
+    finally:
+        server.close()

@@ -37,7 +37,7 @@ API_KEY_ENV = "NMT_API_KEY"
 MAX_LEN_A, MAX_LEN_B = 4.0, 512  # output length limits: a request cannot make the server decode for ever
 # What a request may set: the deterministic search options (sampling would depend on the batch).
 REQUEST_OPTIONS = ("beam", "lenpen", "lenpen_style", "max_len_a", "max_len_b", "min_len", "no_repeat_ngram_size",
-                   "nbest", "stop")
+                   "nbest", "stop", "shortlist")
 
 
 @dataclass(frozen=True)
@@ -251,7 +251,8 @@ def server_info(translator: Translator, options: ServeOptions) -> dict[str, Any]
         "version": __version__,
         "arch": [load_checkpoint(path, mmap=True)["arch"] for path in split_paths(translator.path)],
         "languages": {"source": vocabs.source_lang, "target": vocabs.target_lang},
-        "vocab": {"source": len(vocabs.source), "target": len(vocabs.target), "joint": vocabs.joint},
+        "vocab": {"source": len(vocabs.source), "target": len(vocabs.target), "joint": vocabs.joint,
+                  "shortlist": vocabs.shortlist is not None},
         "device": str(translator.device), "precision": translator.precision, "quantize": translator.quantize,
         "limits": {"max_sentences": options.max_sentences, "max_characters": options.max_characters,
                    "max_beam": options.max_beam, "max_queue": options.max_queue},
