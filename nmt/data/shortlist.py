@@ -49,11 +49,17 @@ class Shortlist:
 
     translations: np.ndarray  # (source vocabulary, k): likeliest first, padded with 0 (PAD, always a candidate)
     frequent: np.ndarray  # (FREQUENT,) most frequent first
+    target_size: int  # of the target vocabulary
 
-    def candidates(self, source_ids: np.ndarray) -> np.ndarray:
-        """The sorted target ids that are candidates for a sentence of these source ids (the frequent
-        pieces and its pieces' translations; special tokens are the caller's to add)."""
-        return np.unique(np.concatenate([self.translations[np.unique(source_ids)].ravel(), self.frequent]))
+    def candidates(self, sources: list[np.ndarray]) -> np.ndarray:
+        """(sentences, target_size) bool: the target ids that are candidates for each sentence of
+        source ids, the frequent pieces and its pieces' translations (the special tokens are the
+        caller's to add)."""
+        chosen = np.zeros((len(sources), self.target_size), dtype=bool)
+        rows = np.repeat(np.arange(len(sources)), [len(source) for source in sources])
+        chosen[rows[:, None], self.translations[np.concatenate(sources)]] = True
+        chosen[:, self.frequent] = True
+        return chosen
 
     def to_bytes(self) -> bytes:
         buffer = io.BytesIO()
@@ -65,7 +71,7 @@ class Shortlist:
         """Read and check a shortlist against the vocabulary sizes it must fit."""
         try:
             with np.load(io.BytesIO(data), allow_pickle=False) as arrays:
-                shortlist = cls(arrays["translations"], arrays["frequent"])
+                shortlist = cls(arrays["translations"], arrays["frequent"], target_size)
         except (OSError, ValueError, KeyError) as exc:
             raise NmtError(f"the vocabulary shortlist is not readable: {exc}") from exc
         for name, array in (("translations", shortlist.translations), ("frequent", shortlist.frequent)):
@@ -130,7 +136,7 @@ def learn_shortlist(source: tuple[np.ndarray, np.ndarray], target: tuple[np.ndar
     table = top_translations(sources[rare], targets[rare], probabilities[rare], source_size, per_piece, dtype)
     if joint:
         add_identity(table)
-    return Shortlist(table, most)
+    return Shortlist(table, most, target_size)
 
 
 def sample_links(source: tuple[np.ndarray, np.ndarray], target: tuple[np.ndarray, np.ndarray], source_size: int,

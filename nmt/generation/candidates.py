@@ -33,7 +33,8 @@ class Candidates:
         row per hypothesis, the same number for each of the batch's ``sentences`` (original indices).
         (Adding -inf: 5x faster than a masked fill that broadcasts over the beams.)"""
         if self.others is not None:
-            logits.view(len(sentences), -1, logits.size(-1)).add_(self.others[sentences].unsqueeze(1))
+            others = self.others if len(sentences) == len(self.others) else self.others[sentences]  # all still here
+            logits.view(len(sentences), -1, logits.size(-1)).add_(others.unsqueeze(1))
         return logits
 
 
@@ -41,13 +42,11 @@ def batch_candidates(shortlist: Shortlist, sources: list[np.ndarray], device: to
                      required: list[Iterable[int]] | None = None) -> Candidates:
     """The candidates of a batch of sources (token ids), with the special tokens and, per sentence,
     the ``required`` target ids (a target prefix or constraint pieces: they must be reachable)."""
-    required = required or [()] * len(sources)
-    own = [np.union1d(shortlist.candidates(source), np.fromiter(needed, dtype=np.int64))
-           for source, needed in zip(sources, required)]
-    columns = np.unique(np.concatenate([SPECIALS, *own]))
-    others = np.full((len(sources), len(columns)), -np.inf, dtype=np.float32)
-    others[:, :len(SPECIALS)] = 0.0
-    for row, ids in enumerate(own):
-        others[row, np.searchsorted(columns, ids)] = 0.0
-    return Candidates(torch.from_numpy(columns).to(device),
-                      None if not np.isinf(others).any() else torch.from_numpy(others).to(device))
+    chosen = shortlist.candidates(sources)
+    chosen[:, SPECIALS] = True
+    for row, needed in enumerate(required or ()):
+        chosen[row, list(needed)] = True
+    columns = chosen.any(axis=0).nonzero()[0]
+    own = chosen[:, columns]
+    others = None if own.all() else torch.from_numpy(np.where(own, 0.0, -np.inf).astype(np.float32)).to(device)
+    return Candidates(torch.from_numpy(columns).to(device), others)
