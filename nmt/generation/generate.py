@@ -123,7 +123,9 @@ class Engine(NamedTuple):
 def load_engine(options: GenerateOptions, device: torch.device) -> Engine:
     """nmt's decoder (one model or an ensemble) or CTranslate2's, as --engine says."""
     if options.engine == "ctranslate2":
-        return Engine(*load_ctranslate2(options, device), None)
+        translate, vocabs = load_ctranslate2(options, device)
+        log_shortlist(options.search, vocabs)
+        return Engine(translate, vocabs, None)
     model, vocabs = prepare_model(options.path, device, options.compute.quantize)
     generator = sampling_generator(options.search, device) if options.search.sampling else None  # one stream of draws
     log_shortlist(options.search, vocabs)
@@ -134,6 +136,7 @@ def load_engine(options: GenerateOptions, device: torch.device) -> Engine:
 
 
 def log_shortlist(search: SearchOptions, vocabs: Vocabularies) -> None:
+    """Say that a shortlist is used, and how to do without."""
     if uses_shortlist(search, vocabs.shortlist):
         logger.info("vocabulary shortlist: each sentence scores its own candidates (%d per source piece, %d frequent; "
                     "--shortlist none scores all %d pieces)", vocabs.shortlist.translations.shape[1],
