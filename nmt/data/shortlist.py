@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 SHORTLIST_FILE = "shortlist.npz"
 PER_PIECE = 50  # target candidates kept per source piece
 FREQUENT = 100  # target pieces that are candidates for every sentence
-MAX_LINKS = 8_000_000  # (source piece, target piece) pairs of the sentences learned from: about 400 MB at the peak
+MAX_LINKS = 8_000_000  # (source piece, target piece) pairs learned from, at most: ~60 bytes each at the peak
 ITERATIONS = 3  # of IBM model 1's EM; the first one gives fractional co-occurrence counts
 SAMPLE_SEED = 1
 
@@ -155,18 +155,24 @@ def sample_links(source: tuple[np.ndarray, np.ndarray], target: tuple[np.ndarray
     if not len(chosen):
         raise NmtError("no training pair to learn the vocabulary shortlist from")
     lengths_s, lengths_t, counts = source_lengths[chosen], target_lengths[chosen], per_sentence[chosen]
-    sentence = np.repeat(np.arange(len(chosen)), counts)
+    sentence = np.repeat(np.arange(len(chosen), dtype=np.int32), counts)  # arrays of one entry per link: kept small
     within = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
-    i, j = within // lengths_t[sentence], within % lengths_t[sentence]  # source position i == |source|: NULL
+    i, j = (within // lengths_t[sentence]).astype(np.int32), (within % lengths_t[sentence]).astype(np.int32)
     del within
-    is_null = i == lengths_s[sentence]
-    source_ids = np.asarray(source_tokens)[source_offsets[chosen][sentence] + np.where(is_null, 0, i)].astype(np.int64)
-    source_ids[is_null] = source_size
+    is_null = i == lengths_s[sentence]  # source position |source| is NULL
+    i[is_null] = 0
     target_ids = np.asarray(target_tokens)[target_offsets[chosen][sentence] + j].astype(np.int64)
-    position = ((np.cumsum(lengths_t) - lengths_t)[sentence] + j).astype(np.int32)
-    del sentence, i, j
-    pairs, pair = np.unique(source_ids * target_size + target_ids, return_inverse=True)
-    return Links(pair.astype(np.int32), position, pairs, target_ids[is_null])  # each target position has one NULL link
+    target_tokens = target_ids[is_null]  # each target position has one NULL link
+    keys = np.asarray(source_tokens)[source_offsets[chosen][sentence] + i].astype(np.int64)
+    del i
+    keys[is_null] = source_size
+    keys *= target_size
+    keys += target_ids
+    del target_ids, is_null
+    position = (np.cumsum(lengths_t) - lengths_t).astype(np.int32)[sentence] + j
+    del sentence, j
+    pairs, pair = np.unique(keys, return_inverse=True)
+    return Links(pair.astype(np.int32), position, pairs, target_tokens)
 
 
 def model1(links: Links, sources: np.ndarray, source_count: int, iterations: int) -> np.ndarray:
