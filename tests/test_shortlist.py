@@ -11,9 +11,9 @@ import torch
 
 from nmt import Translator
 from nmt.checkpoint.averaging import average_checkpoints
-from nmt.data.preprocess import PreprocessOptions, preprocess
 from nmt.checkpoint.format import load_checkpoint, model_state, save_checkpoint
 from nmt.data.dataset import DataDir
+from nmt.data.preprocess import PreprocessOptions, preprocess
 from nmt.data.shortlist import Shortlist, learn_shortlist
 from nmt.data.vocabulary import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Vocabularies
 from nmt.errors import NmtError
@@ -39,15 +39,25 @@ def corpus(pairs: list[tuple[list[int], list[int]]]) -> tuple[tuple[np.ndarray, 
 
 
 def test_model1_ranks_a_pieces_translation_above_the_words_it_merely_meets():
-    # Source 10 always meets target 20 and 30; 30 also comes with every other source word (like "the"):
-    # model 1 explains 30 by the others, so 10's likeliest translation is 20 (co-occurrence ties them).
-    pairs = [([10, 11], [20, 30, 21])] * 3 + [([12], [30, 22])] * 5 + [([13], [30, 23])] * 5 + [([11], [21])] * 3
+    # Source 10 always meets targets 35, 30 and 21, but 30 also comes with other source pieces (like
+    # "the") and 21 with 11: model 1's EM explains them by those, so 10's likeliest translation is
+    # 35. Counting co-occurrences (the first iteration alone) ties the three.
+    pairs = [([10, 11], [35, 30, 21])] * 3 + [([12], [30, 22])] * 5 + [([13], [30, 23])] * 5 + [([11], [21])] * 3
     source, target = corpus(pairs)
-    shortlist = learn_shortlist(source, target, 40, 40, joint=False, per_piece=2, frequent=1)
-    assert shortlist.frequent.tolist() == [30]  # the most frequent target piece, for every sentence
-    assert shortlist.translations[10].tolist() == [20, 21]  # 30 is frequent: its slot goes to another piece
-    assert shortlist.translations[12].tolist() == [22, 0]  # padded with PAD
-    assert shortlist.translations[14].tolist() == [0, 0]  # never seen: nothing of its own
+    learned = learn_shortlist(source, target, 40, 40, joint=False, per_piece=3, frequent=0)
+    assert learned.translations[10].tolist() == [35, 30, 21]
+    counted = learn_shortlist(source, target, 40, 40, joint=False, per_piece=3, frequent=0, iterations=1)
+    assert counted.translations[10].tolist() == [21, 30, 35]  # a tie, in id order
+
+
+def test_the_frequent_pieces_are_everyones_and_the_rest_is_padded():
+    pairs = [([10, 11], [35, 30, 21])] * 3 + [([12], [30, 22])] * 5 + [([13], [30, 23])] * 5 + [([11], [21])] * 3
+    source, target = corpus(pairs)
+    shortlist = learn_shortlist(source, target, 40, 40, joint=False, per_piece=3, frequent=1)
+    assert shortlist.frequent.tolist() == [30]  # the most frequent target piece
+    assert 30 not in shortlist.translations  # a candidate of every sentence: no slot of its own
+    assert shortlist.translations[12].tolist() == [22, 0, 0]  # padded with PAD
+    assert shortlist.translations[14].tolist() == [0, 0, 0]  # never seen: nothing of its own
 
 
 def test_a_joint_vocabulary_lets_every_piece_be_copied():
@@ -163,7 +173,7 @@ def whole_vocabulary(size: int) -> Shortlist:
 
 def hypotheses(model, sources, given: Shortlist | None, precision="fp32", **search):
     found = translate_ids(model, sources, SearchOptions(**{"beam": 3, "nbest": 2, "max_len_b": 8, **search}),
-                          BatchingOptions(**{"max_tokens": None, "batch_size": 7}), precision=precision,
+                          BatchingOptions(max_tokens=None, batch_size=7), precision=precision,
                           shortlist=given)
     return [[(h.tokens, h.score, h.positional_scores) for h in hyps] for hyps in found]
 
@@ -218,7 +228,7 @@ def test_shortlist_none_and_sampling_score_the_whole_vocabulary(checkpoint, sour
     model, vocabs = prepare_model(checkpoint, torch.device("cpu"))
     without = hypotheses(model, sources, None)
     assert hypotheses(model, sources, vocabs.shortlist, shortlist="none") == without
-    sampled = dict(sampling=True, beam=2, nbest=1, seed=5)
+    sampled = {"sampling": True, "beam": 2, "nbest": 1, "seed": 5}
     assert hypotheses(model, sources, vocabs.shortlist, **sampled) == hypotheses(model, sources, None, **sampled)
 
 
