@@ -1,6 +1,6 @@
 """Speed of `nmt generate` (beam 4) on the Multi30k test set: fp32, bf16, int8 and CTranslate2, 1 and 2 threads.
 
-    python benchmarks/generate_speed.py [--path CKPT [--reference REF]] [--data DIR] [--limit N]
+    python benchmarks/generate_speed.py [--path CKPT [--reference REF] [--shortlist-data DIR]] [--data DIR] [--limit N]
 
 With --path, the checkpoint translates test_2016_flickr.en and its own max length rule applies
 (a * |source| + b, defaults 1 and 50). Without it, a randomly initialised transformer_small (joint
@@ -16,6 +16,12 @@ With CTranslate2 installed (pip install 'nmt[ct2]'), the settings ct2-float32 an
 the same model exported by `nmt export ctranslate2`, through the function behind `nmt generate
 --engine ctranslate2` (same batches, beam, max length, threads; fairseq's length penalty with the
 same alpha, as CTranslate2 has no other), and a second table gives the ratios nmt / CTranslate2.
+
+A setting ending in +shortlist (fp32+shortlist, int8+shortlist, ct2-int8+shortlist, ...) decodes with
+the checkpoint's vocabulary shortlist (`--shortlist auto`; CTranslate2: the exported vocabulary map,
+`use_vmap`); the others score the whole vocabulary. The random model gets the shortlist learned from
+Multi30k train; a --path checkpoint from before shortlists gets the one of --shortlist-data (its data
+directory). The ratio table then also compares the fastest of each engine with the shortlist.
 
 Each row times a translator (a function from lines to token ids) that ``make_translator`` makes
 for its setting; another engine is one more translator factory beside ``nmt_translator``.
@@ -41,7 +47,9 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from nmt.checkpoint.format import Vocabularies, model_state, save_checkpoint
+from nmt.checkpoint.format import Vocabularies, load_checkpoint, model_state, save_checkpoint
+from nmt.data.dataset import DataDir
+from nmt.data.shortlist import learn_shortlist
 from nmt.data.vocabulary import EOS_ID, PAD_ID, Vocabulary
 from nmt.files import read_lines
 from nmt.device import resolve_precision
@@ -55,6 +63,7 @@ DEFAULT_DATA = Path(os.environ.get("NMT_MULTI30K", Path(__file__).resolve().pare
 SETTINGS = {"fp32": ("fp32", "none"), "bf16": ("bf16", "none"), "int8": ("fp32", "int8"),  # (precision, quantize)
             "auto": ("auto", "none")}
 CT2_SETTINGS = {"ct2-float32": "float32", "ct2-int8": "int8"}  # the weight type the export stores
+SHORTLIST = "+shortlist"  # a setting's suffix: decode with the checkpoint's vocabulary shortlist
 HAVE_CT2 = importlib.util.find_spec("ctranslate2") is not None
 Translator = Callable[[list[str]], list[list[int]]]  # lines -> the best hypothesis's token ids (EOS included)
 
@@ -67,15 +76,42 @@ class Run:
 
 
 def random_checkpoint(data: Path, vocab_size: int, directory: Path) -> Path:
-    """A randomly initialised transformer_small over a joint BPE vocabulary of Multi30k train."""
-    text = read_lines(data / "train.en.gz") + read_lines(data / "train.de.gz")
-    vocab = Vocabulary.train(text, vocab_size=vocab_size)
+    """A randomly initialised transformer_small over a joint BPE vocabulary of Multi30k train, with the
+    vocabulary shortlist `nmt preprocess` would learn from it."""
+    english, german = read_lines(data / "train.en.gz"), read_lines(data / "train.de.gz")
+    vocab = Vocabulary.train(english + german, vocab_size=vocab_size)
     arch = get_arch("transformer_small")
     torch.manual_seed(1)
     model = build_model(arch.model_name, arch.config, len(vocab), len(vocab), PAD_ID)
+    shortlist = learn_shortlist(*(flat(vocab.encode_batch(lines)) for lines in (english, german)), len(vocab),
+                                len(vocab), joint=True)
     path = directory / "random_transformer_small.pt"
-    save_checkpoint(path, model_state(model, arch.name, arch.config, Vocabularies("en", "de", vocab, vocab)))
+    save_checkpoint(path, model_state(model, arch.name, arch.config,
+                                      Vocabularies("en", "de", vocab, vocab, shortlist)))
     return path
+
+
+def flat(sentences: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Sentences of token ids as a data directory stores them: flat, each ending in EOS, and n+1 offsets."""
+    lengths = np.asarray([len(ids) + 1 for ids in sentences])
+    return np.concatenate([ids + [EOS_ID] for ids in sentences]), np.concatenate([[0], np.cumsum(lengths)])
+
+
+def with_shortlist(path: Path, data_dir: Path, directory: Path) -> Path:
+    """A copy of a checkpoint from before shortlists, given the one learned from ``data_dir``'s train split
+    (the checkpoint's own data: preprocessed before shortlists existed)."""
+    checkpoint = load_checkpoint(path)
+    data = DataDir.open(data_dir)
+    if checkpoint["vocab"]["source"] != data.vocabulary(data.source_lang).model_proto:
+        raise SystemExit(f"{data_dir} has another vocabulary than {path}")
+    train, size = data.split("train"), len(data.vocabulary(data.target_lang))
+    shortlist = learn_shortlist((train.source.tokens, train.source.offsets),
+                                (train.target.tokens, train.target.offsets), len(data.vocabulary(data.source_lang)),
+                                size, joint=data.meta.get("joint", False))
+    checkpoint["vocab"]["shortlist"] = shortlist.to_bytes()
+    copy = directory / f"{path.stem}_with_shortlist.pt"
+    save_checkpoint(copy, checkpoint)
+    return copy
 
 
 def source_ids(vocabs: Vocabularies, lines: list[str]) -> list[np.ndarray]:
@@ -85,12 +121,12 @@ def source_ids(vocabs: Vocabularies, lines: list[str]) -> list[np.ndarray]:
 
 def nmt_translator(path: Path, options: GenerateOptions) -> Translator:
     """nmt's own decoder."""
-    model, vocabs = prepare_model(path, torch.device("cpu"), options.quantize)
-    precision, _ = resolve_precision(options.precision, torch.device("cpu"))
+    model, vocabs = prepare_model(path, torch.device("cpu"), options.compute.quantize)
+    precision, _ = resolve_precision(options.compute.precision, torch.device("cpu"))
 
     def translate(lines: list[str]) -> list[list[int]]:
         hypotheses = translate_ids(model, source_ids(vocabs, lines), options.search, options.batching,
-                                   precision=precision)
+                                   precision=precision, shortlist=vocabs.shortlist)
         return [hyps[0].tokens for hyps in hypotheses]
 
     return translate
@@ -119,12 +155,16 @@ def ct2_translator(path: Path, options: GenerateOptions, quantization: str, work
 
 
 def make_translator(setting: str, path: Path, search: dict, workdir: Path) -> Translator:
-    """The translator a table row times; ``search`` holds beam, max_tokens and the length rule."""
-    options = build(GenerateOptions, {"input": "-", **search})
+    """The translator a table row times; ``search`` holds beam, max_tokens and the length rule. A
+    setting ending in +shortlist uses the checkpoint's vocabulary shortlist (CTranslate2: its vocabulary
+    map); the others score the whole vocabulary."""
+    setting, shortlisted = setting.removesuffix(SHORTLIST), setting.endswith(SHORTLIST)
+    options = build(GenerateOptions, {"input": "-", **search, "shortlist": "auto" if shortlisted else "none"})
     if setting in CT2_SETTINGS:
         return ct2_translator(path, options, CT2_SETTINGS[setting], workdir)
     precision, quantize = SETTINGS[setting]
-    return nmt_translator(path, dataclasses.replace(options, precision=precision, quantize=quantize))
+    return nmt_translator(path, dataclasses.replace(options, compute=dataclasses.replace(
+        options.compute, precision=precision, quantize=quantize)))
 
 
 def time_translation(translate: Translator, lines: list[str], repeats: int) -> Run:
@@ -162,20 +202,32 @@ def worker() -> None:
 
 
 def ratio_table(speeds: dict[tuple[str, int], float]) -> Table:
-    """nmt / CTranslate2 sentences/s per thread count: float32 against float32, fastest against fastest."""
+    """nmt / CTranslate2 sentences/s per thread count: float32 against float32, fastest against fastest
+    (CTranslate2 as it ships, without a vocabulary map), and fastest against fastest with the shortlist."""
     table = Table(title="nmt / CTranslate2 (ratio of sentences/s, same threads)")
-    for column in ("threads", "fp32 / ct2-float32", "fastest nmt / fastest ct2"):
+    for column in ("threads", "fp32 / ct2-float32", "fastest nmt / fastest ct2",
+                   "with the shortlist: fastest / fastest"):
         table.add_column(column, justify="right")
+
+    def fastest(names: dict[str, float]) -> str:
+        return max(names, key=names.get) if names else ""
+
     for threads in sorted({t for _, t in speeds}):
-        ours = {name: v for (name, t), v in speeds.items() if t == threads and name in SETTINGS}
+        ours = {name: v for (name, t), v in speeds.items() if t == threads and name.removesuffix(SHORTLIST) in SETTINGS}
         theirs = {name: v for (name, t), v in speeds.items() if t == threads and name in CT2_SETTINGS}
-        if not ours or not theirs:
+        theirs_mapped = {name: v for (name, t), v in speeds.items()
+                         if t == threads and name.endswith(SHORTLIST) and name.removesuffix(SHORTLIST) in CT2_SETTINGS}
+        if not ours or not (theirs or theirs_mapped):
             continue
         same_type = f"{ours['fp32'] / theirs['ct2-float32']:.2f}x" if "fp32" in ours and "ct2-float32" in theirs \
             else "n/a"
-        fastest, fastest_ct2 = max(ours, key=ours.get), max(theirs, key=theirs.get)
+        best, best_ct2 = fastest(ours), fastest(theirs)
+        shortlisted = {name: v for name, v in ours.items() if name.endswith(SHORTLIST)}
+        best_shortlisted, best_mapped = fastest(shortlisted), fastest(theirs_mapped)
         table.add_row(str(threads), same_type,
-                      f"{ours[fastest] / theirs[fastest_ct2]:.2f}x ({fastest} / {fastest_ct2})")
+                      f"{ours[best] / theirs[best_ct2]:.2f}x ({best} / {best_ct2})" if theirs else "n/a",
+                      f"{shortlisted[best_shortlisted] / theirs_mapped[best_mapped]:.2f}x "
+                      f"({best_shortlisted} / {best_mapped})" if shortlisted and theirs_mapped else "n/a")
     return table
 
 
@@ -199,15 +251,18 @@ def main() -> None:
     parser.add_argument("--workers", type=int, help="batches decoded at once, sharing the threads (generate "
                         "--workers; CTranslate2's inter_threads); default: each engine's own (nmt: one per thread)")
     parser.add_argument("--settings", default="fp32,bf16,int8" + (",ct2-float32,ct2-int8" if HAVE_CT2 else ""),
-                        help=f"comma-separated, from {', '.join([*SETTINGS, *CT2_SETTINGS])}")
+                        help=f"comma-separated, from {', '.join([*SETTINGS, *CT2_SETTINGS])}, each optionally "
+                        f"ending in {SHORTLIST} (decode with the checkpoint's vocabulary shortlist)")
+    parser.add_argument("--shortlist-data", type=Path, help="a --path checkpoint from before shortlists: the "
+                        "data directory it was trained on, whose train split the shortlist is learned from")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per setting; the table shows the median")
     parser.add_argument("--before", type=Path, help="another checkout of nmt (e.g. `git worktree add /tmp/before "
                         "COMMIT`): each of nmt's own settings is timed there too, in a row above this checkout's")
     args = parser.parse_args()
     settings = args.settings.split(",")
-    if unknown := [name for name in settings if name not in SETTINGS and name not in CT2_SETTINGS]:
+    if unknown := [name for name in settings if name.removesuffix(SHORTLIST) not in [*SETTINGS, *CT2_SETTINGS]]:
         raise SystemExit(f"unknown setting {unknown[0]!r}: choose from {', '.join([*SETTINGS, *CT2_SETTINGS])}")
-    if any(name in CT2_SETTINGS for name in settings) and not HAVE_CT2:
+    if any(name.removesuffix(SHORTLIST) in CT2_SETTINGS for name in settings) and not HAVE_CT2:
         raise SystemExit("the ct2-* settings need CTranslate2: pip install 'nmt[ct2]'")
     test_file = args.data / "test_2016_flickr.en.gz"
     if not test_file.exists():
@@ -221,6 +276,8 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         path = args.path or random_checkpoint(args.data, args.vocab_size, Path(tmp))
+        if args.shortlist_data:
+            path = with_shortlist(path, args.shortlist_data, Path(tmp))
         model_name = str(args.path) if args.path else f"random transformer_small, vocab {args.vocab_size}"
         length_rule = dict(max_len_a=1.0, max_len_b=50) if args.path else dict(max_len_a=1.0, max_len_b=2)
         table = Table(title=f"nmt generate, beam {args.beam}, lenpen {args.lenpen:g}, stop {args.stop}, "
@@ -245,7 +302,7 @@ def main() -> None:
                     search["workers"] = args.workers
                 timings = [(name, lambda: time_translation(make_translator(name, Path(path), search, Path(tmp)),
                                                            lines, args.repeats))]
-                if args.before and name in SETTINGS:
+                if args.before and name.removesuffix(SHORTLIST) in SETTINGS:
                     timings.insert(0, (f"{name} (before)", lambda: time_elsewhere(
                         args.before, name, Path(path), search, lines, args.repeats, threads)))
                 for label, timed in timings:
@@ -268,7 +325,7 @@ def main() -> None:
                     table.add_row(*row)
                     Console(stderr=True).print(f"done: {row}")
     Console(width=200).print(table)
-    if any(name in CT2_SETTINGS for name, _ in speeds):
+    if any(name.removesuffix(SHORTLIST) in CT2_SETTINGS for name, _ in speeds):
         Console(width=200).print(ratio_table(speeds))
 
 

@@ -6,6 +6,7 @@ Layout of a data directory written by ``nmt preprocess``::
     spm.model | spm.{lang}.model   the sentencepiece model(s)
     {split}.{lang}.tokens.npy      all sentences' token ids (each ending in EOS), concatenated
     {split}.{lang}.offsets.npy     int64, n+1 offsets into tokens
+    shortlist.npz                  the vocabulary shortlist learned from train (nmt/data/shortlist.py)
 
 Splits are train, valid, valid1, ..., test, test1, ...; meta.json is described in nmt/data/meta.py.
 """
@@ -19,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from nmt.data.meta import DatasetMeta
+from nmt.data.shortlist import Shortlist
 from nmt.data.vocabulary import Vocabularies, Vocabulary
 from nmt.errors import NmtError
 from nmt.files import atomic_write
@@ -117,8 +119,11 @@ class DataDir:
         return Vocabulary.load(self.path / self.meta.vocab_files[lang])
 
     def vocabularies(self) -> Vocabularies:
-        return Vocabularies(self.source_lang, self.target_lang, self.vocabulary(self.source_lang),
-                            self.vocabulary(self.target_lang))
+        """With the shortlist, where preprocess made one (data directories from before have none)."""
+        source, target = self.vocabulary(self.source_lang), self.vocabulary(self.target_lang)
+        shortlist = Shortlist.load(self.path / self.meta.shortlist_file, len(source), len(target)) \
+            if self.meta.shortlist_file else None
+        return Vocabularies(self.source_lang, self.target_lang, source, target, shortlist)
 
     def split(self, name: str) -> ParallelDataset:
         if name not in self.meta.splits:

@@ -57,6 +57,7 @@ class DatasetMeta:
     options: dict[str, Any] = field(default_factory=dict)  # the preprocess options that shape the output
     inputs: dict[str, dict[str, int]] = field(default_factory=dict)  # input file -> size, mtime_ns
     nmt_version: str | None = None
+    shortlist_file: str | None = None  # the vocabulary shortlist learned from train (nmt/data/shortlist.py)
     format: int = FORMAT
 
     @property
@@ -85,7 +86,8 @@ class DatasetMeta:
                   "target_lang": self.target_lang, "joint": self.joint, "vocab_files": self.vocab_files,
                   "vocab_sizes": self.vocab_sizes, "spm_sha256": self.spm_sha256,
                   "splits": {name: split.to_json() for name, split in self.splits.items()},
-                  "options": self.options, "inputs": self.inputs}
+                  "options": self.options, "inputs": self.inputs,
+                  **({"shortlist_file": self.shortlist_file} if self.shortlist_file else {})}
         with atomic_write(directory / META_FILE) as handle:
             json.dump(record, handle, indent=2, ensure_ascii=False)
             handle.write("\n")

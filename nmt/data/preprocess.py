@@ -33,6 +33,7 @@ from nmt.data.spm_training import build_vocabularies, save_vocabularies
 from nmt.data.summary import log_split
 from nmt.data.up_to_date import fingerprints, is_up_to_date
 from nmt.data.vocabulary import Vocabularies
+from nmt.data.shortlist import SHORTLIST_FILE, learn_shortlist
 from nmt.errors import NmtError
 from nmt.files import atomic_directory, clean_workdirs_beside
 from nmt.log import logger, stderr_console
@@ -144,4 +145,18 @@ def write_dataset(workdir: Path, splits: list[SplitFiles], vocabs: Vocabularies,
         advance = lambda lines: progress.advance(task, lines)  # noqa: E731
         meta.splits[split.name] = binarize_split(workdir, split, vocabs, options, advance, chunk_lines)
         log_split(split.name, meta.splits[split.name])
+    if "train" in meta.splits:
+        meta.shortlist_file = save_shortlist(DataDir(workdir, meta), vocabs)
     meta.save(workdir)
+
+
+def save_shortlist(data: DataDir, vocabs: Vocabularies) -> str:
+    """Learn the shortlist of a data directory's train split and save it there; returns its file name."""
+    train, source, target = data.split("train"), vocabs.source, vocabs.target
+    shortlist = learn_shortlist((train.source.tokens, train.source.offsets),
+                                (train.target.tokens, train.target.offsets), len(source), len(target),
+                                joint=source == target)
+    shortlist.save(data.path / SHORTLIST_FILE)
+    logger.info("vocabulary shortlist: %d target candidates per source piece and %d frequent ones",
+                shortlist.translations.shape[1], len(shortlist.frequent))
+    return SHORTLIST_FILE

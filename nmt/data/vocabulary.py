@@ -6,11 +6,12 @@ import hashlib
 import io
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
 
 import sentencepiece as spm
 
+from nmt.data.shortlist import Shortlist
 from nmt.errors import NmtError
 from nmt.files import atomic_write
 
@@ -131,21 +132,27 @@ class Vocabulary:
 
 @dataclass
 class Vocabularies:
-    """The source and target vocabularies of a language pair (one object twice when joint)."""
+    """The source and target vocabularies of a language pair (one object twice when joint), and the
+    vocabulary shortlist learned with them, if any (not compared: it only speeds decoding up)."""
 
     source_lang: str
     target_lang: str
     source: Vocabulary
     target: Vocabulary
+    shortlist: Shortlist | None = field(default=None, compare=False)
 
     @property
     def joint(self) -> bool:
         return self.source == self.target
 
     def to_state(self) -> dict[str, Any]:
+        shortlist = {} if self.shortlist is None else {"shortlist": self.shortlist.to_bytes()}
         return {"source_lang": self.source_lang, "target_lang": self.target_lang,
-                "source": self.source.model_proto, "target": self.target.model_proto}
+                "source": self.source.model_proto, "target": self.target.model_proto, **shortlist}
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> "Vocabularies":
-        return cls(state["source_lang"], state["target_lang"], Vocabulary(state["source"]), Vocabulary(state["target"]))
+        """Checkpoints from before shortlists have none."""
+        source, target = Vocabulary(state["source"]), Vocabulary(state["target"])
+        shortlist = Shortlist.from_bytes(state["shortlist"], len(source), len(target)) if "shortlist" in state else None
+        return cls(state["source_lang"], state["target_lang"], source, target, shortlist)

@@ -9,13 +9,16 @@ odd dimensions; fused q/k/v projections; tokens as sentencepiece pieces, the dec
 from BOS and the source ending in EOS (``add_source_eos``). A tied embedding is given to every
 place that uses it; CTranslate2 stores identical variables once. The directory also holds the
 sentencepiece model(s) and ``nmt.json`` (languages and file names), so that ``nmt generate
---engine ctranslate2 --path DIR`` and other tools can use it. The position table has
+--engine ctranslate2 --path DIR`` and other tools can use it. A checkpoint's vocabulary shortlist
+becomes CTranslate2's vocabulary map (``vmap.txt``, used with ``translate_batch(use_vmap=True)``)
+and is kept as ``shortlist.npz`` too. The position table has
 ``max_positions`` rows (the model config's, 1024 by default): CTranslate2 refuses longer inputs.
 """
 
 from __future__ import annotations
 
 import json
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,7 +26,8 @@ import numpy as np
 from torch import Tensor
 
 from nmt.checkpoint.format import Vocabularies, load_checkpoint, model_from_checkpoint
-from nmt.data.vocabulary import BOS_ID, EOS_ID, UNK_ID, Vocabulary
+from nmt.data.shortlist import SHORTLIST_FILE, Shortlist
+from nmt.data.vocabulary import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Vocabulary
 from nmt.errors import NmtError
 from nmt.export.options import ExportOptions
 from nmt.files import atomic_directory
@@ -34,6 +38,7 @@ if TYPE_CHECKING:
     from ctranslate2.specs import TransformerSpec
 
 META_FILE = "nmt.json"
+VMAP_FILE = "vmap.txt"  # the name CTranslate2 gives its vocabulary map
 EXPORTABLE_MODELS = ("transformer",)
 LAYER_NORM_EPS = 1e-5  # torch.nn.LayerNorm's default, which nmt's Transformer uses
 
@@ -63,11 +68,13 @@ def export_ctranslate2(options: ExportOptions) -> Path:
     spec = transformer_spec(checkpoint)
     spec.validate()
     spec.optimize(quantization=options.quantization)
+    vocabs = Vocabularies.from_state(checkpoint["vocab"])
     try:
-        with atomic_directory(outdir) as workdir:
+        with atomic_directory(outdir) as workdir, tempfile.TemporaryDirectory(prefix="nmt-vmap-") as tmp:
+            if vocabs.shortlist is not None:
+                spec.register_vocabulary_mapping(str(write_vmap(Path(tmp) / VMAP_FILE, vocabs)))
             spec.save(str(workdir))
-            write_vocabularies(workdir, Vocabularies.from_state(checkpoint["vocab"]), options,
-                               checkpoint["model_config"].get("max_positions"))
+            write_vocabularies(workdir, vocabs, options, checkpoint["model_config"].get("max_positions"))
     except OSError as exc:
         raise NmtError(f"cannot write {outdir}: {exc}") from exc
     logger.info("exported %s (%s) to %s as CTranslate2 %s", options.checkpoint, checkpoint["arch"], outdir,
@@ -153,10 +160,25 @@ def pieces(vocab: Vocabulary) -> list[str]:
     return [vocab.piece(i) for i in range(len(vocab))]
 
 
+def write_vmap(path: Path, vocabs: Vocabularies) -> Path:
+    """The shortlist as CTranslate2's vocabulary map: a line per source piece, the piece, a tab and its
+    candidates separated by spaces; the line with no piece lists the candidates of every sentence.
+    (CTranslate2 adds the special tokens itself, and takes the union over a batch.)"""
+    source, target = vocabs.source, vocabs.target
+    lines = ["\t" + " ".join(target.piece(int(t)) for t in vocabs.shortlist.frequent)]
+    for piece, row in enumerate(vocabs.shortlist.translations):
+        candidates = [target.piece(int(t)) for t in row if t != PAD_ID]
+        if candidates and piece != PAD_ID:
+            lines.append(f"{source.piece(piece)}\t{' '.join(candidates)}")
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return path
+
+
 def write_vocabularies(directory: Path, vocabs: Vocabularies, options: ExportOptions,
                        max_positions: int | None) -> None:
     """The sentencepiece model(s) beside the CTranslate2 model, and nmt.json naming them (and the
-    positions the model has, which caps the output length as nmt's own search does)."""
+    positions the model has, which caps the output length as nmt's own search does; and the
+    shortlist, which tells `--engine ctranslate2` that the vocabulary map may be used)."""
     files = {"source": "sentencepiece.model", "target": "sentencepiece.model"} if vocabs.joint else \
         {"source": "source.model", "target": "target.model"}
     vocabs.source.save(directory / files["source"])
@@ -165,6 +187,9 @@ def write_vocabularies(directory: Path, vocabs: Vocabularies, options: ExportOpt
             "source_spm": files["source"], "target_spm": files["target"],
             "checkpoint": str(options.checkpoint), "quantization": options.quantization,
             "max_positions": max_positions}
+    if vocabs.shortlist is not None:
+        vocabs.shortlist.save(directory / SHORTLIST_FILE)
+        meta["shortlist"] = SHORTLIST_FILE
     (directory / META_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
 
 
@@ -179,5 +204,6 @@ def export_meta(directory: Path) -> dict[str, Any]:
 def load_vocabularies(directory: Path) -> Vocabularies:
     """The vocabularies of a directory written by :func:`export_ctranslate2`."""
     meta = export_meta(directory)
-    return Vocabularies(meta["source_lang"], meta["target_lang"], Vocabulary.load(directory / meta["source_spm"]),
-                        Vocabulary.load(directory / meta["target_spm"]))
+    source, target = Vocabulary.load(directory / meta["source_spm"]), Vocabulary.load(directory / meta["target_spm"])
+    shortlist = Shortlist.load(directory / meta["shortlist"], len(source), len(target)) if "shortlist" in meta else None
+    return Vocabularies(meta["source_lang"], meta["target_lang"], source, target, shortlist)

@@ -31,6 +31,8 @@ Where the outputs can differ from nmt's own decoder (with the same weights, in f
   ``suppress_sequences`` (one list per call: a batch bans what any of its sentences bans, which for
   ``nmt generate --ban`` is the same list). For an empty source CTranslate2 returns the prefix
   alone. CTranslate2 has no positive lexical constraints.
+- A vocabulary shortlist (the export's vocabulary map): CTranslate2 gives every sentence of a batch
+  the candidates of the whole batch, nmt each sentence its own.
 """
 
 from __future__ import annotations
@@ -50,7 +52,8 @@ from nmt.data.vocabulary import BOS_ID, EOS_ID, PAD_ID
 from nmt.errors import NmtError
 from nmt.export.ctranslate2 import export_ctranslate2, export_meta, import_ctranslate2, load_vocabularies
 from nmt.export.options import ExportOptions
-from nmt.generation.inference import Controls, TranslateSources, check_controls, place_batches, plan_workload
+from nmt.generation.inference import (Controls, TranslateSources, check_controls, place_batches, plan_workload,
+                                      uses_shortlist)
 from nmt.generation.options import GenerateOptions
 from nmt.generation.search import Hypothesis, max_lengths
 from nmt.generation.workers import map_in_workers, threads_per_worker
@@ -161,7 +164,8 @@ def decode_batch(translator: ctranslate2.Translator, vocabs: Vocabularies, batch
             no_repeat_ngram_size=options.search.no_repeat_ngram_size, suppress_sequences=banned or None,
             max_input_length=0, return_scores=True, return_end_token=True,
             sampling_topk=(options.search.topk or 0) if options.search.sampling else 1, sampling_topp=options.search.topp or 1.0,
-            sampling_temperature=options.search.temperature)
+            sampling_temperature=options.search.temperature,
+            use_vmap=uses_shortlist(options.search, vocabs.shortlist))
     except (RuntimeError, ValueError) as exc:  # e.g. a sentence longer than the exported position table
         raise NmtError(f"CTranslate2 failed: {str(exc).strip().splitlines()[0]}") from exc
     to_id = vocabs.target.processor.piece_to_id

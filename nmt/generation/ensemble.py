@@ -36,8 +36,8 @@ class Ensemble(nn.Module):
         super().__init__()
         self.models = nn.ModuleList(models)
 
-    def encode(self, source: Tensor) -> list:
-        return [model.encode(source) for model in self.models]
+    def encode(self, source: Tensor, columns: Tensor | None = None) -> list:
+        return [model.encode(source, columns) for model in self.models]
 
     def reorder_encoder_out(self, encoder_outs: list, indices: Tensor) -> list:
         return [model.reorder_encoder_out(out, indices) for model, out in zip(self.models, encoder_outs)]

@@ -32,8 +32,8 @@ from nmt.generation.control_input import lines_with_controls, read_bans
 from nmt.generation.ctranslate2_engine import load_ctranslate2
 from nmt.generation.ensemble import Ensemble
 from nmt.generation.inference import (Controls, TranslateSources, encode_sources, prepare_model, sampling_generator,
-                                      translate_ids)
-from nmt.generation.options import GenerateOptions
+                                      translate_ids, uses_shortlist)
+from nmt.generation.options import GenerateOptions, SearchOptions
 from nmt.generation.output import Translation, write_translations
 from nmt.generation.streaming import LineReader, is_stream
 from nmt.log import logger, stderr_console
@@ -138,12 +138,23 @@ class Engine(NamedTuple):
 def load_engine(options: GenerateOptions, device: torch.device) -> Engine:
     """nmt's decoder (one model or an ensemble) or CTranslate2's, as --engine says."""
     if options.engine == "ctranslate2":
-        return Engine(*load_ctranslate2(options, device), None)
+        translate, vocabs = load_ctranslate2(options, device)
+        log_shortlist(options.search, vocabs)
+        return Engine(translate, vocabs, None)
     model, vocabs = prepare_model(options.path, device, options.compute.quantize)
     generator = sampling_generator(options.search, device) if options.search.sampling else None  # one stream of draws
+    log_shortlist(options.search, vocabs)
     return Engine(lambda sources, progress=None, controls=None, first_line=1: translate_ids(
         model, sources, options.search, options.batching, device, options.compute.precision, progress, generator,
-        controls, first_line), vocabs, model)
+        controls, first_line, shortlist=vocabs.shortlist), vocabs, model)
+
+
+def log_shortlist(search: SearchOptions, vocabs: Vocabularies) -> None:
+    """Say that a shortlist is used, and how to do without."""
+    if uses_shortlist(search, vocabs.shortlist):
+        logger.info("vocabulary shortlist: each sentence scores its own candidates (%d per source piece, %d frequent; "
+                    "--shortlist none scores all %d pieces)", vocabs.shortlist.translations.shape[1],
+                    len(vocabs.shortlist.frequent), len(vocabs.target))
 
 
 def translate_stream(engine: Engine, options: GenerateOptions, device: torch.device, bans: list[list[int]]

@@ -28,9 +28,11 @@ from torch import nn
 from nmt.checkpoint.format import Vocabularies, load_checkpoint, model_from_checkpoint
 from nmt.checkpoint.names import split_paths
 from nmt.data.batching import batch_by_size, collate
+from nmt.data.shortlist import Shortlist
 from nmt.data.vocabulary import EOS_ID, UNK_ID
 from nmt.device import autocast, bound_onednn_caches
 from nmt.errors import NmtError
+from nmt.generation.candidates import batch_candidates
 from nmt.generation.constraints import BatchControls, SentenceControls, contains
 from nmt.generation.ensemble import Ensemble
 from nmt.generation.options import BatchingOptions, SearchOptions, check_workers, choose_workers
@@ -55,9 +57,16 @@ def prepare_model(checkpoint_path: str | Path | list[str], device: torch.device,
         model, its_vocabs = model_from_checkpoint(load_checkpoint(path))
         if vocabs is not None and its_vocabs != vocabs:
             raise NmtError(f"cannot ensemble {path} with {paths[0]}: their vocabularies or languages differ")
+        if vocabs is not None and not same_shortlist(vocabs.shortlist, its_vocabs.shortlist):
+            logger.info("no vocabulary shortlist: %s and %s have different ones", paths[0], path)
+            its_vocabs.shortlist = None
         models.append(inference_model(model, quantize))
         vocabs = its_vocabs
     return (models[0] if len(models) == 1 else Ensemble(models)).to(device), vocabs
+
+
+def same_shortlist(a: Shortlist | None, b: Shortlist | None) -> bool:
+    return a is b or (a is not None and b is not None and a.to_bytes() == b.to_bytes())
 
 
 def inference_model(model: nn.Module, quantize: str) -> nn.Module:
@@ -107,13 +116,16 @@ def translate_ids(model: nn.Module, sources: list[np.ndarray], search: SearchOpt
                   batching: BatchingOptions | None = None, device: torch.device = torch.device("cpu"),
                   precision: str = "fp32", progress: Progress | None = None,
                   generator: torch.Generator | None = None, controls: Controls | None = None,
-                  first_line: int = 1, should_stop: Callable[[], bool] | None = None) -> list[list[Hypothesis]]:
+                  first_line: int = 1, should_stop: Callable[[], bool] | None = None,
+                  shortlist: Shortlist | None = None) -> list[list[Hypothesis]]:
     """The ``nbest`` hypotheses for each source (token ids ending in EOS), in the order given.
 
     Sampling draws from ``generator``; without one, from a new one seeded with ``search.seed`` (so
     callers translating in several calls, such as a stream, pass theirs to draw on). ``controls``
     (one per source, or None) are checked by ``check_controls``; messages number the sources from
-    ``first_line``. ``should_stop`` goes to every beam search (see there)."""
+    ``first_line``. ``should_stop`` goes to every beam search (see there). ``shortlist`` (the
+    checkpoint's, ``vocabs.shortlist``) is used as ``search.shortlist`` says, always keeping the
+    pieces of a sentence's prefix and constraints among its candidates."""
     search, batching = search or SearchOptions(), batching or BatchingOptions()
     check_lengths(model, sources, first_line)
     check_workers(search, batching, device.type)
@@ -123,12 +135,16 @@ def translate_ids(model: nn.Module, sources: list[np.ndarray], search: SearchOpt
     if search.sampling and generator is None:
         generator = sampling_generator(search, device)
     work = plan_workload(sources, search, batching, progress, controls, workers)
+    shortlist = shortlist if uses_shortlist(search, shortlist) else None
 
     def search_batch(indices: np.ndarray) -> list[list[Hypothesis]]:
         with torch.inference_mode(), autocast(device, precision):  # both are per thread
             batch = collate(indices, [sources[i] for i in indices]).to(device)
             batch_controls = BatchControls.create([controls[i] for i in indices], device) if controls else None
-            return beam_search(model, batch.source, search, generator, batch_controls, should_stop)
+            candidates = None if shortlist is None else batch_candidates(
+                shortlist, [sources[i] for i in indices], device,
+                [required_tokens(controls[i]) for i in indices] if controls else None)
+            return beam_search(model, batch.source, search, generator, batch_controls, should_stop, candidates)
 
     batches = [work.todo[positions]
                for positions in batch_by_size(work.lengths, None, work.max_tokens, batching.batch_size)]
@@ -140,6 +156,16 @@ def translate_ids(model: nn.Module, sources: list[np.ndarray], search: SearchOpt
     if controls is not None:
         warn_unmet(work.results, controls, first_line)
     return work.results
+
+
+def required_tokens(controls: SentenceControls | None) -> list[int]:
+    """The target pieces a sentence's shortlist must keep: its prefix's and its constraints'."""
+    return [] if controls is None else controls.prefix + [piece for phrase in controls.constraints for piece in phrase]
+
+
+def uses_shortlist(search: SearchOptions, shortlist: Shortlist | None) -> bool:
+    """``--shortlist auto``: the checkpoint's, except for sampling (which draws from the whole distribution)."""
+    return shortlist is not None and search.shortlist == "auto" and not search.sampling
 
 
 def place_batches(results: list[list[Hypothesis]], batches: list[np.ndarray],

@@ -20,6 +20,7 @@ from torch import Tensor
 
 from nmt.data.vocabulary import BOS_ID, EOS_ID, PAD_ID
 from nmt.errors import NmtError
+from nmt.generation.candidates import Candidates
 from nmt.generation.options import SearchOptions
 from nmt.generation.searchable import SearchableModel, SearchControls
 
@@ -61,10 +62,12 @@ def model_positions(model: SearchableModel) -> int | None:
 
 
 def constrain(logprobs: Tensor, tokens: Tensor, step: int, max_len: Tensor, min_len: int,
-              no_repeat_ngram_size: int) -> Tensor:
+              no_repeat_ngram_size: int, columns: Tensor | None = None) -> Tensor:
     """Ban tokens in place: specials never; EOS before min_len; only EOS at max_len; n-gram repeats.
 
     ``tokens`` (rows, step + 1) is each hypothesis so far, BOS first; ``max_len`` is per row.
+    With ``columns`` (a shortlist), ``logprobs`` has a column per entry of it (a special token's
+    column is its id).
     """
     logprobs[:, PAD_ID] = NEG_INF
     logprobs[:, BOS_ID] = NEG_INF
@@ -83,7 +86,8 @@ def constrain(logprobs: Tensor, tokens: Tensor, step: int, max_len: Tensor, min_
         matches = (windows[:, :, :-1] == prefix[:, None, :]).all(dim=2) if n > 1 else \
             torch.ones(windows.shape[:2], dtype=torch.bool, device=tokens.device)
         rows, where = matches.nonzero(as_tuple=True)
-        logprobs[rows, windows[rows, where, -1]] = NEG_INF
+        banned = windows[rows, where, -1]
+        logprobs[rows, banned if columns is None else torch.searchsorted(columns, banned)] = NEG_INF
     return logprobs
 
 
@@ -154,12 +158,15 @@ class SearchStopped(Exception):
 
 
 def beam_search(model: SearchableModel, source: Tensor, options: SearchOptions, generator: torch.Generator | None = None,
-                controls: SearchControls | None = None, should_stop: Callable[[], bool] | None = None
-                ) -> list[list[Hypothesis]]:
+                controls: SearchControls | None = None, should_stop: Callable[[], bool] | None = None,
+                candidates: Candidates | None = None) -> list[list[Hypothesis]]:
     """Decode a padded batch of sources; returns the ``nbest`` hypotheses per sentence, best first.
 
     ``controls`` (nmt/generation/constraints.py) force prefixes, ban phrases and place constraints.
-    ``should_stop`` is asked before each step; when it answers True the search raises SearchStopped."""
+    ``should_stop`` is asked before each step; when it answers True the search raises SearchStopped.
+    With ``candidates`` (a vocabulary shortlist), the model scores only their columns and each
+    sentence chooses among its own: the steps work in column space (column c is token
+    ``columns[c]``) and tokens are mapped back to vocabulary ids as they join a hypothesis."""
     beam = options.beam
     device = source.device
     sentences = source.size(0)
@@ -169,7 +176,9 @@ def beam_search(model: SearchableModel, source: Tensor, options: SearchOptions, 
     # Beam search starts from one row per sentence (its beams would all be the same prefix, BOS)
     # and widens to `beam` rows after the first step; sampling draws `beam` lines from the start.
     width = beam if options.sampling else 1  # rows per sentence now
-    encoder_out = model.encode(source)  # one row per sentence, shared by its `width` decoder rows
+    columns = candidates.columns if candidates is not None else None
+    # One row per sentence, shared by its `width` decoder rows.
+    encoder_out = model.encode(source) if columns is None else model.encode(source, columns)
     cache = model.new_cache()
     if hasattr(cache, "reserve"):  # room for the longest output at once (see nmt.models.kv_cache)
         cache.reserve(int(limit.max()) + 1, sentences * beam)
@@ -180,15 +189,17 @@ def beam_search(model: SearchableModel, source: Tensor, options: SearchOptions, 
     alive_ids = torch.arange(sentences, device=device)  # original index of each alive sentence
     finished: list[list[Hypothesis]] = [[] for _ in range(sentences)]
     if controls is not None:
-        controls.begin(limit)
+        controls.begin(limit, columns)
 
     for step in range(int(limit.max()) + 1):
         if should_stop is not None and should_stop():
             raise SearchStopped(f"stopped at step {step}")
         logits = model.decode(tokens[:, -1:], encoder_out, cache)[:, -1].float()
+        if candidates is not None:
+            candidates.restrict(logits, alive_ids)
         logprobs = constrain(torch.log_softmax(logits, dim=-1, out=logits),  # in place: one (rows, vocab) tensor less
                              tokens, step, limit[alive_ids].repeat_interleave(width), options.min_len,
-                             options.no_repeat_ngram_size)
+                             options.no_repeat_ngram_size, columns)
         if controls is not None:
             controls.restrict(logprobs, tokens, step)
         if options.sampling:
@@ -225,11 +236,12 @@ def beam_search(model: SearchableModel, source: Tensor, options: SearchOptions, 
                 controls.keep(still)
         order = keep_rows.reshape(-1)
         step_scores = logprobs[order, keep_tokens.reshape(-1)]
-        tokens = torch.cat([tokens[order], keep_tokens.reshape(-1, 1)], dim=1)
+        new_tokens = keep_tokens.reshape(-1, 1)
+        tokens = torch.cat([tokens[order], new_tokens if columns is None else columns[new_tokens]], dim=1)
         token_scores = torch.cat([token_scores[order], step_scores.unsqueeze(1)], dim=1)
         cache.reorder(order)
         if controls is not None:
-            controls.reorder(order, keep_tokens.reshape(-1))
+            controls.reorder(order, tokens[:, -1])  # the vocabulary ids just appended
         width = beam
 
     if not all(finished):  # only non-finite scores end a sentence with nothing: an EOS is forced at the limit

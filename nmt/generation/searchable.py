@@ -23,8 +23,12 @@ class DecoderState(Protocol):
 
 @runtime_checkable
 class SearchableModel(Protocol):
-    def encode(self, source: Tensor) -> Any:
-        """The encoder output for a padded batch of sources (batch, length), one row per sentence."""
+    def encode(self, source: Tensor, columns: Tensor | None = None) -> Any:
+        """The encoder output for a padded batch of sources (batch, length), one row per sentence.
+
+        With ``columns`` (vocabulary ids, ascending: a shortlist's candidates), ``decode`` given this
+        output returns logits for those entries only, in that order. Search passes it only when it
+        has a shortlist: a model without one need not take it."""
 
     def reorder_encoder_out(self, encoder_out: Any, indices: Tensor) -> Any:
         """The encoder output of some sentences: row i becomes old row ``indices[i]``. Search calls it
@@ -47,8 +51,9 @@ class SearchControls(Protocol):
 
     has_constraints: bool  # whether ``select`` replaces select_top
 
-    def begin(self, limit: Tensor) -> None:
-        """The sentences' max output lengths, before the first step."""
+    def begin(self, limit: Tensor, columns: Tensor | None = None) -> None:
+        """The sentences' max output lengths, before the first step, and the vocabulary id of each
+        log-probability column (a shortlist's; None: column c is token c)."""
 
     def restrict(self, logprobs: Tensor, tokens: Tensor, step: int) -> None:
         """Ban in place what the controls forbid at this step (``tokens``: the hypotheses so far, BOS first)."""
@@ -60,4 +65,4 @@ class SearchControls(Protocol):
         """Only the sentences ``still`` stay in the batch."""
 
     def reorder(self, rows: Tensor, tokens: Tensor) -> None:
-        """Row i becomes old row ``rows[i]`` with ``tokens[i]`` appended."""
+        """Row i becomes old row ``rows[i]`` with ``tokens[i]`` (a vocabulary id) appended."""

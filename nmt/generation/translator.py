@@ -89,7 +89,7 @@ class Translator:
         search, batching = self.options(**options)
         controls = controls_from_lists(self.vocabs.target, len(sentences), prefixes, constraints, bans)
         found = translate_ids(self.model, encode_sources(self.vocabs, sentences), search, batching, self.device,
-                              self.precision, controls=controls)
+                              self.precision, controls=controls, shortlist=self.vocabs.shortlist)
         return [[self.scored(h) for h in hyps] for hyps in found]
 
     def translate(self, sentences: list[str], prefixes: list[str | None] | None = None,

@@ -8,9 +8,10 @@ projection. The decoder supports incremental decoding through a
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
-from typing import Literal, NamedTuple
+from typing import Callable, Literal, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -58,6 +59,7 @@ class EncoderOut(NamedTuple):
     states: Tensor  # (B, S, D)
     padding_mask: Tensor  # (B, S), True at padding
     memory: tuple[tuple[Tensor, Tensor], ...]  # per decoder layer: keys, values (B, heads, S, D/heads)
+    output: Callable[[Tensor], Tensor] | None = None  # the output projection onto the batch's columns; None: all
 
 
 def sinusoidal_positions(length: int, dim: int) -> Tensor:
@@ -225,13 +227,29 @@ class Transformer(nn.Module):
         self.output_layer = nn.Linear(weight.size(1), weight.size(0), bias=False, device=weight.device)
         self.output_layer.weight = nn.Parameter(weight.clone(), requires_grad=False)
 
+    def column_projection(self, columns: Tensor) -> Callable[[Tensor], Tensor]:
+        """The output projection onto some vocabulary entries only (a batch's shortlist candidates),
+        made once per batch: the rows of the weight (int8 as quantized, bf16 as autocast would cast
+        them), so that every step multiplies by a smaller matrix and casts nothing."""
+        layer = self.output_layer
+        if layer is not None and not isinstance(layer, nn.Linear):  # int8 (see separate_output_layer)
+            weight = layer.weight()  # unpacked from the quantized kernel's layout: one unpack per batch
+            rows = type(layer)(layer.in_features, len(columns), bias_=False, dtype=weight.dtype)
+            rows.set_weight_bias(weight.index_select(0, columns), None)
+            return rows
+        weight = (layer.weight if layer is not None else self.output_weight()).index_select(0, columns)
+        if torch.is_autocast_enabled(weight.device.type):
+            weight = weight.to(torch.get_autocast_dtype(weight.device.type))
+        return functools.partial(F.linear, weight=weight)
+
     def _embed(self, embedding: nn.Embedding, tokens: Tensor, offset: int = 0) -> Tensor:
         end = offset + tokens.size(1)
         if end > self.config.max_positions:
             raise NmtError(f"a sequence of {end} tokens is over the model's max_positions {self.config.max_positions}")
         return self.embed_dropout(embedding(tokens) * self.embed_scale + self.positions[offset:end])
 
-    def encode(self, src_tokens: Tensor) -> EncoderOut:
+    def encode(self, src_tokens: Tensor, columns: Tensor | None = None) -> EncoderOut:
+        """With ``columns`` (vocabulary ids), ``decode`` gives logits for those entries only."""
         padding_mask = src_tokens.eq(self.pad_id)
         key_mask = ~padding_mask[:, None, None, :]
         x = self._embed(self.src_embed, src_tokens)
@@ -241,7 +259,7 @@ class Transformer(nn.Module):
         memory = tuple(layer.cross_attn.project_kv(states) for layer in self.decoder_layers)
         if not self.training and states.device.type == "cpu":  # decoding steps attend in fp32 on CPU (see
             memory = tuple((k.float(), v.float()) for k, v in memory)  # cpu_attention_in_fp32): widen once
-        return EncoderOut(states, padding_mask, memory)
+        return EncoderOut(states, padding_mask, memory, None if columns is None else self.column_projection(columns))
 
     def decode(self, prev_output_tokens: Tensor, encoder_out: EncoderOut, cache: DecoderCache | None = None,
                features_only: bool = False) -> Tensor:
@@ -263,6 +281,8 @@ class Transformer(nn.Module):
         x = self.decoder_norm(x)
         if features_only:
             return x
+        if encoder_out.output is not None:
+            return encoder_out.output(x)
         return self.output_layer(x) if self.output_layer is not None else F.linear(x, self.output_weight())
 
     def forward(self, src_tokens: Tensor, prev_output_tokens: Tensor, features_only: bool = False) -> Tensor:
@@ -274,9 +294,9 @@ class Transformer(nn.Module):
     @staticmethod
     def reorder_encoder_out(encoder_out: EncoderOut, indices: Tensor) -> EncoderOut:
         """Rows for other sentences (beam search: when sentences leave the batch)."""
-        states, padding_mask, memory = encoder_out
+        states, padding_mask, memory, output = encoder_out
         return EncoderOut(states.index_select(0, indices), padding_mask.index_select(0, indices),
-                          tuple((k.index_select(0, indices), v.index_select(0, indices)) for k, v in memory))
+                          tuple((k.index_select(0, indices), v.index_select(0, indices)) for k, v in memory), output)
 
 
 @register_arch("transformer", "transformer_base")

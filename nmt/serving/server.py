@@ -50,7 +50,7 @@ BODY_BYTES_PER_CHARACTER, BODY_SLACK = 12, 65536
 MIB = 2 ** 20
 # What a request may set: the deterministic search options (sampling would depend on the batch).
 REQUEST_OPTIONS = ("beam", "lenpen", "lenpen_style", "max_len_a", "max_len_b", "min_len", "no_repeat_ngram_size",
-                   "nbest", "stop")
+                   "nbest", "stop", "shortlist")
 CONTROL_FIELDS = ("prefix", "constraints", "ban")  # passed to controls_from_lists
 
 
@@ -147,7 +147,8 @@ def create_app(translator: Translator, options: ServeOptions, baseline: int = 0)
 
     def translate(sources, search, controls, should_stop):
         return translate_ids(translator.model, sources, search, batching, translator.device, translator.precision,
-                             controls=controls, should_stop=should_stop)
+                             controls=controls, should_stop=should_stop,
+                             shortlist=translator.vocabs.shortlist)
 
     # A sentence searching over a quarter of the longest search the limits allow is heavy (see batcher.py).
     batcher = Batcher(translate, options.batch_window_ms / 1000, memory, budget, options.max_queue,
@@ -316,7 +317,8 @@ def server_info(translator: Translator, options: ServeOptions, memory: dict[str,
         "version": __version__,
         "arch": [load_checkpoint(path, mmap=True)["arch"] for path in split_paths(translator.path)],
         "languages": {"source": vocabs.source_lang, "target": vocabs.target_lang},
-        "vocab": {"source": len(vocabs.source), "target": len(vocabs.target), "joint": vocabs.joint},
+        "vocab": {"source": len(vocabs.source), "target": len(vocabs.target), "joint": vocabs.joint,
+                  "shortlist": vocabs.shortlist is not None},
         "device": str(translator.device), "precision": translator.precision, "quantize": translator.quantize,
         "limits": {"max_sentences": options.max_sentences, "max_characters": options.max_characters,
                    "max_body_bytes": body_limit(options), "max_beam": options.max_beam,
