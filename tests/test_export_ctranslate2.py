@@ -67,11 +67,11 @@ def ct2_hypotheses(exported, sources, options):
 @needs_ct2
 @pytest.mark.parametrize("beam,workers", [(1, 1), (4, 1), (4, 2)])
 def test_greedy_and_beam_outputs_equal_nmts_own(trained, exported, sources, beam, workers):
-    options = options_of_generate(beam=beam, lenpen=0.0, max_tokens=2000)
+    options = options_of_generate(beam=beam, lenpen=0.0, max_tokens=2000, stop="exact")  # alpha 0: CTranslate2's rule
     model, _ = prepare_model(trained, torch.device("cpu"))
     ours = [hyps[0].tokens for hyps in translate_ids(model, sources, options.search, options.batching)]
     # workers: several batches at once on both sides (CTranslate2's inter_threads)
-    parallel = options_of_generate(beam=beam, lenpen=0.0, max_tokens=200, workers=workers)
+    parallel = options_of_generate(beam=beam, lenpen=0.0, max_tokens=200, workers=workers, stop="exact")
     theirs = [hyps[0].tokens for hyps in ct2_hypotheses(exported, sources, parallel)]
     assert len(set(map(tuple, ours))) > 20  # varied translations, not one degenerate output
     assert theirs == ours
