@@ -157,8 +157,8 @@ def encode_spm(model: str, prefix: str, output: str, threads: str) -> None:
     """fairseq's side, step 2: both sides encoded to pieces."""
     processor = sentencepiece.SentencePieceProcessor(model_file=model)
     for lang in ("en", "de"):
-        write_pieces(processor, Path(f"{prefix}.{lang}").read_text(encoding="utf-8").splitlines(), Path(f"{output}.{lang}"),
-                     int(threads))
+        write_pieces(processor, Path(f"{prefix}.{lang}").read_text(encoding="utf-8").splitlines(),
+                     Path(f"{output}.{lang}"), int(threads))
 
 
 def preprocess_rows(work: Path, workers: int, vocab_size: int,

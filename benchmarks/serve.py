@@ -47,7 +47,8 @@ from nmt.files import read_lines  # noqa: E402
 ISSUE_REQUEST = {"text": ["a"] * 64, "beam": 16, "max_len_a": 4, "max_len_b": 512, "min_len": 100_000}
 
 
-def start_server(path: Path, log: Path, threads: int, window_ms: float, options: list[str]) -> tuple[subprocess.Popen, int]:
+def start_server(path: Path, log: Path, threads: int, window_ms: float,
+                 options: list[str]) -> tuple[subprocess.Popen, int]:
     command = [sys.executable, "-m", "nmt", "serve", "--path", str(path), "--port", "0", "--log-format", "json",
                "--batch-window-ms", str(window_ms), *options]
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}

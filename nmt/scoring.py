@@ -62,9 +62,11 @@ class MetricResult:
 class ScoreOptions:
     """The options of ``nmt score`` (and a recipe's ``score:`` section, where system and ref are filled in)."""
 
-    system: str = field(metadata={"path": True, "help": "Detokenized system output, one line per segment ('-' = stdin).",
+    system: str = field(metadata={"path": True,
+                                  "help": "Detokenized system output, one line per segment ('-' = stdin).",
                                   "flags": ["--sys"]})
-    ref: list[str] = field(metadata={"path": True, "help": "Reference file (repeat for several references); plain or .gz."})
+    ref: list[str] = field(metadata={"path": True,
+                                     "help": "Reference file (repeat for several references); plain or .gz."})
     metrics: str = field(default="bleu", metadata={"help": f"Comma-separated metrics from {', '.join(METRICS)}."})
     json_output: bool = field(default=False, metadata={"help": "Print the scores as JSON.", "flags": ["--json"]})
     metric: MetricOptions = field(default_factory=MetricOptions, metadata={"help": "How to compare."})
@@ -86,7 +88,8 @@ def parse_metrics(text: str) -> list[str]:
 def bleu_metric(options: MetricOptions) -> BLEU:
     """sacreBLEU's BLEU as the options say; an NmtError when its tokenizer cannot be set up here."""
     if options.tokenize not in typing.get_args(BleuTokenizer):
-        raise NmtError(f"unknown BLEU tokenizer {options.tokenize!r}; choose from {', '.join(typing.get_args(BleuTokenizer))}")
+        raise NmtError(f"unknown BLEU tokenizer {options.tokenize!r}; "
+                       f"choose from {', '.join(typing.get_args(BleuTokenizer))}")
     tokenize = None if options.tokenize == AUTO else options.tokenize  # None: sacreBLEU picks
     try:
         return BLEU(lowercase=options.lowercase, tokenize=tokenize, trg_lang=options.language or "")
@@ -148,7 +151,8 @@ def _name(path: str | Path) -> str:
 
 
 def language_of(path: str | Path) -> str | None:
-    """The language code a file's name ends with (``test.ja``, ``test.zh.gz``, ``test.zh.txt``), if it looks like one."""
+    """The language code a file's name ends with (``test.ja``, ``test.zh.gz``, ``test.zh.txt``), if it looks like
+    one."""
     name = Path(path).name.removesuffix(".gz").removesuffix(".txt")
     suffix = Path(name).suffix.lstrip(".")
     return suffix.lower() if re.fullmatch(r"[A-Za-z]{2,3}", suffix) else None

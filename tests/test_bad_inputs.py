@@ -23,8 +23,8 @@ from typing import Callable
 
 import pytest
 import torch
-
 from conftest import make_data_dir, numbers_pairs
+
 from nmt.checkpoint.format import load_checkpoint, save_checkpoint
 from nmt.cli import main
 from nmt.models.registry import build_model, get_arch, resolve_config
@@ -209,12 +209,14 @@ CASES = [
     # preprocess
     ("preprocess-missing-files", ["preprocess", "-s", "en", "-t", "de", "--trainpref", "nowhere/train",
                                   "--destdir", "out-data"], "not found", NO_SETUP),
-    ("preprocess-empty-file", ["preprocess", "-s", "en", "-t", "de", "--trainpref", "bad/empty", "--destdir", "out-data"],
-     "empty", setup({"bad/empty.en": "", "bad/empty.de": ""})),
+    ("preprocess-empty-file", ["preprocess", "-s", "en", "-t", "de", "--trainpref", "bad/empty",
+                               "--destdir", "out-data"], "empty", setup({"bad/empty.en": "", "bad/empty.de": ""})),
     ("preprocess-line-counts", ["preprocess", "-s", "en", "-t", "de", "--trainpref", "bad/counts",
-                                "--destdir", "out-data", "--vocab-size", "20", "--no-byte-fallback"], "lines", setup({"bad/counts.en": TEXT * 3, "bad/counts.de": TEXT * 2})),
-    ("preprocess-bad-utf8", ["preprocess", "-s", "en", "-t", "de", "--trainpref", "bad/latin1", "--destdir", "out-data"],
-     "not valid UTF-8", setup({"bad/latin1.en": TEXT.encode() + b"caf\xe9\n", "bad/latin1.de": TEXT * 2})),
+                                "--destdir", "out-data", "--vocab-size", "20", "--no-byte-fallback"], "lines",
+     setup({"bad/counts.en": TEXT * 3, "bad/counts.de": TEXT * 2})),
+    ("preprocess-bad-utf8", ["preprocess", "-s", "en", "-t", "de", "--trainpref", "bad/latin1",
+                             "--destdir", "out-data"], "not valid UTF-8",
+     setup({"bad/latin1.en": TEXT.encode() + b"caf\xe9\n", "bad/latin1.de": TEXT * 2})),
     ("preprocess-directory-for-file", ["preprocess", "-s", "en", "-t", "de", "--trainpref", "bad/dir",
                                        "--destdir", "out-data"], "directory",
      setup({"bad/dir.de": TEXT}, lambda w: (w / "bad" / "dir.en").mkdir(exist_ok=True))),
@@ -228,18 +230,19 @@ CASES = [
     ("preprocess-vocab-size-zero", ["preprocess", "-s", "en", "-t", "de", "--trainpref", "raw/train",
                                     "--destdir", "out-data", "--vocab-size", "0"], "--vocab-size", NO_SETUP),
     ("preprocess-destdir-is-a-file", ["preprocess", "-s", "en", "-t", "de", "--trainpref", "raw/train",
-                                      "--destdir", "good.hyp", "--vocab-size", "100", "--no-byte-fallback"], "good.hyp", NO_SETUP),
+                                      "--destdir", "good.hyp", "--vocab-size", "100", "--no-byte-fallback"],
+     "good.hyp", NO_SETUP),
     ("preprocess-read-only-destdir", ["preprocess", "-s", "en", "-t", "de", "--trainpref", "raw/train",
-                                      "--destdir", "ro/data", "--vocab-size", "100", "--no-byte-fallback"], "Read-only file system",
-     setup(then=read_only)),
+                                      "--destdir", "ro/data", "--vocab-size", "100", "--no-byte-fallback"],
+     "Read-only file system", setup(then=read_only)),
     ("preprocess-disk-full", ["preprocess", "-s", "en", "-t", "de", "--trainpref", "raw/train",
-                              "--destdir", "full/data", "--vocab-size", "100", "--no-byte-fallback"], "No space left on device",
-     setup(then=full_disk)),
+                              "--destdir", "full/data", "--vocab-size", "100", "--no-byte-fallback"],
+     "No space left on device", setup(then=full_disk)),
     # train
     ("train-missing-data-dir", ["train", "nowhere", "--save-dir", "t1", "-q"], "nowhere", NO_SETUP),
     ("train-data-dir-not-preprocessed", ["train", "raw", "--save-dir", "t1", "-q"], "not a finished", NO_SETUP),
-    ("train-meta-json-not-a-record", ["train", "bad/meta", "--save-dir", "t1", "-q"], "is not an `nmt preprocess` record",
-     setup({"bad/meta/meta.json": '{"source_lang": "en"}'})),
+    ("train-meta-json-not-a-record", ["train", "bad/meta", "--save-dir", "t1", "-q"],
+     "is not an `nmt preprocess` record", setup({"bad/meta/meta.json": '{"source_lang": "en"}'})),
     ("train-tied-embeddings-separate-vocabularies", ["train", "sep-data", "--arch", "transformer_tiny", "-q",
                                                      "--save-dir", "t1"], "needs a joint vocabulary",
      setup(then=separate_vocabularies)),
@@ -274,7 +277,8 @@ CASES = [
     ("train-read-only-save-dir", [*TRAIN, "--save-dir", "ro/ck"], "Read-only file system", setup(then=read_only)),
     ("train-disk-full-at-save", DISK_FULL_RUN, "No space left on device", setup(then=save_dir_on_a_small_disk)),
     # generate
-    ("generate-missing-checkpoint", ["generate", "data", "--path", "missing.pt", "-q"], "checkpoint not found", NO_SETUP),
+    ("generate-missing-checkpoint", ["generate", "data", "--path", "missing.pt", "-q"], "checkpoint not found",
+     NO_SETUP),
     ("generate-truncated-checkpoint", ["generate", "data", "--path", "bad/truncated.pt", "-q"],
      "corrupt or not an nmt checkpoint",
      setup(then=lambda w: write(w / "bad" / "truncated.pt", (w / "model.pt").read_bytes()[:5000]))),
@@ -303,8 +307,8 @@ CASES = [
     ("generate-output-is-the-checkpoint", [*GENERATE, "-o", "model.pt"], "is also the --path", NO_SETUP),
     ("generate-print-scores-fairseq", [*GENERATE, "--format", "fairseq", "--print-scores"], "--format plain", NO_SETUP),
     ("generate-buffer-size-on-a-file", [*GENERATE, "--buffer-size", "2"], "--buffer-size applies", NO_SETUP),
-    ("generate-buffer-size-with-output", ["generate", "-i", "-", "--path", "model.pt", "-o", "good.hyp", "--buffer-size",
-                                          "2", "-q"], "--buffer-size applies", NO_SETUP),
+    ("generate-buffer-size-with-output", ["generate", "-i", "-", "--path", "model.pt", "-o", "good.hyp",
+                                          "--buffer-size", "2", "-q"], "--buffer-size applies", NO_SETUP),
     ("generate-min-len-over-max", [*GENERATE, "--min-len", "9", "--max-len-a", "0", "--max-len-b", "5"],
      "--min-len 9 is over", NO_SETUP),
     ("generate-disk-full", [*GENERATE, "-o", "full/test.hyp"], "No space left on device", setup(then=full_disk)),
@@ -369,12 +373,14 @@ CASES = [
      setup({"bad/sections.yaml": "trian: {}\n"})),
     ("run-unknown-stage", ["run", "bad/stages.yaml", "--stages", "train,deploy"], "deploy",
      setup({"bad/stages.yaml": "train: {}\n"})),
-    ("run-no-stage", ["run", "bad/stages.yaml", "--stages", ","], "names no stage", setup({"bad/stages.yaml": "train: {}\n"})),
+    ("run-no-stage", ["run", "bad/stages.yaml", "--stages", ","], "names no stage",
+     setup({"bad/stages.yaml": "train: {}\n"})),
     ("run-output-climbs-out", ["run", "bad/climbs.yaml", "--stages", "generate"],
      "`generate: output: ../outside.hyp` is outside the recipe's directory and the working directory",
      setup({"bad/climbs.yaml": "generate: {input: text.en, path: model.pt, output: ../outside.hyp}\n"})),
     ("run-save-dir-elsewhere", ["run", "bad/elsewhere.yaml", "--dry-run"], "`train: save_dir: /nmt-elsewhere/ck` is "
-     "outside", setup({"bad/elsewhere.yaml": "data: data\narch: transformer_tiny\ntrain: {save_dir: /nmt-elsewhere/ck}\n"})),
+     "outside",
+     setup({"bad/elsewhere.yaml": "data: data\narch: transformer_tiny\ntrain: {save_dir: /nmt-elsewhere/ck}\n"})),
 ]
 
 
@@ -527,8 +533,9 @@ def test_a_metrics_record_that_cannot_be_written_is_lost_with_one_warning(tmp_pa
 
 def test_a_recipe_trusted_like_code_may_write_elsewhere(world, monkeypatch, capsys, tmp_path):
     """`nmt run --allow-outside`: the output the catalogue refuses is written."""
-    write(world / "ok" / "elsewhere.yaml", f"generate: {{input: text.en, path: model.pt, output: {tmp_path / 'out.hyp'}, "
-                                           "max_len_b: 3}\n")
+    write(world / "ok" / "elsewhere.yaml",
+          f"generate: {{input: text.en, path: model.pt, output: {tmp_path / 'out.hyp'}, "
+          "max_len_b: 3}\n")
     code, _, err = run_cli(monkeypatch, capsys, world, ["run", "ok/elsewhere.yaml", "--stages", "generate",
                                                         "--allow-outside", "-q"])
     assert code == 0, err

@@ -1,11 +1,11 @@
 """The CLI's shared conventions: version, help, listing archs, one-line errors."""
 
 import pytest
+from conftest import run_nmt
 from typer.testing import CliRunner
 
 import nmt
 from nmt.cli import app
-from conftest import run_nmt
 
 runner = CliRunner()
 
@@ -63,15 +63,16 @@ def test_flags_are_shown_without_a_value_type(argv):
 
 def test_arguments_are_named_one_way_in_usage_lines():
     for argv, usage in [(["average", "--help"], "{INPUTS}..."), (["generate", "--help"], "[DATA_DIR]"),
-                        (["run", "--help"], "{RECIPE}"), (["export", "ctranslate2", "--help"], "{CHECKPOINT} {OUTDIR}")]:
+                        (["run", "--help"], "{RECIPE}"),
+                        (["export", "ctranslate2", "--help"], "{CHECKPOINT} {OUTDIR}")]:
         result = CliRunner().invoke(app, argv, terminal_width=200)
         assert usage in result.output.splitlines()[1], result.output.splitlines()[1]
 
 
 def test_path_options_reach_the_library_as_text(tmp_path, monkeypatch, capsys):
     """typer parses path options as Path; the options dataclasses hold text, as from a recipe."""
-    from nmt.scoring import ScoreOptions
     from nmt.options import build
+    from nmt.scoring import ScoreOptions
 
     hyp, ref = tmp_path / "hyp.txt", tmp_path / "ref.txt"
     hyp.write_text("a b c\n")

@@ -11,22 +11,28 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import assert_one_line_error, run_cli, run_nmt
+from test_search import VOCAB, WORDS, ToyDecoder, random_table, scripted_table, search, sources, table_logprob
+from test_translator import tiny_checkpoint
 
 from nmt import Translator
 from nmt.data.vocabulary import EOS_ID, UNK_ID, Vocabulary
 from nmt.errors import NmtError
-from nmt.generation.constraints import (BatchControls, SentenceControls, advance, contains, progress, rank_in_bank,
-                                        transitions)
+from nmt.generation.constraints import (
+    BatchControls,
+    SentenceControls,
+    advance,
+    contains,
+    progress,
+    rank_in_bank,
+    transitions,
+)
 from nmt.generation.control_input import controls_from_lists, lines_with_controls, sentence_controls, split_line
 from nmt.generation.inference import check_controls, warn_unmet
 from nmt.generation.options import SearchOptions
 from nmt.generation.search import NEG_INF, beam_search, length_penalty
 from nmt.training.config import load_train_config
 from nmt.training.trainer import train
-
-from conftest import assert_one_line_error, run_cli, run_nmt
-from test_search import VOCAB, WORDS, ToyDecoder, random_table, scripted_table, search, sources, table_logprob
-from test_translator import tiny_checkpoint
 
 CPU = torch.device("cpu")
 needs_ct2 = pytest.mark.skipif(importlib.util.find_spec("ctranslate2") is None,
@@ -50,7 +56,8 @@ def exhaustive_with(table, source: list[int], max_len: int, lenpen: float, contr
     for length in range(max(1, len(prefix)), max_len + 1):
         for body in itertools.product(WORDS, repeat=length - len(prefix)):
             words = prefix + list(body)
-            if not all(contains(words, c) for c in controls.constraints) or any(contains(words, b) for b in controls.bans):
+            if (not all(contains(words, c) for c in controls.constraints)
+                    or any(contains(words, b) for b in controls.bans)):
                 continue
             tokens = words + [EOS_ID]
             logprob = table_logprob(table, key, tokens) - table_logprob(table, key, prefix)
@@ -186,7 +193,8 @@ def test_a_full_beam_finds_the_best_output_that_obeys_the_controls(controls, len
 
 def test_the_unconstrained_best_misses_these_constraints():
     """The exhaustive tests above have work to do: most tables' best output lacks the constraint."""
-    missing = sum(not contains(search(random_table(seed), [4, 5], beam=125, max_len_a=0.0, max_len_b=3)[0].tokens, [4, 4, 4])
+    missing = sum(not contains(search(random_table(seed), [4, 5], beam=125, max_len_a=0.0, max_len_b=3)[0].tokens,
+                               [4, 4, 4])
                   for seed in range(2))
     assert missing == 2
 
@@ -257,7 +265,8 @@ def test_banned_phrases_never_appear():
 @pytest.mark.parametrize("sampling", [False, True])
 def test_output_starts_with_exactly_the_prefix_whose_tokens_score_zero(sampling):
     prefix = [6, 6, UNK_ID]
-    options = {"beam": 3, "nbest": 3, "max_len_b": 6, "sampling": sampling, "generator": torch.Generator().manual_seed(0)}
+    options = {"beam": 3, "nbest": 3, "max_len_b": 6, "sampling": sampling,
+               "generator": torch.Generator().manual_seed(0)}
     for seed in range(3):
         table = random_table(seed)
         for hyp in controlled(table, [4, 5], SentenceControls(prefix=prefix), **options):
@@ -401,7 +410,8 @@ def pieces_of(lines: list[str]) -> list[list[str]]:
     return [line.split("\t")[2].split() for line in lines if line.startswith("H-")]
 
 
-def test_the_tab_form_the_prefix_file_the_api_stdin_and_any_batching_agree(target, model, tmp_path, monkeypatch, capsys):
+def test_the_tab_form_the_prefix_file_the_api_stdin_and_any_batching_agree(target, model, tmp_path, monkeypatch,
+                                                                            capsys):
     tabs = write_lines(tmp_path / "tab.txt", tab_lines())
     found = cli_lines(monkeypatch, capsys, "-i", tabs, "--path", model, "--prefix-column", "--constraints")
     assert len(found) == len(SENTENCES)
@@ -478,7 +488,8 @@ def test_ctranslate2_takes_prefixes_and_bans_and_refuses_constraints(target, mod
     assert words and ours != unbanned  # the ban has work to do
     assert theirs[:-1] == ours[:-1]
     zahl = [target.piece(i) for i in target.encode("Zahl")]
-    assert theirs[-1] == zahl and ours[-1][:len(zahl)] == zahl != ours[-1]  # an empty source: CT2 gives the prefix alone
+    # an empty source: CT2 gives the prefix alone
+    assert theirs[-1] == zahl and ours[-1][:len(zahl)] == zahl != ours[-1]
     for hypothesis, prefix in zip(theirs, PREFIXES):
         assert hypothesis[:len(target.encode(prefix))] == [target.piece(i) for i in target.encode(prefix)]
         assert f"▁{words[0]}" not in hypothesis

@@ -9,6 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import make_data_dir, numbers_pairs
+from test_translator import tiny_checkpoint
 
 from nmt.checkpoint.format import load_checkpoint, model_from_checkpoint
 from nmt.data.dataset import DataDir
@@ -19,9 +21,6 @@ from nmt.generation.options import SearchOptions
 from nmt.scoring import score
 from nmt.training.config import load_train_config
 from nmt.training.trainer import train
-
-from conftest import make_data_dir, numbers_pairs
-from test_translator import tiny_checkpoint
 
 OPTIONS = SearchOptions(beam=3, nbest=3, max_len_b=8)
 
@@ -38,9 +37,10 @@ def trained_pair(data_dir, tmp_path_factory) -> list[Path]:
     root = tmp_path_factory.mktemp("ensemble-models")
     paths = []
     for seed in (1, 2):
-        config = load_train_config({"data": str(data_dir), "arch": "transformer_tiny", "save_dir": str(root / str(seed)),
-                                    "max_tokens": 1000, "lr": 5e-3, "warmup_updates": 20, "seed": seed,
-                                    "max_epoch": 12, "valid_subset": None, "log_interval": 1000})
+        config = load_train_config({"data": str(data_dir), "arch": "transformer_tiny",
+                                    "save_dir": str(root / str(seed)), "max_tokens": 1000, "lr": 5e-3,
+                                    "warmup_updates": 20, "seed": seed, "max_epoch": 12, "valid_subset": None,
+                                    "log_interval": 1000})
         train(config)
         paths.append(root / str(seed) / "checkpoint_last.pt")
     return paths

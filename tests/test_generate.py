@@ -11,23 +11,22 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import assert_one_line_error, make_data_dir, numbers_pairs, run_cli, run_nmt
 
+import nmt.generation.inference as inference_module
 from nmt.checkpoint.format import Vocabularies, model_state, save_checkpoint
 from nmt.data.dataset import DataDir
 from nmt.data.vocabulary import EOS_ID, PAD_ID
-from nmt.errors import NmtError
-import nmt.generation.inference as inference_module
 from nmt.device import inference_device
 from nmt.device_options import InferenceDeviceOptions
+from nmt.errors import NmtError
 from nmt.generation.generate import generate
 from nmt.generation.inference import prepare_model, translate_ids
-from nmt.generation.options import check_workers, choose_workers, GenerateOptions
+from nmt.generation.options import GenerateOptions, check_workers, choose_workers
 from nmt.generation.workers import map_in_workers
-from nmt.options import build
 from nmt.models.registry import build_model, get_arch, resolve_config
+from nmt.options import build
 from nmt.scoring import MetricOptions, score
-
-from conftest import assert_one_line_error, make_data_dir, numbers_pairs, run_cli, run_nmt
 
 LINES = ["five", "Turn to page twelve.", "the number four", "My room number is eighty-two.", "seven",
          "I counted to nine thousand and one yesterday.", "She said three twice.", "the number sixty"]
@@ -325,8 +324,8 @@ def test_bf16_generation_runs_on_cpu(checkpoint, data_dir):
 
 
 def test_cli_writes_only_translations_to_stdout(checkpoint, data_dir, monkeypatch, capsys):
-    code, out, err = run_cli(monkeypatch, capsys, "generate", str(data_dir), "--path", str(checkpoint), "--max-len-b", "5",
-                             "--score-reference")
+    code, out, err = run_cli(monkeypatch, capsys, "generate", str(data_dir), "--path", str(checkpoint),
+                             "--max-len-b", "5", "--score-reference")
     assert code == 0
     assert len(out.splitlines()) == 30
     assert "translated 30 sentences" in err and "BLEU" in err and "BLEU" not in out

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import MULTI30K, run_cli, run_nmt
+
 from nmt.checkpoint.format import load_checkpoint
 from nmt.demo import demo_recipe
 from nmt.demo_data import write_demo_corpus
@@ -119,7 +119,8 @@ def test_train_config_takes_the_recipes_data_dir(tiny_data_dir, tmp_path, monkey
     save_dir = tmp_path / "run"
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(yaml.safe_dump({
-        "preprocess": {"source_lang": "en", "target_lang": "de", "trainpref": "raw/train", "destdir": str(tiny_data_dir)},
+        "preprocess": {"source_lang": "en", "target_lang": "de", "trainpref": "raw/train",
+                       "destdir": str(tiny_data_dir)},
         "arch": "transformer_tiny", "model": {"dropout": 0.0},
         "train": {"save_dir": str(save_dir), "max_update": 1, "max_tokens": 1000, "device": "cpu"}}))
     code, _, err = run_cli(monkeypatch, capsys, "train", "--config", recipe, "--seed", "5", "-q")

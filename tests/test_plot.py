@@ -6,8 +6,8 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import run_cli
+
 from nmt.errors import NmtError
 from nmt.plot.attention import plot_attention
 from nmt.plot.curves import plot_curves
@@ -88,7 +88,8 @@ def test_curves_of_a_missing_save_dir_or_onto_the_metrics_file_are_one_line_erro
 
 def test_attention_plot_refuses_an_ensemble_and_a_sentence_too_long_to_draw(checkpoint, tmp_path):
     with pytest.raises(NmtError, match="one model's attention: give one --path"):
-        plot_attention(PlotAttentionOptions(path=f"{checkpoint}:{checkpoint}", text="one", output=str(tmp_path / "e.png")))
+        plot_attention(PlotAttentionOptions(path=f"{checkpoint}:{checkpoint}", text="one",
+                                            output=str(tmp_path / "e.png")))
     with pytest.raises(NmtError, match=r"--text has \d+ tokens: a heat map takes at most 100 a side"):
         plot_attention(PlotAttentionOptions(path=str(checkpoint), text="one two " * 60, output=str(tmp_path / "l.png")))
     assert list(tmp_path.iterdir()) == []

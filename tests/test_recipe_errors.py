@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import assert_one_line_error, run_cli, run_nmt
+
 from nmt.pipeline import plan_recipe
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
@@ -31,7 +31,8 @@ def recipe(tmp_path):
                        "destdir": str(tmp_path / "data-bin"), "vocab_size": 60},
         "arch": "transformer_tiny",
         "model": {"d_model": 32, "ffn_dim": 64},
-        "train": {"save_dir": str(tmp_path / "checkpoints"), "max_update": 2, "device": "cpu", "save_interval_updates": 1},
+        "train": {"save_dir": str(tmp_path / "checkpoints"), "max_update": 2, "device": "cpu",
+                  "save_interval_updates": 1},
         "average": {"num_update_checkpoints": 1},
         "generate": {"beam": 2},
         "score": {"metrics": "bleu"},
@@ -49,7 +50,8 @@ def recipe(tmp_path):
 
 
 CASES = [  # section, key, value, what the error says
-    ("preprocess", "vocab_sise", 100, "unknown preprocess option 'vocab_sise' in {recipe} (did you mean 'vocab_size'?)"),
+    ("preprocess", "vocab_sise", 100,
+     "unknown preprocess option 'vocab_sise' in {recipe} (did you mean 'vocab_size'?)"),
     ("preprocess", "vocab_size", "many", "`preprocess: vocab_size` in {recipe} expects int, got 'many'"),
     ("model", "dropuot", 0.1, "unknown model option 'dropuot' in {recipe} (did you mean 'dropout'?)"),
     ("model", "dropout", "high", "dropout expects float, got 'high'"),

@@ -4,11 +4,11 @@ import urllib.error
 
 import pytest
 import sacrebleu
+from conftest import run_nmt
 
 from nmt import scoring
 from nmt.errors import NmtError
 from nmt.scoring import MetricOptions, format_results, language_of, parse_metrics, score, score_files
-from conftest import run_nmt
 
 HYPOTHESES = [
     "The cat sat on the mat.",
@@ -52,7 +52,8 @@ def test_chrf_and_ter_match_sacrebleu_and_lowercase_is_applied():
     upper = [line.upper() for line in HYPOTHESES]
     cased, lowered = score(upper, [REFERENCES]), score(upper, [REFERENCES], options=MetricOptions(lowercase=True))
     assert "case:lc" in lowered[0].signature
-    assert lowered[0].score == pytest.approx(score(HYPOTHESES, [REFERENCES], options=MetricOptions(lowercase=True))[0].score)
+    assert lowered[0].score == pytest.approx(
+        score(HYPOTHESES, [REFERENCES], options=MetricOptions(lowercase=True))[0].score)
     assert cased[0].score < lowered[0].score
 
 

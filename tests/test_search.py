@@ -14,7 +14,16 @@ import torch
 from nmt.data.vocabulary import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from nmt.errors import NmtError
 from nmt.generation.options import SearchOptions
-from nmt.generation.search import beam_search, constrain, Hypothesis, is_done, length_penalty, max_lengths, NEG_INF, select_top
+from nmt.generation.search import (
+    NEG_INF,
+    Hypothesis,
+    beam_search,
+    constrain,
+    is_done,
+    length_penalty,
+    max_lengths,
+    select_top,
+)
 from nmt.models.registry import build_model, get_arch, resolve_config
 
 VOCAB = 7  # PAD UNK BOS EOS + three words; UNK counts as a word too
@@ -465,7 +474,8 @@ def test_max_lengths_stop_before_the_models_last_position():
 def test_a_search_past_the_models_positions_ends_at_its_last_one():
     torch.manual_seed(0)
     arch = get_arch("transformer_tiny")
-    model = build_model(arch.model_name, resolve_config(arch.config, {"d_model": 32, "ffn_dim": 64, "max_positions": 12}),
+    model = build_model(arch.model_name,
+                        resolve_config(arch.config, {"d_model": 32, "ffn_dim": 64, "max_positions": 12}),
                         12, 12, PAD_ID).eval()
     found = beam_search(model, sources([4, 5, 6]), SearchOptions(beam=2, min_len=30, max_len_b=100))
     assert [len(h.tokens) for h in found[0]] == [12]  # 11 tokens and the forced EOS: positions 0..11 read

@@ -19,16 +19,16 @@ import pytest
 pytest.importorskip("starlette", reason="nmt serve needs the serve extra: pip install 'nmt[serve]'")
 pytest.importorskip("uvicorn", reason="nmt serve needs the serve extra: pip install 'nmt[serve]'")
 
+from conftest import numbers_pairs  # noqa: E402
+from test_translator import tiny_checkpoint  # noqa: E402
+
 from nmt import Translator  # noqa: E402
 from nmt.data.vocabulary import Vocabulary  # noqa: E402
-from nmt.options import build
 from nmt.device import inference_device  # noqa: E402
 from nmt.device_options import InferenceDeviceOptions  # noqa: E402
 from nmt.generation.generate import generate  # noqa: E402
 from nmt.generation.options import GenerateOptions  # noqa: E402
-
-from conftest import numbers_pairs  # noqa: E402
-from test_translator import tiny_checkpoint  # noqa: E402
+from nmt.options import build
 
 KEY = "test-key"
 LINES = ["five", "Turn to page twelve.", "", "the number four", "My room number is eighty-two.", "seven"]
@@ -173,7 +173,8 @@ def test_32_concurrent_clients_get_their_own_answers(server, checkpoint):
     # The request: 1,024 rows for 516 steps. What a request may reach is capped (--max-output-length).
     (json.dumps({"text": ["a"] * 8, "beam": 16, "max_len_a": 4, "max_len_b": 512, "min_len": 100000}).encode(), 422,
      "\"max_len_b\" must be at most 256 (the server's --max-output-length)"),
-    (b'{"text": ["five"], "min_len": 100000}', 422, "\"min_len\" must be at most 256 (the server's --max-output-length)"),
+    (b'{"text": ["five"], "min_len": 100000}', 422,
+     "\"min_len\" must be at most 256 (the server's --max-output-length)"),
     (b'{"text": ["five"], "no_repeat_ngram_size": 257}', 422, '"no_repeat_ngram_size" must be at most 256'),
     (b'{"text": ["five"], "max_len_a": 4.5}', 422, '"max_len_a" must be at most 4'),
     (json.dumps({"text": ["five " * 15], "max_len_a": 4, "max_len_b": 50}).encode(), 422,
@@ -401,7 +402,8 @@ def test_the_body_limit_is_the_one_the_docs_give(server):
     from nmt.serving.server import BODY_BYTES_PER_CHARACTER, BODY_SLACK
 
     docs = (Path(__file__).resolve().parents[1] / "docs" / "serving.md").read_text(encoding="utf-8")
-    per_character, slack_kib = map(int, re.search(r"a body over (\d+) x `--max-characters` \+ (\d+) KiB", docs).groups())
+    per_character, slack_kib = map(int,
+                                   re.search(r"a body over (\d+) x `--max-characters` \+ (\d+) KiB", docs).groups())
     assert (per_character, slack_kib * 1024) == (BODY_BYTES_PER_CHARACTER, BODY_SLACK)
     limit = request(server, "GET", "/info")[1]["limits"]["max_body_bytes"]
     assert limit == 400 * per_character + slack_kib * 1024  # the module's server: --max-characters 400

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import assert_one_line_error, assert_same_weights, interrupted_at, run_nmt, tiny_config
 
 from nmt.checkpoint.format import load_checkpoint
 from nmt.training.trainer import train
-from conftest import assert_one_line_error, assert_same_weights, interrupted_at, run_nmt, tiny_config
 
 pytestmark = pytest.mark.slow  # training in other processes
 
@@ -83,7 +83,8 @@ def test_bad_input_is_a_one_line_error(tiny_data_dir, tmp_path):
 def test_resume_with_another_arch_is_a_one_line_error(tiny_data_dir, tmp_path):
     train(tiny_config(tiny_data_dir, tmp_path, max_update=1))
     assert_one_line_error(run_nmt("train", str(tiny_data_dir), "--arch", "transformer_small", "--set", "dropout=0.2",
-                                  "--save-dir", str(tmp_path)), "different models (transformer_tiny (transformer) vs transformer_small")
+                                  "--save-dir", str(tmp_path)),
+                          "different models (transformer_tiny (transformer) vs transformer_small")
 
 
 def test_sigterm_saves_what_the_update_saves_and_exits_143(tiny_data_dir, tmp_path):

@@ -9,6 +9,7 @@ import re
 import numpy as np
 import pytest
 import torch
+from conftest import make_data_dir, numbers_pairs, tiny_config
 
 from nmt.checkpoint.format import load_checkpoint
 from nmt.data.dataset import DataDir
@@ -17,8 +18,6 @@ from nmt.training.inputs import check_inputs
 from nmt.training.state import TrainState
 from nmt.training.trainer import train
 from nmt.training.validation import record_validation
-
-from conftest import make_data_dir, numbers_pairs, tiny_config
 
 CPU = torch.device("cpu")
 
@@ -96,7 +95,8 @@ def test_several_validation_splits_are_each_reported_and_the_first_decides(tmp_p
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     valid = [(r["subset"], r["epoch"]) for r in records if r["kind"] == "valid"]
     assert valid == [("valid", 1), ("valid1", 1), ("valid", 2), ("valid1", 2)]
-    losses = {subset: r["loss"] for r in records if r["kind"] == "valid" and r["epoch"] == 2 for subset in [r["subset"]]}
+    losses = {subset: r["loss"] for r in records if r["kind"] == "valid" and r["epoch"] == 2
+              for subset in [r["subset"]]}
     assert losses["valid"] != losses["valid1"] and summary.valid_loss == losses["valid"]
     best = load_checkpoint(tmp_path / "run" / "checkpoint_best.pt")["train_state"]["best_valid_loss"]
     assert best == min(r["loss"] for r in records if r["kind"] == "valid" and r["subset"] == "valid")

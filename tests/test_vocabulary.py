@@ -72,7 +72,8 @@ def test_load_errors(tmp_path):
     with pytest.raises(NmtError, match="cannot read sentencepiece model .*missing.model"):
         Vocabulary.load(tmp_path / "missing.model")
     (tmp_path / "junk.model").write_bytes(b"not a model")
-    with pytest.raises(NmtError, match=r"junk\.model: not a valid sentencepiece model \(its bytes do not parse as one\)$"):
+    with pytest.raises(NmtError,
+                       match=r"junk\.model: not a valid sentencepiece model \(its bytes do not parse as one\)$"):
         Vocabulary.load(tmp_path / "junk.model")
 
 

@@ -79,8 +79,8 @@ def padded_sizes(source_sizes: np.ndarray, target_sizes: np.ndarray | None, max_
     sizes = np.maximum(source_sizes, target_sizes) if target_sizes is not None else np.asarray(source_sizes)
     if max_tokens is not None and len(sizes) and sizes.max() > max_tokens:
         longest = int(np.argmax(sizes))
-        raise SentenceTooLong(f"sentence {longest} has {int(sizes[longest])} tokens, more than --max-tokens {max_tokens}; "
-                       "raise --max-tokens or filter long sentences in preprocess (--max-len)")
+        raise SentenceTooLong(f"sentence {longest} has {int(sizes[longest])} tokens, more than --max-tokens "
+                              f"{max_tokens}; raise --max-tokens or filter long sentences in preprocess (--max-len)")
     return sizes
 
 

@@ -13,7 +13,8 @@ Quantization = Literal["float32", "int8", "int8_float32", "int8_float16", "int8_
 class ExportOptions:
     checkpoint: str = field(metadata={"path": True, "help": "The nmt checkpoint to export.", "argument": True,
                                       "metavar": "CHECKPOINT"})
-    outdir: str = field(metadata={"path": True, "help": "The CTranslate2 model directory to write (replaced only once complete).",
+    outdir: str = field(metadata={"path": True,
+                                  "help": "The CTranslate2 model directory to write (replaced only once complete).",
                                   "argument": True, "metavar": "OUTDIR"})
     quantization: Quantization = field(default="float32", metadata={
         "help": "Weight type CTranslate2 stores (int8: about 4x smaller; it can still compute in another type)."})

@@ -52,8 +52,14 @@ from nmt.data.vocabulary import BOS_ID, EOS_ID, PAD_ID
 from nmt.errors import NmtError
 from nmt.export.ctranslate2 import export_ctranslate2, export_meta, import_ctranslate2, load_vocabularies
 from nmt.export.options import ExportOptions
-from nmt.generation.inference import (Controls, TranslateSources, check_controls, place_batches, plan_workload,
-                                      uses_shortlist)
+from nmt.generation.inference import (
+    Controls,
+    TranslateSources,
+    check_controls,
+    place_batches,
+    plan_workload,
+    uses_shortlist,
+)
 from nmt.generation.options import GenerateOptions
 from nmt.generation.search import Hypothesis, max_lengths
 from nmt.generation.workers import map_in_workers, threads_per_worker
@@ -81,7 +87,8 @@ def compute_type(options: GenerateOptions, device: torch.device) -> tuple[str, s
         if "bfloat16" in import_ctranslate2().get_supported_compute_types(device.type):
             return "bfloat16", f"CTranslate2 runs bfloat16 on this {device.type}"
         return "default", f"CTranslate2 has no bfloat16 on this {device.type}: the export's own type"
-    return {"bf16": "bfloat16", "fp16": "float16"}.get(options.compute.precision, "default"), f"--precision {options.compute.precision}"
+    return ({"bf16": "bfloat16", "fp16": "float16"}.get(options.compute.precision, "default"),
+            f"--precision {options.compute.precision}")
 
 
 def load_ctranslate2(options: GenerateOptions, device: torch.device) -> tuple[TranslateSources, Vocabularies]:
@@ -141,7 +148,8 @@ def translate_ids_ctranslate2(translator: ctranslate2.Translator, vocabs: Vocabu
     def decode(batch: tuple[np.ndarray, int]) -> list[list[Hypothesis]]:
         indices, limit = batch
         pieces = [[vocabs.source.piece(i) for i in sources[index][:-1]] for index in indices]
-        return decode_batch(translator, vocabs, pieces, limit, options, [controls[i] for i in indices] if controls else None)
+        return decode_batch(translator, vocabs, pieces, limit, options,
+                            [controls[i] for i in indices] if controls else None)
 
     place_batches(work.results, [indices for indices, _ in batches],
                   map_in_workers(decode, batches, workers), progress, work.task)
@@ -151,7 +159,9 @@ def translate_ids_ctranslate2(translator: ctranslate2.Translator, vocabs: Vocabu
 def decode_batch(translator: ctranslate2.Translator, vocabs: Vocabularies, batch: list[list[str]], limit: int,
                  options: GenerateOptions, controls: Controls | None = None) -> list[list[Hypothesis]]:
     """One ``translate_batch`` call for sources that share the max length ``limit`` (EOS excluded)."""
-    pieces = lambda ids: [vocabs.target.piece(i) for i in ids]
+    def pieces(ids):
+        return [vocabs.target.piece(i) for i in ids]
+
     banned = [[vocabs.target.piece(PAD_ID)], [vocabs.target.piece(BOS_ID)]] if options.search.sampling else []
     for phrase in sorted({tuple(ban) for c in controls or [] if c for ban in c.bans}):
         banned.append(pieces(phrase))
@@ -160,10 +170,12 @@ def decode_batch(translator: ctranslate2.Translator, vocabs: Vocabularies, batch
         results = translator.translate_batch(
             batch, prefixes, beam_size=1 if options.search.sampling else options.search.beam,
             num_hypotheses=options.search.beam if options.search.sampling else options.search.nbest,
-            length_penalty=options.search.lenpen, max_decoding_length=limit, min_decoding_length=min(options.search.min_len, limit),
+            length_penalty=options.search.lenpen, max_decoding_length=limit,
+            min_decoding_length=min(options.search.min_len, limit),
             no_repeat_ngram_size=options.search.no_repeat_ngram_size, suppress_sequences=banned or None,
             max_input_length=0, return_scores=True, return_end_token=True,
-            sampling_topk=(options.search.topk or 0) if options.search.sampling else 1, sampling_topp=options.search.topp or 1.0,
+            sampling_topk=(options.search.topk or 0) if options.search.sampling else 1,
+            sampling_topp=options.search.topp or 1.0,
             sampling_temperature=options.search.temperature,
             use_vmap=uses_shortlist(options.search, vocabs.shortlist))
     except (RuntimeError, ValueError) as exc:  # e.g. a sentence longer than the exported position table

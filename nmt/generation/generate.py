@@ -31,8 +31,15 @@ from nmt.generation.alignment import word_attentions
 from nmt.generation.control_input import lines_with_controls, read_bans
 from nmt.generation.ctranslate2_engine import load_ctranslate2
 from nmt.generation.ensemble import Ensemble
-from nmt.generation.inference import (Controls, TranslateSources, encode_sources, prepare_model, sampling_generator,
-                                      translate_ids, uses_shortlist)
+from nmt.generation.inference import (
+    Controls,
+    TranslateSources,
+    encode_sources,
+    prepare_model,
+    sampling_generator,
+    translate_ids,
+    uses_shortlist,
+)
 from nmt.generation.options import GenerateOptions, SearchOptions
 from nmt.generation.output import Translation, write_translations
 from nmt.generation.streaming import LineReader, is_stream
@@ -168,7 +175,8 @@ def translate_stream(engine: Engine, options: GenerateOptions, device: torch.dev
                                               None, bans, first_line)
         sources = encode_sources(engine.vocabs, texts)
         hypotheses = engine.translate(sources, None, controls, first_line)
-        batch = [Translation(len(translations) + i, text, hyps) for i, (text, hyps) in enumerate(zip(texts, hypotheses))]
+        batch = [Translation(len(translations) + i, text, hyps)
+                 for i, (text, hyps) in enumerate(zip(texts, hypotheses))]
         if options.print_alignment or options.print_attention:
             attach_attention(engine.model, engine.vocabs, sources, batch, options, device)
         write_translations(batch, engine.vocabs, None, options.format, options.print_scores)
@@ -237,8 +245,8 @@ def generate(options: GenerateOptions, show_progress: bool = True) -> GenerateRe
         write_attention(translations, options.print_attention)
     output_tokens = sum(len(t.hypotheses[0].tokens) for t in translations)
     logger.info("translated %d sentence%s in %.1f s (%.1f sentences/s, %.0f tokens/s); precision: %s (%s)",
-                len(translations), "" if len(translations) == 1 else "s", seconds, len(translations) / max(seconds, 1e-9), output_tokens / max(seconds, 1e-9),
-                precision, reason)
+                len(translations), "" if len(translations) == 1 else "s", seconds,
+                len(translations) / max(seconds, 1e-9), output_tokens / max(seconds, 1e-9), precision, reason)
     scores = []
     if options.score_reference:
         scores = score_against_references(options, [t.best(vocabs) for t in translations], references,

@@ -36,10 +36,9 @@ from nmt.generation.candidates import batch_candidates
 from nmt.generation.constraints import BatchControls, SentenceControls, contains
 from nmt.generation.ensemble import Ensemble
 from nmt.generation.options import BatchingOptions, SearchOptions, check_workers, choose_workers
-from nmt.generation.search import beam_search, Hypothesis, max_lengths, model_positions
+from nmt.generation.search import Hypothesis, beam_search, max_lengths, model_positions
 from nmt.generation.workers import map_in_workers
 from nmt.log import logger
-
 
 Controls = list[SentenceControls | None]  # one per source
 # As translate_ids: sources, a progress bar, controls and the number of the first source in messages.
@@ -211,7 +210,8 @@ def check_controls(sources: list[np.ndarray], controls: Controls, search: Search
             if len(sentence.prefix) > limit:
                 raise NmtError(f"input line {number}: the prefix has {len(sentence.prefix)} pieces, more than its "
                                f"max output length {limit} (--max-len-a/--max-len-b)")
-            needed = len(sentence.prefix) + sum(len(p) for p in sentence.constraints if not contains(sentence.prefix, p))
+            needed = len(sentence.prefix) + sum(len(p) for p in sentence.constraints
+                                                if not contains(sentence.prefix, p))
             if needed > limit:
                 logger.warning("input line %d: its constraints need %d output pieces (with its prefix), over its max "
                                "output length %d: translated without them", number, needed, limit)

@@ -157,8 +157,9 @@ class SearchStopped(Exception):
     """``should_stop`` said the result is no longer wanted (the server: every request of the batch has gone)."""
 
 
-def beam_search(model: SearchableModel, source: Tensor, options: SearchOptions, generator: torch.Generator | None = None,
-                controls: SearchControls | None = None, should_stop: Callable[[], bool] | None = None,
+def beam_search(model: SearchableModel, source: Tensor, options: SearchOptions,
+                generator: torch.Generator | None = None, controls: SearchControls | None = None,
+                should_stop: Callable[[], bool] | None = None,
                 candidates: Candidates | None = None) -> list[list[Hypothesis]]:
     """Decode a padded batch of sources; returns the ``nbest`` hypotheses per sentence, best first.
 

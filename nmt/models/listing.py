@@ -12,7 +12,8 @@ from nmt.models.registry import ARCHS, build_model, count_parameters, get_arch
 
 def print_arch_table(vocab_size: int, console: Console | None = None) -> None:
     get_arch("transformer_base")  # loads the built-in archs
-    table = Table(title=f"architectures (parameters with a joint vocabulary of {vocab_size:,})", box=box.SIMPLE_HEAD, pad_edge=False)
+    table = Table(title=f"architectures (parameters with a joint vocabulary of {vocab_size:,})", box=box.SIMPLE_HEAD,
+                  pad_edge=False)
     for column in ("arch", "params", "layers", "d_model", "ffn", "heads", "dropout", "norm"):
         table.add_column(column, justify="left" if column == "arch" else "right", no_wrap=True)
     for name in sorted(ARCHS):

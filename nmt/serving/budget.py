@@ -70,6 +70,7 @@ class SearchMemory:
         return total
 
     def batch(self, output_limits: list[int], beam: int, longest_source: int) -> int:
-        """A whole batch: each sentence's rows up to its own longest output, every sentence padded to the longest source."""
+        """A whole batch: each sentence's rows up to its own longest output, every sentence padded to the longest
+        source."""
         return sum(beam * self.row(limit) for limit in output_limits) + \
             len(output_limits) * self.sentence(longest_source, beam)

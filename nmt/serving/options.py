@@ -7,7 +7,8 @@ import ipaddress
 import os
 from dataclasses import dataclass, field
 
-from nmt.device_options import PANEL as DEVICE_PANEL, InferenceDeviceOptions
+from nmt.device_options import PANEL as DEVICE_PANEL
+from nmt.device_options import InferenceDeviceOptions
 from nmt.errors import NmtError
 from nmt.options import check_values
 
@@ -57,8 +58,8 @@ class ServeOptions:
         if self.api_key == "":
             raise NmtError(f"the API key is empty (--api-key or {API_KEY_ENV}): give a key, or none")
         if self.max_queue < self.max_sentences:
-            raise NmtError(f"--max-queue {self.max_queue} is below --max-sentences {self.max_sentences}: a full request "
-                           "would always be refused (429)")
+            raise NmtError(f"--max-queue {self.max_queue} is below --max-sentences {self.max_sentences}: "
+                           "a full request would always be refused (429)")
         if not is_loopback(self.host) and not self.api_key:
             raise NmtError(f"binding to {self.host} exposes the server beyond this machine: give --api-key KEY "
                            f"(or set {API_KEY_ENV})")

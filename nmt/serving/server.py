@@ -172,7 +172,8 @@ def create_app(translator: Translator, options: ServeOptions, baseline: int = 0)
 
     @endpoint
     async def translate_endpoint(request: Request) -> dict[str, Any]:
-        texts, overrides, given = parse_request(await read_body(request, body_limit(options), options.body_timeout), options)
+        texts, overrides, given = parse_request(await read_body(request, body_limit(options), options.body_timeout),
+                                                options)
         try:
             search, _ = translator.options(**overrides)
         except NmtError as exc:
@@ -180,7 +181,8 @@ def create_app(translator: Translator, options: ServeOptions, baseline: int = 0)
         sources = encode_sources(translator.vocabs, texts)
         try:  # here, not in the batch: one request's sentence must not fail the others batched with it
             check_lengths(translator.model, sources)
-            controls = controls_from_lists(translator.vocabs.target, len(texts), *(given.get(f) for f in CONTROL_FIELDS),
+            controls = controls_from_lists(translator.vocabs.target, len(texts),
+                                           *(given.get(f) for f in CONTROL_FIELDS),
                                            names=tuple(f'"{f}"' for f in CONTROL_FIELDS))
             if controls is not None:
                 controls = check_controls(sources, controls, search, model_positions(translator.model))
@@ -283,8 +285,8 @@ def batch_budget(translator: Translator, memory: SearchMemory, options: ServeOpt
         return max(1024 * MIB, needed)
     if needed > options.max_batch_memory * MIB:
         raise NmtError(f"--max-batch-memory {options.max_batch_memory} MiB cannot hold one sentence at --max-beam "
-                       f"{options.max_beam} and --max-output-length {options.max_output_length} ({math.ceil(needed / MIB)} "
-                       "MiB for this model): raise it or lower those")
+                       f"{options.max_beam} and --max-output-length {options.max_output_length} "
+                       f"({math.ceil(needed / MIB)} MiB for this model): raise it or lower those")
     return options.max_batch_memory * MIB
 
 

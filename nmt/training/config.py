@@ -18,9 +18,8 @@ passed back as ``--config``.
 
 from __future__ import annotations
 
-import math
-
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Mapping
@@ -58,7 +57,8 @@ class TrainConfig:
     update_freq: int = field(default=1, metadata={
         "help": "Accumulate gradients over N batches per update (N times more GPUs).", "panel": BATCHING, "min": 1})
     skip_invalid_size_inputs: bool = field(default=False, metadata={
-        "help": "Skip training pairs longer than --max-tokens or the model's max_positions, and validation pairs longer than max_positions (with a count), instead of stopping.", "panel": BATCHING})
+        "help": "Skip training pairs longer than --max-tokens or the model's max_positions, and validation pairs "
+                "longer than max_positions (with a count), instead of stopping.", "panel": BATCHING})
     prefetch: int = field(default=4, metadata={
         "help": "Updates prepared ahead by a background thread (0: none).", "panel": BATCHING, "min": 0})
     train_subset: str = field(default="train", metadata={"help": "Split to train on.", "panel": BATCHING})

@@ -17,8 +17,17 @@ from typing import Callable, Iterable, Iterator, TypeVar
 
 import numpy as np
 
-from nmt.data.batching import (Batch, SentenceTooLong, batch_by_size, batch_sizes, collate, length_keys, length_order,
-                                padded_sizes, smallest_unsigned)
+from nmt.data.batching import (
+    Batch,
+    SentenceTooLong,
+    batch_by_size,
+    batch_sizes,
+    collate,
+    length_keys,
+    length_order,
+    padded_sizes,
+    smallest_unsigned,
+)
 from nmt.data.dataset import ParallelDataset
 from nmt.errors import NmtError
 from nmt.log import logger
@@ -81,7 +90,8 @@ def check_positions(dataset: ParallelDataset, split: str, max_positions: int) ->
                        "(--max-len) or give --set max_positions=N")
 
 
-def make_batches(dataset: ParallelDataset, max_tokens: int | None, max_sentences: int | None = None) -> list[np.ndarray]:
+def make_batches(dataset: ParallelDataset, max_tokens: int | None,
+                 max_sentences: int | None = None) -> list[np.ndarray]:
     """Length-bucketed batches of a whole split in length order (validation: no shuffling needed)."""
     return batch_by_size(dataset.source.sizes, dataset.target.sizes, max_tokens, max_sentences)
 

@@ -29,17 +29,27 @@ from nmt.checkpoint.names import LAST
 from nmt.data.vocabulary import PAD_ID
 from nmt.device import autocast, resolve_device, resolve_precision
 from nmt.errors import NmtError, Stopped
-from nmt.log import logger, state as log_state, stderr_console
+from nmt.log import logger, stderr_console
+from nmt.log import state as log_state
 from nmt.models.registry import build_model, count_parameters, get_arch
 from nmt.training import checkpoints as ckpt
 from nmt.training.config import TrainConfig, config_to_dict, write_config
-from nmt.training.distributed import (DistributedContext, StopRequest, all_reduce_sum, init_distributed,
-                                      launched_by_torchrun, processes_for_this_machine, shutdown_distributed, spawn)
+from nmt.training.distributed import (
+    DistributedContext,
+    StopRequest,
+    all_reduce_sum,
+    init_distributed,
+    launched_by_torchrun,
+    processes_for_this_machine,
+    shutdown_distributed,
+    spawn,
+)
 from nmt.training.inputs import TrainingData, check_inputs
 from nmt.training.iterator import EpochIterator, Update
 from nmt.training.loss import label_smoothed_cross_entropy
 from nmt.training.lr_scheduler import make_schedule, set_lr
-from nmt.training.metrics_file import FILE_NAME as METRICS_FILE, MetricsFile
+from nmt.training.metrics_file import FILE_NAME as METRICS_FILE
+from nmt.training.metrics_file import MetricsFile
 from nmt.training.progress import Display, Meter, StepResult, summary_table
 from nmt.training.state import TrainState
 from nmt.training.validation import record_validation, validation_figures
@@ -351,7 +361,8 @@ class Trainer:
             raise Stopped(interrupt.signum, stop)  # the CLI's last line: where the run stopped, what was saved
         if context.is_main and logger.isEnabledFor(logging.INFO):
             rows = {"arch": config.arch, "epochs": summary.epoch, "updates": summary.updates,
-                    "train loss (this run)": summary.train_loss, "skipped updates (fp16 overflow)": summary.skipped_updates,
+                    "train loss (this run)": summary.train_loss,
+                    "skipped updates (fp16 overflow)": summary.skipped_updates,
                     "valid loss": summary.valid_loss, "valid ppl": summary.valid_ppl,
                     **({"valid BLEU": summary.valid_bleu} if config.eval_bleu else {}),
                     "best valid loss": summary.best_valid_loss, "target tokens/s": int(summary.tokens_per_second),
