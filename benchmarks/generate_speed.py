@@ -51,12 +51,12 @@ from nmt.checkpoint.format import Vocabularies, load_checkpoint, model_state, sa
 from nmt.data.dataset import DataDir
 from nmt.data.shortlist import learn_shortlist
 from nmt.data.vocabulary import EOS_ID, PAD_ID, Vocabulary
-from nmt.files import read_lines
 from nmt.device import resolve_precision
+from nmt.files import read_lines
 from nmt.generation.inference import prepare_model, translate_ids
 from nmt.generation.options import GenerateOptions
-from nmt.options import build
 from nmt.models.registry import build_model, get_arch
+from nmt.options import build
 from nmt.scoring import score
 
 DEFAULT_DATA = Path(os.environ.get("NMT_MULTI30K", Path(__file__).resolve().parents[2] / "shared/data/multi30k"))

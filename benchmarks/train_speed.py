@@ -30,8 +30,8 @@ from rich.table import Table
 
 from nmt.data.preprocess import PreprocessOptions, preprocess
 from nmt.device import describe_cpu, resolve_device
-from nmt.log import setup_logging
 from nmt.device_options import DeviceOptions
+from nmt.log import setup_logging
 from nmt.training.config import TrainConfig
 from nmt.training.distributed import DistributedContext
 from nmt.training.inputs import check_inputs

@@ -1,18 +1,11 @@
-"""The `nmt` command line: each command is an options dataclass plus one library call.
-
-``@command(app, OptionsClass)`` (nmt/commands.py) builds the typer command from the dataclass: every
-field becomes an option with its help, default and choices, so adding an option is one field and
-its use. The command function receives the options given on the command line; the library
-fills in the recipe's and the defaults and checks the values.
-
-Only the options dataclasses (torch-free) are imported here; each command imports the library
-function it calls when it runs, so `nmt --help` and `nmt score` never import torch.
-"""
+"""The `nmt` command line: each command is an options dataclass (its fields become the options:
+nmt/commands.py) plus one library call, given the options from the command line; the library adds
+the recipe's and the defaults. Only the torch-free options are imported here: each command imports
+its library when it runs, so `nmt --help` and `nmt score` never import torch."""
 
 from __future__ import annotations
 
 import logging
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
 
@@ -20,15 +13,14 @@ import typer
 from rich.console import Console
 
 from nmt.checkpoint.options import AverageOptions
-from nmt.commands import Group, command
+from nmt.commands import Group, command, run_app, sub_app
 from nmt.data.preprocess import PreprocessOptions
-from nmt.errors import NmtError, Stopped
 from nmt.export.options import ExportOptions
 from nmt.generation.options import GenerateOptions
 from nmt.log import logger, state
 from nmt.options import build
 from nmt.plot.options import PlotAttentionOptions, PlotCurvesOptions
-from nmt.recipe import STAGES
+from nmt.recipe import STAGES, parse_stages
 from nmt.scoring import ScoreOptions
 from nmt.serving.options import ServeOptions
 from nmt.training.config import TrainConfig, load_train_config
@@ -36,11 +28,6 @@ from nmt.version import __version__
 
 if TYPE_CHECKING:
     from nmt.pipeline import PipelineReport
-
-try:  # newer typer carries its own copy of click
-    from typer._click.exceptions import ClickException, NoArgsIsHelpError
-except ImportError:
-    from click.exceptions import ClickException, NoArgsIsHelpError
 
 app = typer.Typer(
     name="nmt",
@@ -51,6 +38,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
+
 
 def version_callback(value: bool) -> None:
     if value:
@@ -109,11 +97,8 @@ def score(given: dict) -> None:
 def train(given: dict, config: Annotated[Optional[Path], typer.Option(
         help="YAML recipe: its `train:` section (keys = these options, with _), top-level `arch:`/`model:` and its "
              "data directory (`data:` or `preprocess: destdir`). Options given here override it.")] = None) -> None:
-    """Train a model on a preprocessed data directory; re-running the same command resumes.
-
-    Several GPUs on one machine: --nproc N. Several machines: torchrun --nnodes M --nproc-per-node N
-    --rdzv-endpoint HOST:PORT -m nmt train ... (each process takes its share of every batch list).
-    """
+    """Train a model on a preprocessed data directory; re-running the same command resumes. Several GPUs:
+    --nproc N; several machines: torchrun --nnodes M --nproc-per-node N --rdzv-endpoint HOST:PORT -m nmt train"""
     from nmt.training.trainer import train as run_training
 
     run_training(load_train_config(given, config))
@@ -122,10 +107,7 @@ def train(given: dict, config: Annotated[Optional[Path], typer.Option(
 @command(app, GenerateOptions)
 def generate(given: dict) -> None:
     """Translate a binarized split or raw text with beam search (defaults: the paper's beam 4, alpha 0.6).
-
-    Output: one line per input line (--nbest K: K lines), in input order; an empty input line gives an
-    empty translation.
-    """
+    Output: one line per input line (--nbest K: K lines), in input order; empty in, empty out."""
     from nmt.generation.generate import generate as run_generation
 
     result = run_generation(build(GenerateOptions, given, "generate"), show_progress=state["progress"])
@@ -141,9 +123,7 @@ def serve(given: dict) -> None:
     run_server(build(ServeOptions, given, "serve"))
 
 
-plot_app = typer.Typer(help="Draw attention maps and training curves as PNG files (needs the plot extra of nmt).",
-                       no_args_is_help=True, cls=Group)
-app.add_typer(plot_app, name="plot")
+plot_app = sub_app(app, "plot", "Draw attention maps and training curves as PNG files (needs the plot extra of nmt).")
 
 
 @command(plot_app, PlotAttentionOptions, "attention", "plot ")
@@ -162,8 +142,7 @@ def plot_curves(given: dict) -> None:
     draw(build(PlotCurvesOptions, given, "plot curves"))
 
 
-export_app = typer.Typer(help="Export a checkpoint to another inference engine.", no_args_is_help=True, cls=Group)
-app.add_typer(export_app, name="export")
+export_app = sub_app(app, "export", "Export a checkpoint to another inference engine.")
 
 
 @command(export_app, ExportOptions, "ctranslate2", "export ")
@@ -186,10 +165,7 @@ def run(recipe: Annotated[Path, typer.Argument(metavar="RECIPE",
     """Run a recipe's whole pipeline: preprocess -> train -> average -> generate -> score."""
     from nmt.pipeline import plan_recipe, run_plan
 
-    chosen = tuple(stage.strip() for stage in stages.split(",") if stage.strip())
-    if not chosen:
-        raise NmtError(f"--stages names no stage; stages: {', '.join(STAGES)}")
-    plan = plan_recipe(recipe, chosen, allow_outside)
+    plan = plan_recipe(recipe, parse_stages(stages), allow_outside)
     if dry_run:
         typer.echo(plan.describe(), nl=False)
     else:
@@ -218,23 +194,4 @@ def demo(workdir: Annotated[Path, typer.Option(help="Where the demo writes its d
 
 def main() -> None:
     """The console script: every error the user can cause ends in one `error:` line (-v: with its traceback)."""
-    try:
-        code = app(standalone_mode=False)
-    except NoArgsIsHelpError as exc:
-        typer.echo(exc.ctx.get_help(), err=True)
-        sys.exit(exc.exit_code)
-    except ClickException as exc:  # a bad option or value, found by the parser: one line, not a box
-        typer.echo(f"error: {exc.format_message()}", err=True)
-        sys.exit(exc.exit_code)
-    except NmtError as exc:
-        if state["verbose"]:
-            logger.exception("error")
-        typer.echo(f"error: {exc}", err=True)
-        sys.exit(1)
-    except Stopped as exc:
-        typer.echo(str(exc) or "interrupted", err=True)  # its message says where the run stopped, what was saved
-        sys.exit(exc.exit_code)
-    except (KeyboardInterrupt, typer.Abort):
-        typer.echo("interrupted", err=True)
-        sys.exit(130)
-    sys.exit(code if isinstance(code, int) else 0)
+    run_app(app)

@@ -10,6 +10,7 @@ a recipe's and the defaults (CLI > recipe > default).
 from __future__ import annotations
 
 import inspect
+import sys
 import types
 import typing
 from pathlib import Path
@@ -20,10 +21,13 @@ from typer.core import TyperCommand, TyperGroup
 
 try:  # newer typer carries its own copy of click
     import typer._click as click
+    from typer._click.exceptions import ClickException, NoArgsIsHelpError
 except ImportError:
     import click
+    from click.exceptions import ClickException, NoArgsIsHelpError
 
-from nmt.log import setup_logging
+from nmt.errors import NmtError, Stopped
+from nmt.log import logger, setup_logging, state
 from nmt.options import Option, options_of, parse_overrides
 
 COMMAND_OPTIONS: dict[str, type] = {}  # command name -> its options dataclass
@@ -122,3 +126,35 @@ def command(group: typer.Typer, options_class: type | None = None, name: str | N
         return run
 
     return register
+
+
+def sub_app(app: typer.Typer, name: str, help: str) -> typer.Typer:
+    """A group of commands under ``nmt NAME`` (nmt plot attention, nmt export ctranslate2)."""
+    group = typer.Typer(help=help, no_args_is_help=True, cls=Group)
+    app.add_typer(group, name=name)
+    return group
+
+
+def run_app(app: typer.Typer) -> None:
+    """Run the command line and exit: every error the user can cause ends in one `error:` line (-v: with
+    its traceback); a run stopped by a signal ends with what was saved, and 128 + the signal."""
+    try:
+        code = app(standalone_mode=False)
+    except NoArgsIsHelpError as exc:
+        typer.echo(exc.ctx.get_help(), err=True)
+        sys.exit(exc.exit_code)
+    except ClickException as exc:  # a bad option or value, found by the parser: one line, not a box
+        typer.echo(f"error: {exc.format_message()}", err=True)
+        sys.exit(exc.exit_code)
+    except NmtError as exc:
+        if state["verbose"]:
+            logger.exception("error")
+        typer.echo(f"error: {exc}", err=True)
+        sys.exit(1)
+    except Stopped as exc:
+        typer.echo(str(exc) or "interrupted", err=True)  # its message says where the run stopped, what was saved
+        sys.exit(exc.exit_code)
+    except (KeyboardInterrupt, typer.Abort):
+        typer.echo("interrupted", err=True)
+        sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)

@@ -20,8 +20,8 @@ mean", bounds checks with a one-line error naming the option, and the CLI > reci
 from __future__ import annotations
 
 import dataclasses
-import math
 import difflib
+import math
 import re
 import types
 import typing

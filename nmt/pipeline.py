@@ -23,8 +23,8 @@ from typing import Any, Callable
 import yaml
 from rich.table import Table
 
-from nmt.checkpoint.options import AverageOptions
 from nmt.checkpoint.names import BEST
+from nmt.checkpoint.options import AverageOptions
 from nmt.data.corpus import SPLIT_KINDS, SplitFiles, find_splits, split_prefixes, text_file_names
 from nmt.data.preprocess import PreprocessOptions
 from nmt.errors import NmtError

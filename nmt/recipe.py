@@ -65,3 +65,11 @@ def train_values(document: dict[str, Any], path: str | Path) -> dict[str, Any]:
     if values.get("data") is None and data_dir(document) is not None:
         values["data"] = data_dir(document)
     return values
+
+
+def parse_stages(text: str) -> tuple[str, ...]:
+    """``--stages preprocess,train``: the stages named (plan_recipe checks the names)."""
+    chosen = tuple(stage.strip() for stage in text.split(",") if stage.strip())
+    if not chosen:
+        raise NmtError(f"--stages names no stage; stages: {', '.join(STAGES)}")
+    return chosen

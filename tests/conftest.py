@@ -20,9 +20,9 @@ from nmt.data.dataset import DataDir, write_token_array
 from nmt.data.meta import DatasetMeta, SplitMeta
 from nmt.data.vocabulary import EOS_ID, PAD_ID, Vocabulary
 from nmt.demo_data import demo_pairs, sample_numbers
+from nmt.log import logger
 from nmt.models.registry import build_model, get_arch
 from nmt.training.config import TrainConfig, load_train_config
-from nmt.log import logger
 
 # One intra-op thread for the tests and the commands they start: tiny models gain nothing from
 # more, and on a machine whose cores are busy with other work, OpenMP threads waiting for each

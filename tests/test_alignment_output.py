@@ -11,6 +11,7 @@ from nmt.generation.generate import generate as run_generation
 from nmt.generation.options import GenerateOptions
 from nmt.options import build
 
+
 def options(**values) -> GenerateOptions:
     return build(GenerateOptions, values)
 

@@ -5,8 +5,15 @@ import pytest
 import torch
 
 from nmt.data.vocabulary import BOS_ID, EOS_ID, PAD_ID
-from nmt.generation.alignment import (cross_attention, format_alignment, hard_alignment, word_attention,
-                                      word_attentions, word_ids, words)
+from nmt.generation.alignment import (
+    cross_attention,
+    format_alignment,
+    hard_alignment,
+    word_attention,
+    word_attentions,
+    word_ids,
+    words,
+)
 from nmt.models.attention import MultiHeadAttention
 from nmt.models.attention_maps import attention_maps, explicit_attention
 from nmt.models.registry import build_model, get_arch
@@ -114,6 +121,7 @@ def test_a_model_trained_to_copy_aligns_on_the_diagonal(tmp_path):
     import random
 
     from conftest import make_data_dir
+
     from nmt.generation.inference import prepare_model
     from nmt.training.config import load_train_config
     from nmt.training.trainer import train

@@ -3,14 +3,14 @@ import subprocess
 
 import pytest
 import torch
+from conftest import run_nmt
 
 from nmt.checkpoint.averaging import average, average_checkpoints, last_checkpoints
-from nmt.checkpoint.options import AverageOptions
 from nmt.checkpoint.format import Vocabularies, load_checkpoint, model_from_checkpoint, model_state, save_checkpoint
+from nmt.checkpoint.options import AverageOptions
 from nmt.data.vocabulary import PAD_ID, Vocabulary
 from nmt.errors import NmtError
 from nmt.models.registry import build_model, get_arch, resolve_config
-from conftest import run_nmt
 
 WORDS = "the a cat dog sat on mat house tree red blue green big small runs jumps over under".split()
 

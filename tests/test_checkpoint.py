@@ -1,8 +1,7 @@
-import torch
 import pytest
+import torch
 
-from nmt.checkpoint.format import (Vocabularies, load_checkpoint, model_from_checkpoint, model_state,
-                            save_checkpoint)
+from nmt.checkpoint.format import Vocabularies, load_checkpoint, model_from_checkpoint, model_state, save_checkpoint
 from nmt.data.vocabulary import PAD_ID, Vocabulary
 from nmt.errors import NmtError
 from nmt.models.registry import build_model, get_arch, resolve_config

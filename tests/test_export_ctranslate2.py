@@ -9,6 +9,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+from conftest import numbers_pairs
 
 from nmt.checkpoint.format import Vocabularies, load_checkpoint, model_state, save_checkpoint
 from nmt.cli import main
@@ -19,12 +20,10 @@ from nmt.export.options import ExportOptions
 from nmt.generation.generate import generate
 from nmt.generation.inference import prepare_model, translate_ids
 from nmt.generation.options import GenerateOptions
-from nmt.options import build
 from nmt.models.registry import build_model, get_arch, resolve_config
+from nmt.options import build
 from nmt.training.config import load_train_config
 from nmt.training.trainer import train
-
-from conftest import numbers_pairs
 
 needs_ct2 = pytest.mark.skipif(importlib.util.find_spec("ctranslate2") is None,
                                reason="ctranslate2 is not installed (pip install 'nmt[ct2]')")
@@ -245,8 +244,9 @@ def test_missing_ctranslate2_is_a_one_line_hint(trained, tmp_path, monkeypatch, 
 
 @needs_ct2
 def test_outputs_end_before_the_models_last_position_as_in_nmts_own_search(tmp_path):
-    from nmt.generation.ctranslate2_engine import load_ctranslate2
     from test_translator import tiny_checkpoint
+
+    from nmt.generation.ctranslate2_engine import load_ctranslate2
 
     vocab = Vocabulary.train([side for pair in numbers_pairs(300, seed=1) for side in pair], vocab_size=120)
     checkpoint = tiny_checkpoint(tmp_path / "short.pt", vocab, max_positions=16)

@@ -9,13 +9,13 @@ from typing import Literal
 
 import pytest
 import typer.rich_utils
+from conftest import assert_one_line_error, run_cli, run_nmt
 from typer.testing import CliRunner
 
-from conftest import assert_one_line_error, run_cli, run_nmt
 from nmt.cli import app
 from nmt.commands import COMMAND_OPTIONS
-from nmt.errors import NmtError
 from nmt.device_options import InferenceDeviceOptions
+from nmt.errors import NmtError
 from nmt.generation.options import BatchingOptions, GenerateOptions, SearchOptions
 from nmt.options import build, coerce, flag, merge, options_of
 from nmt.training.config import TrainConfig, load_train_config

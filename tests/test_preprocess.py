@@ -14,17 +14,17 @@ import numpy as np
 import pytest
 import sentencepiece as spm
 import typer.main
+from conftest import assert_one_line_error, run_cli, run_nmt
 
 from nmt.cli import app
 from nmt.data import preprocess as preprocess_module
-from nmt.data.corpus import split_names
 from nmt.data.binarize import drop_reasons
+from nmt.data.corpus import split_names
 from nmt.data.dataset import DataDir
 from nmt.data.preprocess import PreprocessOptions, preprocess
 from nmt.data.vocabulary import EOS_ID, UNK_ID
 from nmt.errors import NmtError
 from nmt.log import logger
-from conftest import assert_one_line_error, run_cli, run_nmt
 
 MULTI30K = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
 EN = "a the man woman child dog cat runs sits plays in on with red blue green big small house street park ball " \

@@ -8,6 +8,7 @@ import importlib.util
 import numpy as np
 import pytest
 import torch
+from conftest import make_data_dir, numbers_pairs, tiny_config
 
 from nmt import Translator
 from nmt.checkpoint.averaging import average_checkpoints
@@ -24,8 +25,6 @@ from nmt.generation.options import BatchingOptions, GenerateOptions, SearchOptio
 from nmt.models.registry import build_model, get_arch, resolve_config
 from nmt.options import build
 from nmt.training.trainer import train
-
-from conftest import make_data_dir, numbers_pairs, tiny_config
 
 
 def corpus(pairs: list[tuple[list[int], list[int]]]) -> tuple[tuple[np.ndarray, np.ndarray], ...]:

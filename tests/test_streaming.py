@@ -10,13 +10,12 @@ import threading
 from pathlib import Path
 
 import pytest
+from conftest import numbers_pairs
+from test_translator import tiny_checkpoint
 
 from nmt.data.vocabulary import Vocabulary
 from nmt.errors import NmtError
 from nmt.generation.streaming import LineReader
-
-from conftest import numbers_pairs
-from test_translator import tiny_checkpoint
 
 LINES = ["five", "", "Turn to page twelve.", "the number four", "seven"]
 GIVE_UP = 120  # seconds: only so that a broken build fails instead of hanging

@@ -12,6 +12,7 @@ import time
 
 import numpy as np
 import pytest
+from conftest import interrupted_at, tiny_config
 
 from nmt.checkpoint.format import load_checkpoint
 from nmt.data.dataset import DataDir
@@ -19,7 +20,6 @@ from nmt.errors import NmtError
 from nmt.log import logger, setup_logging
 from nmt.training.distributed import spawn
 from nmt.training.trainer import train
-from conftest import interrupted_at, tiny_config
 
 pytestmark = pytest.mark.slow  # training in other processes
 

@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+from conftest import make_trainer, tiny_config
 
 from nmt.checkpoint.format import load_checkpoint
 from nmt.data.batching import Batch
@@ -14,7 +15,6 @@ from nmt.data.vocabulary import PAD_ID
 from nmt.training.iterator import EpochIterator, Update
 from nmt.training.progress import Meter, StepResult
 from nmt.training.trainer import Trainer, batches_left_out, batches_trained_again, train
-from conftest import make_trainer, tiny_config
 
 NO_DROPOUT = {"dropout": "0", "attention_dropout": "0", "activation_dropout": "0"}
 

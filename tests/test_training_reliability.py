@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import torch
+from test_training_trainer import tiny_config
 
 from nmt.checkpoint.format import load_checkpoint
 from nmt.cli import main
@@ -13,7 +14,6 @@ from nmt.device import resolve_device
 from nmt.log import logger, setup_logging
 from nmt.training.distributed import processes_for_this_machine
 from nmt.training.trainer import train
-from test_training_trainer import tiny_config
 
 
 def test_stale_temp_files_of_a_killed_save_are_removed_and_reported(tiny_data_dir, tmp_path, messages):

@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import signal
 import re
+import signal
 
 import pytest
 import torch
-
 from conftest import MULTI30K, assert_same_weights, make_data_dir, make_trainer, numbers_pairs, tiny_config
+
 from nmt.checkpoint.format import load_checkpoint, model_from_checkpoint, model_only
 from nmt.errors import NmtError, Stopped
-from nmt.training.distributed import StopRequest
 from nmt.files import read_lines
+from nmt.training.distributed import StopRequest
 from nmt.training.trainer import train
 
 

@@ -3,22 +3,21 @@
 from __future__ import annotations
 
 import re
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
+from conftest import numbers_pairs
 
 from nmt import Translator
 from nmt.checkpoint.format import Vocabularies, model_state, save_checkpoint
 from nmt.data.vocabulary import PAD_ID, Vocabulary
 from nmt.errors import NmtError
-from nmt.options import build
 from nmt.generation.generate import generate
 from nmt.generation.options import GenerateOptions
 from nmt.models.registry import build_model, get_arch, resolve_config
-
-from conftest import numbers_pairs
+from nmt.options import build
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 LINES = ["five", "Turn to page twelve.", "", "the number four", "My room number is eighty-two.", "seven"]

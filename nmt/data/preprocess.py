@@ -29,11 +29,11 @@ from nmt.data.binarize import binarize_split
 from nmt.data.corpus import SplitFiles, find_splits
 from nmt.data.dataset import DataDir
 from nmt.data.meta import DatasetMeta
+from nmt.data.shortlist import SHORTLIST_FILE, learn_shortlist
 from nmt.data.spm_training import build_vocabularies, save_vocabularies
 from nmt.data.summary import log_split
 from nmt.data.up_to_date import fingerprints, is_up_to_date
 from nmt.data.vocabulary import Vocabularies
-from nmt.data.shortlist import SHORTLIST_FILE, learn_shortlist
 from nmt.errors import NmtError
 from nmt.files import atomic_directory, clean_workdirs_beside
 from nmt.log import logger, stderr_console

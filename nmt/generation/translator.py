@@ -22,9 +22,9 @@ import torch
 from torch import nn
 
 from nmt.checkpoint.format import Vocabularies
-from nmt.errors import NmtError
 from nmt.device import inference_device
 from nmt.device_options import InferenceDeviceOptions
+from nmt.errors import NmtError
 from nmt.generation.control_input import controls_from_lists
 from nmt.generation.inference import encode_sources, prepare_model, translate_ids
 from nmt.generation.options import BatchingOptions, SearchOptions

@@ -9,7 +9,8 @@ from nmt.errors import NmtError
 from nmt.log import logger
 from nmt.plot.figures import pyplot, save_figure
 from nmt.plot.options import PlotCurvesOptions
-from nmt.training.metrics_file import FILE_NAME as METRICS_FILE, read_metrics
+from nmt.training.metrics_file import FILE_NAME as METRICS_FILE
+from nmt.training.metrics_file import read_metrics
 
 
 def plot_curves(options: PlotCurvesOptions) -> Path:

@@ -17,7 +17,7 @@ API_KEY_ENV = "NMT_API_KEY"
 
 @dataclass(frozen=True)
 class ServeOptions:
-    path: str = field(default="checkpoints/checkpoint_best.pt", metadata={
+    path: str = field(default="checkpoints/checkpoint_best.pt", metadata={"path": True,
         "help": "Checkpoint to serve; a.pt:b.pt serves an ensemble."})
     host: str = field(default="127.0.0.1", metadata={
         "help": "Address to bind; anything but loopback needs --api-key."})

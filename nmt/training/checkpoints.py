@@ -17,11 +17,11 @@ from typing import Any, Iterator, NamedTuple
 import torch
 
 from nmt.checkpoint.format import load_checkpoint, model_only, save_checkpoint
-from nmt.checkpoint.names import (BEST, LAST, epoch_checkpoint_name, numbered_checkpoints,
-                                  update_checkpoint_name)
+from nmt.checkpoint.names import BEST, LAST, epoch_checkpoint_name, numbered_checkpoints, update_checkpoint_name
 from nmt.errors import NmtError
 from nmt.files import cannot_write, lock_directory, lock_holder, remove_stale, temp_file_pattern, unlock_directory
 from nmt.log import logger
+
 
 @contextlib.contextmanager
 def claim_save_dir(save_dir: Path) -> Iterator[None]:

@@ -39,13 +39,14 @@ BATCHING, OPTIM, DEVICES, CHECKPOINTS, STOPPING, REPORTING = (
 
 @dataclass
 class TrainConfig:
-    data: str | None = field(default=None, metadata={
+    data: str | None = field(default=None, metadata={"path": True,
         "help": "Data directory written by `nmt preprocess`.", "argument": True, "metavar": "DATA_DIR"})
     arch: str = field(default="transformer_base", metadata={"help": "Architecture from `nmt archs`."})
     model: dict[str, Any] = field(default_factory=dict, metadata={
         "help": "Override a model hyper-parameter of the arch, e.g. --set dropout=0.2 (repeatable).",
         "flags": ["--set"], "metavar": "KEY=VALUE"})
-    save_dir: str = field(default="checkpoints", metadata={"help": "Checkpoint directory.", "panel": CHECKPOINTS})
+    save_dir: str = field(default="checkpoints", metadata={"path": True, "help": "Checkpoint directory.",
+                                                           "panel": CHECKPOINTS})
 
     # Batching: padded tokens per batch (source or target side, whichever is longer).
     max_tokens: int | None = field(default=4096, metadata={
@@ -101,9 +102,9 @@ class TrainConfig:
         "help": "Keep only the newest N checkpoint{epoch}.pt (-1: all).", "panel": CHECKPOINTS, "min": -1})
     keep_interval_updates: int = field(default=-1, metadata={
         "help": "Keep only the newest N checkpoint_{epoch}_{update}.pt (-1: all).", "panel": CHECKPOINTS, "min": -1})
-    restore_file: str | None = field(default=None, metadata={
+    restore_file: str | None = field(default=None, metadata={"path": True,
         "help": "Start from this checkpoint when the save dir has no checkpoint_last.pt.", "panel": CHECKPOINTS})
-    finetune_from_model: str | None = field(default=None, metadata={
+    finetune_from_model: str | None = field(default=None, metadata={"path": True,
         "help": "Start a new run from this checkpoint's weights only (update 0, a fresh optimizer and schedule) when "
                 "the save dir has no checkpoint_last.pt: fine-tuning. Not with --restore-file.", "panel": CHECKPOINTS})
 
@@ -132,7 +133,7 @@ class TrainConfig:
                 "BLEU (higher is better; needs --eval-bleu).", "panel": REPORTING})
     log_interval: int = field(default=100, metadata={
         "help": "A log line every N updates.", "panel": REPORTING, "min": 1})
-    tensorboard_dir: str | None = field(default=None, metadata={
+    tensorboard_dir: str | None = field(default=None, metadata={"path": True,
         "help": "Write TensorBoard scalars here (needs the tensorboard package).", "panel": REPORTING})
 
     def __post_init__(self) -> None:
