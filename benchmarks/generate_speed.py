@@ -107,7 +107,7 @@ def with_shortlist(path: Path, data_dir: Path, directory: Path) -> Path:
     train, size = data.split("train"), len(data.vocabulary(data.target_lang))
     shortlist = learn_shortlist((train.source.tokens, train.source.offsets),
                                 (train.target.tokens, train.target.offsets), len(data.vocabulary(data.source_lang)),
-                                size, joint=data.meta.get("joint", False))
+                                size, joint=data.meta.joint)
     checkpoint["vocab"]["shortlist"] = shortlist.to_bytes()
     copy = directory / f"{path.stem}_with_shortlist.pt"
     save_checkpoint(copy, checkpoint)

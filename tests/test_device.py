@@ -80,7 +80,7 @@ def test_training_logs_and_stores_the_resolved_precision(tiny_data_dir, tmp_path
     monkeypatch.setattr(device_module, "cpu_flags", lambda: flags)
     config = load_train_config({"data": str(tiny_data_dir), "arch": "transformer_tiny", "save_dir": str(tmp_path),
                                 "max_tokens": 1000, "max_update": 1, "device": "cpu"})
-    assert config.precision == "auto"
+    assert config.compute.precision == "auto"
     train(config)
     assert f"precision: {expected} ({resolve_precision('auto', CPU)[1]})" in messages
     written = yaml.safe_load((tmp_path / "config.yaml").read_text())
