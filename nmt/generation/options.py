@@ -94,7 +94,7 @@ class GenerateOptions:
     buffer_size: int | None = field(default=None, metadata={
         "help": "Streaming stdin: translate N lines at a time (waiting for N) instead of whatever has arrived.",
         "min": 1})
-    prefix: str | None = field(default=None, metadata={
+    prefix: str | None = field(default=None, metadata={"path": True,
         "help": "Target prefixes, one a line for the input's lines (an empty line: none): each translation begins "
                 "with its prefix and the score is the continuation's. Stdin as it arrives: use --prefix-column.",
         "panel": "Controls"})
@@ -105,7 +105,7 @@ class GenerateOptions:
         "help": "Raw input lines are source<TAB>constraint<TAB>...: target phrases each translation must contain "
                 "(fairseq's form; after the prefix with --prefix-column). Slower; a larger --beam helps.",
         "panel": "Controls"})
-    ban: str | None = field(default=None, metadata={
+    ban: str | None = field(default=None, metadata={"path": True,
         "help": "Target phrases no translation may contain, one a line.", "panel": "Controls"})
     format: Literal["plain", "fairseq"] = field(default="plain", metadata={
         "help": "plain: one translation per line; fairseq: S-/T-/H-/D-/P- lines."})

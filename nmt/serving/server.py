@@ -31,6 +31,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from nmt.checkpoint.format import load_checkpoint
+from nmt.checkpoint.names import split_paths
 from nmt.data.vocabulary import EOS_ID
 from nmt.errors import NmtError
 from nmt.generation.control_input import controls_from_lists
@@ -311,9 +313,6 @@ def peak_memory() -> int:
 
 
 def server_info(translator: Translator, options: ServeOptions, memory: dict[str, int]) -> dict[str, Any]:
-    from nmt.checkpoint.format import load_checkpoint
-    from nmt.checkpoint.names import split_paths
-
     vocabs = translator.vocabs
     return {
         "version": __version__,

@@ -16,6 +16,9 @@ from torch import nn
 from nmt.checkpoint.format import Vocabularies
 from nmt.data.vocabulary import PAD_ID
 from nmt.device import autocast
+from nmt.generation.inference import translate_ids
+from nmt.generation.options import BatchingOptions, SearchOptions
+from nmt.scoring import MetricOptions, score
 from nmt.training.config import TrainConfig
 from nmt.training.distributed import DistributedContext, all_reduce_sum
 from nmt.training.inputs import ValidationSplit
@@ -59,10 +62,6 @@ def validation_bleu(model: nn.Module, split: ValidationSplit, vocabs: Vocabulari
     The references are the binarized targets decoded by sentencepiece, i.e. normalized text,
     close to but not always the raw reference file: a figure to watch, not to report.
     """
-    from nmt.generation.inference import translate_ids
-    from nmt.generation.options import BatchingOptions, SearchOptions
-    from nmt.scoring import MetricOptions, score
-
     dataset = split.dataset
     mine = split.pairs[context.rank::context.world_size].tolist()
     hypotheses = translate_ids(model, [dataset.source[i] for i in mine], SearchOptions(beam=config.eval_bleu_beam),
