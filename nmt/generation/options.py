@@ -28,11 +28,11 @@ class SearchOptions:
     no_repeat_ngram_size: int = field(default=0, metadata={"help": "Never repeat an n-gram of this size (0 = off).",
                                                            "min": 0})
     nbest: int = field(default=1, metadata={"help": "Hypotheses to output per sentence, at most --beam.", "min": 1})
-    stop: Literal["exact", "finished"] = field(default="finished", metadata={
-        "help": "When a sentence's search ends. finished: as soon as --beam hypotheses have finished (fairseq's and "
-                "CTranslate2's rule; with a positive --lenpen much faster than exact, at the same BLEU in "
-                "docs/performance.md); exact: once no unfinished hypothesis can beat its --beam finished ones "
-                "(the best-scoring translation the beam can find; slower)."})
+    stop: Literal["exact", "finished"] = field(default="exact", metadata={
+        "help": "When a sentence's search ends. exact: once no unfinished hypothesis can beat its --beam finished "
+                "ones; finished: as soon as --beam hypotheses have finished (fairseq's and CTranslate2's rule; "
+                "faster with a positive --lenpen, the same BLEU on Multi30k, but it can keep a short hypothesis "
+                "that exact search would have beaten: docs/performance.md)."})
     shortlist: Literal["auto", "none"] = field(default="auto", metadata={
         "help": "Vocabulary shortlist. auto: where the checkpoint has one (learned by `nmt preprocess`), score "
                 "only each sentence's candidate target pieces (its source pieces' likely translations and the "
