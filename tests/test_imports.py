@@ -19,7 +19,9 @@ def module_name(path: Path) -> str:
 
 
 def import_graph() -> dict[str, set[str]]:
-    """Each nmt module -> the nmt modules it imports, at module level or inside functions alike."""
+    """Each nmt module -> the nmt modules it imports, at module level or inside functions alike (also under
+    TYPE_CHECKING). A package's __init__ importing its modules (nmt.models registers its archs) is not an
+    edge from those modules: importing a submodule runs its package's __init__ first, as in fairseq."""
     modules = {module_name(path): path for path in PACKAGE.rglob("*.py")}
     graph: dict[str, set[str]] = {name: set() for name in modules}
     for name, path in modules.items():
@@ -60,6 +62,13 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 def test_no_module_imports_itself_back_through_others():
     cycle = find_cycle(import_graph())
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_every_import_is_absolute_so_the_graph_sees_it():
+    relative = [f"{path.relative_to(PACKAGE.parent)}:{node.lineno}" for path in PACKAGE.rglob("*.py")
+                for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+                if isinstance(node, ast.ImportFrom) and node.level > 0]
+    assert not relative, f"relative imports: {relative}"
 
 
 def test_the_cycle_finder_finds_a_cycle():
