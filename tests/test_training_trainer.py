@@ -197,10 +197,11 @@ def test_eval_bleu_reports_bleu_of_the_validation_set(tiny_data_dir, tmp_path, m
 
 def test_eval_bleu_takes_the_tokenizer_case_and_target_language(tiny_data_dir, tmp_path, monkeypatch):
     from nmt import scoring
+    from nmt.training import validation
 
     seen = []
     real_score = scoring.score
-    monkeypatch.setattr(scoring, "score", lambda *args, **kwargs: seen.append(kwargs["options"]) or
+    monkeypatch.setattr(validation, "score", lambda *args, **kwargs: seen.append(kwargs["options"]) or
                         real_score(*args, **kwargs))
     config = tiny_config(tiny_data_dir, tmp_path, eval_bleu=True, eval_bleu_tokenize="char", eval_bleu_lowercase=True)
     make_trainer(config).validate()
