@@ -44,9 +44,10 @@ COMMON = [  # every command's logging options
 
 
 def without_flag_types(params: list) -> list:
-    """A flag takes no value: typer would show it as <bool> (`--quiet <bool>`), inviting `--quiet true`."""
+    """A flag takes no value: typer would show it as <bool> (`--quiet <bool>`), inviting `--quiet true`,
+    and a counter (`-vv`) as <int>, inviting `-v 2`."""
     for param in params:
-        if getattr(param, "is_flag", False) and not getattr(param, "count", False):
+        if getattr(param, "is_flag", False) or getattr(param, "count", False):
             param.metavar = ""
     return params
 

@@ -1,5 +1,7 @@
 """The CLI's shared conventions: version, help, listing archs, one-line errors."""
 
+import re
+
 import pytest
 from conftest import run_nmt
 from typer.testing import CliRunner
@@ -59,6 +61,8 @@ def test_flags_are_shown_without_a_value_type(argv):
     assert result.exit_code == 0
     assert "<bool>" not in result.output
     assert "--help" in result.output
+    if argv != ["--help"]:  # -v counts (-vv): no value to give
+        assert not re.search(r"--verbose\s+-v\s+<int>", result.output), result.output
 
 
 def test_arguments_are_named_one_way_in_usage_lines():
