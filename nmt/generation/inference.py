@@ -31,7 +31,7 @@ from nmt.errors import NmtError
 from nmt.generation.ensemble import Ensemble
 from nmt.generation.options import BatchingOptions, SearchOptions, check_workers, choose_workers
 from nmt.generation.search import beam_search, Hypothesis, model_positions
-from nmt.generation.workers import map_in_workers
+from nmt.generation.workers import map_in_workers, share_one_malloc_arena
 from nmt.log import logger
 
 
@@ -42,6 +42,7 @@ def prepare_model(checkpoint_path: str | Path | list[str], device: torch.device,
                   ) -> tuple[nn.Module, Vocabularies]:
     """The model of a checkpoint, or an Ensemble of several (``a.pt:b.pt``, or a list; they must share
     vocabularies)."""
+    share_one_malloc_arena()
     given = checkpoint_path if isinstance(checkpoint_path, list) else [checkpoint_path]
     paths = [path for item in given for path in split_paths(str(item))]
     models, vocabs = [], None
