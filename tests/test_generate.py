@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import os
 import shutil
 import subprocess
 import sys
@@ -183,6 +185,31 @@ def test_workers_refuse_sampling_and_gpus(checkpoint):
     chosen = options(checkpoint, workers=2)
     with pytest.raises(NmtError, match="--workers > 1 is for CPU decoding"):
         check_workers(chosen.search, chosen.batching, torch.device("cuda"))
+
+
+def has_glibc() -> bool:
+    try:
+        return hasattr(ctypes.CDLL(None), "malloc_stats")
+    except (OSError, TypeError):
+        return False
+
+
+@pytest.mark.skipif(not has_glibc(), reason="glibc's malloc arenas")
+def test_decoding_threads_allocate_from_one_malloc_arena(checkpoint):
+    """glibc gives each thread an arena that keeps what was freed in it: torch's threads and the
+    workers share the main one."""
+    code = ("import ctypes, sys, numpy, torch\n"
+            "from nmt.generation.inference import prepare_model, translate_ids\n"
+            "from nmt.generation.options import BatchingOptions\n"
+            "torch.set_num_threads(2)\n"
+            "model, _ = prepare_model(sys.argv[1], torch.device('cpu'))\n"
+            "sources = [numpy.array([5 + i % 7, 6, 2]) for i in range(40)]\n"
+            "translate_ids(model, sources, batching=BatchingOptions(max_tokens=40, workers=2))\n"
+            "ctypes.CDLL(None).malloc_stats()\n")
+    env = {key: value for key, value in os.environ.items() if key != "MALLOC_ARENA_MAX"}
+    done = subprocess.run([sys.executable, "-c", code, str(checkpoint)], capture_output=True, text=True, env=env,
+                          check=True)
+    assert done.stderr.count("Arena ") == 1, done.stderr
 
 
 def test_workers_leave_the_callers_thread_count_as_it_was():

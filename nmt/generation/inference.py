@@ -37,7 +37,7 @@ from nmt.generation.constraints import BatchControls, SentenceControls, contains
 from nmt.generation.ensemble import Ensemble
 from nmt.generation.options import BatchingOptions, SearchOptions, check_workers, choose_workers
 from nmt.generation.search import Hypothesis, beam_search, max_lengths, model_positions
-from nmt.generation.workers import map_in_workers
+from nmt.generation.workers import map_in_workers, share_one_malloc_arena
 from nmt.log import logger
 
 Controls = list[SentenceControls | None]  # one per source
@@ -49,6 +49,7 @@ def prepare_model(checkpoint_path: str | Path | list[str], device: torch.device,
                   ) -> tuple[nn.Module, Vocabularies]:
     """The model of a checkpoint, or an Ensemble of several (``a.pt:b.pt``, or a list; they must share
     vocabularies)."""
+    share_one_malloc_arena()
     given = checkpoint_path if isinstance(checkpoint_path, list) else [checkpoint_path]
     paths = [path for item in given for path in split_paths(str(item))]
     models, vocabs = [], None

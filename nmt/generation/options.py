@@ -182,8 +182,8 @@ def choose_workers(search: SearchOptions, batching: BatchingOptions, device_type
                    sentences: int) -> int:
     """``--workers`` as given; by default, on CPU, one per thread (``threads``) and at most one per
     sentence, each batch on one thread. Two workers decoded 1.13-1.27x as many sentences per second
-    as one batch on two threads on an idle machine, and on a busy one a batch's two threads waited
-    on each other for 12x the time of one (docs/performance.md)."""
+    as one batch on two threads on an idle machine, and on a busy one that batch's two threads
+    waited on each other for 7x the time (docs/performance.md)."""
     if batching.workers is not None:
         return batching.workers
     if search.sampling or device_type != "cpu":

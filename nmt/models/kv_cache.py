@@ -9,10 +9,10 @@ spare for all its layers: a layer's reorder hands its old buffer on as the next 
 the history is held ``layers + 1`` times, not twice. Since the buffers are flat, fewer rows (when
 sentences leave) fit in the same memory as more positions. On CPU, search reserves room for its
 longest output up front: pages never written cost no memory there, while buffers replaced as they
-grow scatter freed blocks that the C allocator keeps (100 MiB of peak RSS over 1,000 sentences
-with int8 layers, docs/performance.md). Elsewhere, or without a reservation, a full buffer is
-replaced by one half as large again. It is for inference (``torch.no_grad``/``inference_mode``):
-reordering writes into existing storage.
+grow scatter freed blocks that the C allocator keeps (8-140 MiB of peak RSS on 1,000 sentences,
+docs/performance.md). Elsewhere, or without a reservation, a full buffer is replaced by one half
+as large again. It is for inference (``torch.no_grad``/``inference_mode``): reordering writes
+into existing storage.
 """
 
 from __future__ import annotations

@@ -1,0 +1,98 @@
+"""Memory of `nmt generate`: peak RSS while decoding against the RSS of the loaded model.
+
+    python benchmarks/decode_memory.py --path CKPT [--data DIR] [--limit N] [--settings fp32,bf16,int8]
+        [--threads 1,2] [--repeats 3]
+
+Each run is a fresh process that loads the checkpoint as `nmt generate` does, notes its resident
+memory (VmRSS), resets the kernel's peak (``/proc/self/clear_refs``) and translates
+test_2016_flickr.en with the default search and batching; the peak (VmHWM) is then the decoding's
+own. The table gives the medians of --repeats runs per setting and thread count, the ratio peak /
+loaded (the goal: at most 1.5) and the CPU seconds of the decoding. Linux only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+DEFAULT_DATA = Path(os.environ.get("NMT_MULTI30K", Path(__file__).resolve().parents[2] / "shared/data/multi30k"))
+SETTINGS = {"fp32": ("fp32", "none"), "bf16": ("bf16", "none"), "int8": ("fp32", "int8")}  # (precision, quantize)
+
+
+def status_mib(field: str) -> float:
+    """A line of /proc/self/status (VmRSS, VmHWM), in MiB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    raise SystemExit(f"no {field} in /proc/self/status: this benchmark needs Linux")
+
+
+def worker() -> None:
+    """``--worker``: one run as stdin's JSON asks; prints loaded RSS, decoding peak and CPU seconds as JSON."""
+    job = json.loads(sys.stdin.read())
+    import numpy as np
+    import torch
+
+    torch.set_num_threads(job["threads"])
+    from nmt.data.vocabulary import EOS_ID
+    from nmt.files import read_lines
+    from nmt.generation.inference import prepare_model, translate_ids
+    from nmt.generation.options import BatchingOptions, SearchOptions
+
+    precision, quantize = SETTINGS[job["setting"]]
+    model, vocabs = prepare_model(job["path"], torch.device("cpu"), quantize)
+    lines = read_lines(job["test"])[: job["limit"] or None]
+    sources = [np.asarray(ids + [EOS_ID], dtype=np.int64) for ids in vocabs.source.encode_batch(lines)]
+    loaded = status_mib("VmRSS")
+    Path("/proc/self/clear_refs").write_text("5")  # the peak so far becomes the current RSS
+    cpu = time.process_time()
+    translate_ids(model, sources, SearchOptions(), BatchingOptions(), precision=precision)
+    print(json.dumps({"loaded": loaded, "peak": status_mib("VmHWM"), "cpu": time.process_time() - cpu}))
+
+
+def run(setting: str, threads: int, path: Path, test: Path, limit: int) -> dict:
+    job = json.dumps({"setting": setting, "threads": threads, "path": str(path), "test": str(test), "limit": limit})
+    done = subprocess.run([sys.executable, __file__, "--worker"], input=job, capture_output=True, text=True,
+                          check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    if sys.argv[1:] == ["--worker"]:
+        return worker()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--path", type=Path, required=True, help="a trained checkpoint")
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="directory with Multi30k's .gz files")
+    parser.add_argument("--limit", type=int, default=0, help="translate only the first N test sentences")
+    parser.add_argument("--settings", default="fp32,bf16,int8", help=f"comma-separated, from {', '.join(SETTINGS)}")
+    parser.add_argument("--threads", default="1,2", help="comma-separated torch thread counts")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per row; the table shows medians")
+    args = parser.parse_args()
+    test = args.data / "test_2016_flickr.en.gz"
+    if not test.exists():
+        raise SystemExit(f"Multi30k not found in {args.data} (set --data or NMT_MULTI30K)")
+    table = Table(title=f"nmt generate's memory (default search and batching), {args.path}, "
+                        f"test_2016_flickr{f' (first {args.limit})' if args.limit else ''}, median of {args.repeats}")
+    for column in ("setting", "threads", "loaded RSS (MiB)", "decoding peak RSS (MiB)", "peak / loaded",
+                   "CPU seconds"):
+        table.add_column(column, justify="right")
+    for threads in (int(t) for t in args.threads.split(",")):
+        for setting in args.settings.split(","):
+            runs = [run(setting, threads, args.path, test, args.limit) for _ in range(args.repeats)]
+            loaded, peak, cpu = (statistics.median(r[key] for r in runs) for key in ("loaded", "peak", "cpu"))
+            table.add_row(setting, str(threads), f"{loaded:.0f}", f"{peak:.0f}", f"{peak / loaded:.2f}", f"{cpu:.1f}")
+            Console(stderr=True).print(f"done: {setting}, {threads} thread(s): {runs}")
+    Console(width=200).print(table)
+
+
+if __name__ == "__main__":
+    main()
