@@ -3,6 +3,7 @@ CLI (in this process or as `python -m nmt`), and the tiny training configuration
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import logging
 import os
@@ -108,6 +109,21 @@ def interrupted_at(stderr: str) -> int:
     found = re.search(r"interrupted at update (\d+): saved checkpoint_last.pt", stderr)
     assert found, stderr
     return int(found.group(1))
+
+
+needs_ct2 = pytest.mark.skipif(importlib.util.find_spec("ctranslate2") is None,
+                               reason="ctranslate2 is not installed (pip install 'nmt[ct2]')")
+
+
+def train_tiny_checkpoint(data_dir, save_dir) -> Path:
+    """transformer_tiny after 120 updates on the numbers task: words, not noise (a few seconds);
+    the precision the machine chooses (auto), as a user's model would be trained."""
+    from nmt.training.trainer import train
+
+    train(load_train_config({"data": str(data_dir), "arch": "transformer_tiny", "save_dir": str(save_dir),
+                             "max_tokens": 1000, "lr": 3e-3, "warmup_updates": 10, "max_update": 120,
+                             "valid_subset": "none", "log_interval": 1000}))
+    return Path(save_dir) / "checkpoint_last.pt"
 
 
 def tiny_config(data_dir, save_dir, **options) -> TrainConfig:

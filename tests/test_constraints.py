@@ -4,14 +4,13 @@ text forms users give them in."""
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import random
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import assert_one_line_error, run_cli, run_nmt
+from conftest import assert_one_line_error, needs_ct2, run_cli, run_nmt, train_tiny_checkpoint
 from test_search import VOCAB, WORDS, ToyDecoder, random_table, scripted_table, search, sources, table_logprob
 from test_translator import tiny_checkpoint
 
@@ -31,12 +30,8 @@ from nmt.generation.control_input import controls_from_lists, lines_with_control
 from nmt.generation.inference import check_controls, warn_unmet
 from nmt.generation.options import SearchOptions
 from nmt.generation.search import NEG_INF, beam_search, length_penalty
-from nmt.training.config import load_train_config
-from nmt.training.trainer import train
 
 CPU = torch.device("cpu")
-needs_ct2 = pytest.mark.skipif(importlib.util.find_spec("ctranslate2") is None,
-                               reason="ctranslate2 is not installed (pip install 'nmt[ct2]')")
 
 
 def controlled(table, source: list[int], controls: SentenceControls | None, **options):
@@ -159,8 +154,9 @@ def test_eos_waits_for_the_constraints_until_the_max_length():
 
 def test_restrict_works_in_the_columns_of_a_shortlist():
     columns = torch.tensor([0, 1, 2, 3, 5, 6])  # token 4 is not in the shortlist
-    batch = BatchControls([SentenceControls(prefix=[6], bans=[[5]], constraints=[[5, 6]])], CPU)
-    assert batch.required_tokens() == {5, 6}
+    controls = SentenceControls(prefix=[6], bans=[[5]], constraints=[[5, 6]])
+    assert controls.required_tokens() == {5, 6}
+    batch = BatchControls([controls], CPU)
     batch.begin(torch.tensor([10]), columns)
     logprobs = torch.zeros(1, len(columns))
     batch.restrict(logprobs, torch.tensor([[2]]), 0)
@@ -371,11 +367,7 @@ CONSTRAINTS = [["fünf"], [], ["vier", "Seite"], ["acht"], ["neun"]]
 @pytest.fixture(scope="module")
 def model(tiny_data_dir, tmp_path_factory) -> Path:
     """transformer_tiny after 120 updates on the numbers task: words, not noise (a few seconds)."""
-    save_dir = tmp_path_factory.mktemp("controls")
-    train(load_train_config({"data": str(tiny_data_dir), "arch": "transformer_tiny", "save_dir": str(save_dir),
-                             "max_tokens": 1000, "lr": 3e-3, "warmup_updates": 10, "max_update": 120,
-                             "valid_subset": "none", "log_interval": 1000}))
-    return save_dir / "checkpoint_last.pt"
+    return train_tiny_checkpoint(tiny_data_dir, tmp_path_factory.mktemp("controls"))
 
 
 @pytest.fixture(scope="module")

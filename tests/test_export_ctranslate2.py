@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import sys
 
 import numpy as np
 import pytest
 import torch
-from conftest import numbers_pairs
+from conftest import needs_ct2, numbers_pairs, train_tiny_checkpoint
 
 from nmt.checkpoint.format import Vocabularies, load_checkpoint, model_state, save_checkpoint
 from nmt.cli import main
@@ -22,21 +21,12 @@ from nmt.generation.inference import prepare_model, translate_ids
 from nmt.generation.options import GenerateOptions
 from nmt.models.registry import build_model, get_arch, resolve_config
 from nmt.options import build
-from nmt.training.config import load_train_config
-from nmt.training.trainer import train
-
-needs_ct2 = pytest.mark.skipif(importlib.util.find_spec("ctranslate2") is None,
-                               reason="ctranslate2 is not installed (pip install 'nmt[ct2]')")
 
 
 @pytest.fixture(scope="module")
 def trained(tiny_data_dir, tmp_path_factory):
     """transformer_tiny after 120 updates on the numbers task (a few seconds)."""
-    save_dir = tmp_path_factory.mktemp("ct2-train")
-    train(load_train_config({"data": str(tiny_data_dir), "arch": "transformer_tiny", "save_dir": str(save_dir),
-                             "max_tokens": 1000, "lr": 3e-3, "warmup_updates": 10, "max_update": 120,
-                             "valid_subset": "none", "log_interval": 1000}))
-    return save_dir / "checkpoint_last.pt"
+    return train_tiny_checkpoint(tiny_data_dir, tmp_path_factory.mktemp("ct2-train"))
 
 
 @pytest.fixture(scope="module")

@@ -3,12 +3,10 @@ decoding over each sentence's candidates only (nmt/data/shortlist.py, nmt/genera
 
 from __future__ import annotations
 
-import importlib.util
-
 import numpy as np
 import pytest
 import torch
-from conftest import make_data_dir, numbers_pairs, tiny_config
+from conftest import make_data_dir, needs_ct2, numbers_pairs, tiny_config
 
 from nmt import Translator
 from nmt.checkpoint.averaging import average_checkpoints
@@ -255,8 +253,6 @@ def test_an_ensemble_uses_a_shortlist_only_when_its_models_share_it(checkpoint, 
 
 # -- CTranslate2 ----------------------------------------------------------------------------------
 
-needs_ct2 = pytest.mark.skipif(importlib.util.find_spec("ctranslate2") is None,
-                               reason="ctranslate2 is not installed (pip install 'nmt[ct2]')")
 
 
 @pytest.fixture(scope="module")

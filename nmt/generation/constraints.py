@@ -45,6 +45,10 @@ class SentenceControls:
     def __bool__(self) -> bool:
         return bool(self.prefix or self.constraints or self.bans)
 
+    def required_tokens(self) -> set[int]:
+        """The pieces this sentence's vocabulary shortlist must keep: its prefix's and its constraints'."""
+        return set(self.prefix) | {piece for phrase in self.constraints for piece in phrase}
+
 
 def contains(tokens: list[int], phrase: list[int]) -> bool:
     """Whether ``phrase`` occurs in ``tokens`` as consecutive tokens."""
@@ -148,10 +152,6 @@ class BatchControls:
     def create(cls, controls: list[SentenceControls | None], device: torch.device) -> BatchControls | None:
         """The batch's controls; None when no sentence has any (the search then runs its plain path)."""
         return cls(controls, device) if any(controls) else None
-
-    def required_tokens(self) -> set[int]:
-        """Tokens a vocabulary shortlist must keep: the prefixes' and the constraints' pieces."""
-        return {t for t in torch.cat([self.prefix.flatten(), self.pieces.flatten()]).tolist() if t >= 0}
 
     def begin(self, limit: Tensor, columns: Tensor | None = None) -> None:
         """The sentences' max output lengths, and the full-vocabulary id of each log-probability column

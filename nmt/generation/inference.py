@@ -143,7 +143,7 @@ def translate_ids(model: nn.Module, sources: list[np.ndarray], search: SearchOpt
             batch_controls = BatchControls.create([controls[i] for i in indices], device) if controls else None
             candidates = None if shortlist is None else batch_candidates(
                 shortlist, [sources[i] for i in indices], device,
-                [required_tokens(controls[i]) for i in indices] if controls else None)
+                [controls[i].required_tokens() if controls[i] else () for i in indices] if controls else None)
             return beam_search(model, batch.source, search, generator, batch_controls, should_stop, candidates)
 
     batches = [work.todo[positions]
@@ -156,11 +156,6 @@ def translate_ids(model: nn.Module, sources: list[np.ndarray], search: SearchOpt
     if controls is not None:
         warn_unmet(work.results, controls, first_line)
     return work.results
-
-
-def required_tokens(controls: SentenceControls | None) -> list[int]:
-    """The target pieces a sentence's shortlist must keep: its prefix's and its constraints'."""
-    return [] if controls is None else controls.prefix + [piece for phrase in controls.constraints for piece in phrase]
 
 
 def uses_shortlist(search: SearchOptions, shortlist: Shortlist | None) -> bool:
