@@ -14,6 +14,7 @@ from nmt.options import check_values
 Precision = Literal["auto", "fp32", "bf16", "fp16"]
 PANEL = "Device"
 DEVICE_NAME = re.compile(r"auto|cpu|cuda(:\d+)?")
+BLEU_TOLERANCE = 0.2  # BLEU points a faster setting may lose in a model's validation check and still be its auto
 
 
 @dataclass(frozen=True)
@@ -38,9 +39,12 @@ class DeviceOptions:
 class InferenceDeviceOptions(DeviceOptions):
     """Device and precision for translating, and CPU int8 quantization."""
 
-    quantize: Literal["none", "int8"] = field(default="none", metadata={
-        "help": "CPU only: int8 dynamic quantization of every nn.Linear layer, the output projection included; "
-                "computes in fp32.", "panel": PANEL})
+    quantize: Literal["auto", "none", "int8"] = field(default="auto", metadata={
+        "help": "int8: dynamic quantization of every nn.Linear layer, the output projection included (CPU only; "
+                f"computes in fp32). auto: int8 on CPU where the checkpoint's validation check kept BLEU (within "
+                f"{BLEU_TOLERANCE}; `nmt average` and training's end record it) and --precision is auto or fp32, "
+                "else none.",
+        "panel": PANEL})
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -111,6 +111,8 @@ def plan_recipe(path: str | Path, stages: tuple[str, ...] = STAGES, allow_outsid
         model_path = Path(plan.average.output)
         if plan.train is not None and plan.average.inputs == [str(save_dir)]:  # averaging this run's checkpoints
             check_checkpoints_kept(plan.train, plan.average, where)
+            if "check_decoding" not in (section(document, "train") or {}):  # averaging checks what generate uses
+                plan.train = dataclasses.replace(plan.train, check_decoding=False)
     plan.checkpoint = str(model_path)
     if (values := section(document, "generate")) is not None:
         defaults = {"path": str(model_path)} if "input" in values else {"path": str(model_path), "data": plan.data}

@@ -2,7 +2,9 @@
 
 The paper averages the last 5 (base) or 20 (big) checkpoints. Checkpoints are read one at a
 time into a float64 running sum, so memory stays at one sum plus one checkpoint. The result is
-a model-only checkpoint (no optimizer state) that loads like any other.
+a model-only checkpoint (no optimizer state) that loads like any other, with the record of a
+decoding check on the run's validation set when its data directory is here
+(nmt/generation/decoding_check.py: what ``--quantize auto`` and ``--stop auto`` decode it with).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from nmt.checkpoint.names import numbered_checkpoints
 from nmt.checkpoint.options import check_output_name
 from nmt.errors import NmtError
 from nmt.files import refuse_overwriting
+from nmt.generation.decoding_check import RECORD_KEY, check_with_training_data
 from nmt.log import logger
 
 
@@ -137,6 +140,10 @@ def average(inputs: list[str | Path], output: str | Path, num_epoch_checkpoints:
     check_output_name(output, inputs)
     refuse_overwriting("--output", output, {"input": paths})
     checkpoint = average_checkpoints(paths)
+    train_config = load_checkpoint(paths[-1], mmap=True, verify=("train_config",)).get("train_config")
+    choice = check_with_training_data(checkpoint, train_config, output.name)
+    if choice is not None:
+        checkpoint[RECORD_KEY] = choice.to_dict()
     save_checkpoint(output, checkpoint)
     logger.info("averaged %d checkpoint(s) (%s) into %s", len(paths), ", ".join(path.name for path in paths), output)
     return paths

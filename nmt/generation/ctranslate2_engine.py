@@ -4,8 +4,8 @@
 a temporary directory first. The search options map onto CTranslate2's: beam, nbest, min length,
 no-repeat n-grams, sampling (top-k, top-p, temperature, seed). The max length ``a * |source| + b``
 is per sentence, so each batch holds sentences of one max length. ``--quantize int8`` and
-``--precision bf16|fp16`` choose CTranslate2's compute type; otherwise it computes in the type the
-export stored.
+``--precision bf16|fp16`` choose CTranslate2's compute type; otherwise (``--quantize auto``
+included: the validation check measured nmt's decoder) it computes in the type the export stored.
 
 Where the outputs can differ from nmt's own decoder (with the same weights, in float32):
 

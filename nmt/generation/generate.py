@@ -30,6 +30,7 @@ from nmt.files import atomic_write, read_lines, refuse_overwriting
 from nmt.generation.alignment import word_attentions
 from nmt.generation.control_input import lines_with_controls, read_bans
 from nmt.generation.ctranslate2_engine import load_ctranslate2
+from nmt.generation.decoding_check import decoding_settings
 from nmt.generation.ensemble import Ensemble
 from nmt.generation.inference import (
     Controls,
@@ -217,6 +218,10 @@ def generate(options: GenerateOptions, show_progress: bool = True) -> GenerateRe
         raw = [path for path in split_text_files(options) if path]
         refuse_overwriting("--output", options.output, {"raw text of the split": raw})
         refuse_overwriting("--print-attention", options.print_attention, {"raw text of the split": raw})
+    if options.engine == "nmt":  # CTranslate2 keeps its own rule and compute type (load_ctranslate2)
+        settings = decoding_settings(options.compute, options.search.stop, options.path)
+        options = dataclasses.replace(options, compute=dataclasses.replace(options.compute, quantize=settings.quantize),
+                                      search=dataclasses.replace(options.search, stop=settings.stop))
     device, precision, reason = inference_device(options.compute, options.engine)
     options = dataclasses.replace(options, compute=dataclasses.replace(options.compute, precision=precision))
     streaming = options.input == "-" and options.output is None and is_stream(sys.stdin)

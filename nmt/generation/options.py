@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from nmt.checkpoint.names import split_paths
-from nmt.device_options import PANEL, InferenceDeviceOptions
+from nmt.device_options import BLEU_TOLERANCE, PANEL, InferenceDeviceOptions
 from nmt.errors import NmtError
 from nmt.files import refuse_overwriting
 from nmt.options import check_values
@@ -28,11 +28,13 @@ class SearchOptions:
     no_repeat_ngram_size: int = field(default=0, metadata={"help": "Never repeat an n-gram of this size (0 = off).",
                                                            "min": 0})
     nbest: int = field(default=1, metadata={"help": "Hypotheses to output per sentence, at most --beam.", "min": 1})
-    stop: Literal["exact", "finished"] = field(default="exact", metadata={
+    stop: Literal["auto", "exact", "finished"] = field(default="auto", metadata={
         "help": "When a sentence's search ends. exact: once no unfinished hypothesis can beat its --beam finished "
                 "ones; finished: as soon as --beam hypotheses have finished (fairseq's and CTranslate2's rule; "
                 "faster with a positive --lenpen, the same BLEU on Multi30k, but it can keep a short hypothesis "
-                "that exact search would have beaten: docs/performance.md)."})
+                "that exact search would have beaten: docs/performance.md). auto: finished where the checkpoint's "
+                f"validation check kept BLEU (within {BLEU_TOLERANCE}; `nmt average` and training's end record it), "
+                "else exact."})
     shortlist: Literal["auto", "none"] = field(default="auto", metadata={
         "help": "Vocabulary shortlist. auto: where the checkpoint has one (learned by `nmt preprocess`), score "
                 "only each sentence's candidate target pieces (its source pieces' likely translations and the "

@@ -14,6 +14,7 @@ batches, beam search), with its defaults, so a sentence translates the same eith
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from nmt.device import inference_device
 from nmt.device_options import InferenceDeviceOptions
 from nmt.errors import NmtError
 from nmt.generation.control_input import controls_from_lists
+from nmt.generation.decoding_check import decoding_settings
 from nmt.generation.inference import encode_sources, prepare_model, translate_ids
 from nmt.generation.options import BatchingOptions, SearchOptions
 from nmt.generation.search import Hypothesis
@@ -51,18 +53,21 @@ class Translator:
     device: torch.device
     precision: str
     quantize: str
+    stop: str  # what a call's stop="auto" (the default) searches with: the checkpoints' record, or exact
     path: str  # the checkpoint(s), ':'-separated for an ensemble
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, device: str = "auto", precision: str = "auto",
-                        quantize: str | None = None) -> Translator:
-        """Load a checkpoint (``a.pt:b.pt`` for an ensemble) for ``device`` (auto, cpu, cuda, cuda:N)."""
-        compute = build(InferenceDeviceOptions, {"device": device, "precision": precision,
-                                                 "quantize": quantize or "none"})
+                        quantize: str = "auto") -> Translator:
+        """Load a checkpoint (``a.pt:b.pt`` for an ensemble) for ``device`` (auto, cpu, cuda, cuda:N);
+        ``quantize`` and the calls' ``stop`` default to auto, as `nmt generate`'s."""
+        compute = build(InferenceDeviceOptions, {"device": device, "precision": precision, "quantize": quantize})
+        settings = decoding_settings(compute, "auto", str(path))
+        compute = dataclasses.replace(compute, quantize=settings.quantize)
         resolved, precision, reason = inference_device(compute)
         logger.debug("precision: %s (%s)", precision, reason)
         model, vocabs = prepare_model(str(path), resolved, compute.quantize)
-        return cls(model, vocabs, resolved, precision, compute.quantize, str(path))
+        return cls(model, vocabs, resolved, precision, compute.quantize, settings.stop, str(path))
 
     def options(self, **overrides: Any) -> tuple[SearchOptions, BatchingOptions]:
         """``nmt generate``'s search and batching options, with the given ones changed (and checked)."""
@@ -70,6 +75,8 @@ class Translator:
         if unknown:
             raise NmtError(f"unknown translation option(s) {', '.join(unknown)}; known: {', '.join(CALL_OPTIONS)}")
         search = build(SearchOptions, {k: v for k, v in overrides.items() if k in options_of(SearchOptions)})
+        if search.stop == "auto":
+            search = dataclasses.replace(search, stop=self.stop)
         batching = build(BatchingOptions, {k: v for k, v in overrides.items() if k in options_of(BatchingOptions)})
         return search, batching
 

@@ -108,6 +108,12 @@ class TrainConfig:
         "help": "Start a new run from this checkpoint's weights only (update 0, a fresh optimizer and schedule) when "
                 "the save dir has no checkpoint_last.pt: fine-tuning. Not with --restore-file.", "panel": CHECKPOINTS})
 
+    check_decoding: bool = field(default=True, metadata={
+        "help": "At the end, find on the first validation split which faster decoding settings (int8, --stop "
+                "finished) keep checkpoint_best.pt's BLEU, and record them in it for `nmt generate`'s --quantize "
+                "auto and --stop auto (`nmt average` checks its output alike); the log gives its seconds.",
+        "panel": CHECKPOINTS})
+
     # Stopping (0 / None: no limit).
     max_update: int = field(default=0, metadata={
         "help": "Stop after N updates (0: no limit).", "panel": STOPPING, "min": 0})

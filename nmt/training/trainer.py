@@ -24,11 +24,12 @@ import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from nmt.checkpoint.format import check_compatible, model_state
-from nmt.checkpoint.names import LAST
+from nmt.checkpoint.format import check_compatible, load_checkpoint, model_state, save_checkpoint
+from nmt.checkpoint.names import BEST, LAST
 from nmt.data.vocabulary import PAD_ID
 from nmt.device import autocast, resolve_device, resolve_precision
 from nmt.errors import NmtError, Stopped
+from nmt.generation.decoding_check import RECORD_KEY, first_pairs, timed_check
 from nmt.log import logger, stderr_console
 from nmt.log import state as log_state
 from nmt.models.registry import build_model, count_parameters, get_arch
@@ -359,6 +360,8 @@ class Trainer:
             skipped_updates=run_meter.skipped)
         if interrupt.requested:
             raise Stopped(interrupt.signum, stop)  # the CLI's last line: where the run stopped, what was saved
+        if context.is_main and config.check_decoding:
+            self.check_decoding()
         if context.is_main and logger.isEnabledFor(logging.INFO):
             rows = {"arch": config.arch, "epochs": summary.epoch, "updates": summary.updates,
                     "train loss (this run)": summary.train_loss,
@@ -373,6 +376,20 @@ class Trainer:
             else:
                 stderr_console.print(summary_table(rows))
         return summary
+
+    def check_decoding(self) -> None:
+        """Record in checkpoint_best.pt (what `nmt generate` and `nmt serve` decode by default) which
+        faster decoding settings keep its BLEU on the first validation split."""
+        path = self.save_dir / BEST
+        if not self.data.valid or not path.exists():
+            return
+        checkpoint = load_checkpoint(path)
+        if RECORD_KEY in checkpoint:  # checked since it was written: a re-run that had nothing to train
+            return
+        split = self.data.valid[0]
+        sources, references = first_pairs(split.dataset, split.pairs.tolist(), None)  # pairs fit the model
+        checkpoint[RECORD_KEY] = timed_check(checkpoint, sources, references, self.device, BEST).to_dict()
+        save_checkpoint(path, checkpoint)
 
     def epoch_end_owed(self) -> bool:
         """Whether the epoch's updates are all done but not its end (validation, its checkpoint): a

@@ -1,0 +1,281 @@
+"""The validation check that chooses a model's fast decoding settings, its record in the checkpoint,
+and how --quantize auto / --stop auto read it in `nmt generate`, the API, training and averaging."""
+
+from __future__ import annotations
+
+import logging
+import re
+
+import pytest
+import torch
+from conftest import tiny_config
+
+import nmt.training.validation as validation_module
+from nmt import Translator
+from nmt.checkpoint.averaging import average
+from nmt.checkpoint.format import load_checkpoint, model_from_checkpoint, save_checkpoint
+from nmt.checkpoint.names import BEST, numbered_checkpoints
+from nmt.data.dataset import DataDir
+from nmt.device import inference_device
+from nmt.device_options import InferenceDeviceOptions
+from nmt.errors import NmtError
+from nmt.generation.decoding_check import (
+    CANDIDATES,
+    NO_RECORD,
+    RECORD_KEY,
+    REFERENCE,
+    DecodingChoice,
+    Setting,
+    check_decoding,
+    choose_decoding,
+    decoding_settings,
+    read_records,
+    resolve_decoding,
+)
+from nmt.generation.generate import generate
+from nmt.generation.inference import inference_model, translate_ids
+from nmt.generation.options import GenerateOptions, SearchOptions
+from nmt.log import logger
+from nmt.options import build
+from nmt.scoring import MetricOptions, score
+from nmt.training.trainer import train
+
+INT8_FINISHED, INT8_EXACT, FP32_FINISHED = CANDIDATES
+FAST = DecodingChoice("int8", "finished", "validation check, 40 sentences: ...")
+SAFE = DecodingChoice("none", "exact", "validation check, 40 sentences: no faster setting kept it")
+
+
+# -- choosing, given BLEU ------------------------------------------------------------------------------
+
+def test_the_fastest_candidate_that_keeps_bleu_is_chosen_and_slower_ones_are_not_decoded():
+    def scored():
+        yield INT8_FINISHED, 38.81
+        raise AssertionError("a slower candidate was decoded after a faster one kept BLEU")
+
+    choice = choose_decoding(38.95, scored(), 500)
+    assert (choice.quantize, choice.stop) == ("int8", "finished")
+    assert choice.reason == ("validation check, 500 sentences: fp32 exact 38.95, int8 finished 38.81 BLEU: "
+                             "int8 finished kept it (within 0.2)")
+
+
+def test_a_candidate_that_loses_more_than_the_tolerance_is_passed_over():
+    choice = choose_decoding(99.2, [(INT8_FINISHED, 93.3), (INT8_EXACT, 99.0), (FP32_FINISHED, 93.3)], 300)
+    assert (choice.quantize, choice.stop) == ("int8", "exact")  # 0.2 below the reference still counts
+    choice = choose_decoding(99.2, [(INT8_FINISHED, 93.3), (INT8_EXACT, 98.9), (FP32_FINISHED, 99.3)], 300)
+    assert (choice.quantize, choice.stop) == ("none", "finished")
+
+
+def test_when_no_candidate_keeps_bleu_the_reference_setting_is_chosen():
+    choice = choose_decoding(99.2, [(INT8_FINISHED, 93.3), (INT8_EXACT, 98.9), (FP32_FINISHED, 93.3)], 300)
+    assert (choice.quantize, choice.stop) == tuple(REFERENCE) == ("none", "exact")
+    assert choice.reason.endswith("fp32 finished 93.30 BLEU: no faster setting kept it (within 0.2)")
+
+
+def test_the_record_is_a_plain_dict_and_a_malformed_one_is_refused():
+    assert DecodingChoice.from_dict(FAST.to_dict()) == FAST
+    assert FAST.to_dict() == {"quantize": "int8", "stop": "finished", "reason": FAST.reason}
+    for bad in ({"quantize": "int4", "stop": "exact", "reason": ""}, {"quantize": "int8"}, "int8"):
+        with pytest.raises(NmtError, match="malformed 'decoding' record"):
+            DecodingChoice.from_dict(bad, "x.pt")
+
+
+# -- resolving auto ------------------------------------------------------------------------------------
+
+def resolve(records, quantize="auto", stop="auto", precision="auto", device="cpu"):
+    settings = resolve_decoding(quantize, stop, precision, device, records)
+    return settings.quantize, settings.stop, settings.reason
+
+
+def test_auto_takes_the_record():
+    assert resolve({"a.pt": FAST}) == ("int8", "finished", f"auto: {FAST.reason}")
+    assert resolve({"a.pt": SAFE})[:2] == ("none", "exact")
+    assert resolve({"a.pt": DecodingChoice("int8", "exact", "")})[:2] == ("int8", "exact")
+
+
+def test_auto_without_a_record_decodes_as_before_and_says_why():
+    assert resolve({"a.pt": None}) == ("none", "exact", f"auto: {NO_RECORD.format('the checkpoint')}")
+    assert "`nmt average` or training's end records one" in NO_RECORD
+
+
+def test_explicit_settings_override_the_record():
+    assert resolve({"a.pt": FAST}, quantize="none", stop="exact") == ("none", "exact", "asked for")
+    assert resolve({"a.pt": FAST}, quantize="none")[:2] == ("none", "finished")
+    assert resolve({"a.pt": FAST}, stop="exact")[:2] == ("int8", "exact")
+
+
+def test_int8_only_on_the_cpu_and_without_an_explicit_low_precision():
+    quantize, stop, reason = resolve({"a.pt": FAST}, device="cuda")
+    assert (quantize, stop) == ("none", "finished") and "int8 is for CPU decoding, not cuda" in reason
+    quantize, _, reason = resolve({"a.pt": FAST}, precision="bf16")
+    assert quantize == "none" and "--precision bf16 asked for" in reason
+    assert resolve({"a.pt": FAST}, precision="fp32")[0] == "int8"
+
+
+def test_an_ensemble_takes_a_fast_setting_only_when_every_model_chose_it():
+    int8_exact, fp32_finished = DecodingChoice("int8", "exact", "one"), DecodingChoice("none", "finished", "two")
+    assert resolve({"a.pt": FAST, "b.pt": FAST})[:2] == ("int8", "finished")
+    quantize, stop, reason = resolve({"a.pt": int8_exact, "b.pt": fp32_finished})
+    assert (quantize, stop) == ("none", "exact") and reason == "auto: a.pt: one; b.pt: two"
+    assert resolve({"a.pt": FAST, "b.pt": int8_exact})[:2] == ("int8", "exact")
+    assert resolve({"a.pt": FAST, "b.pt": None}) == ("none", "exact", f"auto: {NO_RECORD.format('b.pt')}")
+
+
+def test_an_explicit_int8_with_bf16_is_still_an_error_but_auto_with_bf16_is_not():
+    with pytest.raises(NmtError, match="--quantize int8 computes in fp32"):
+        InferenceDeviceOptions(quantize="int8", precision="bf16")
+    assert InferenceDeviceOptions(precision="bf16").quantize == "auto"
+
+
+# -- the record in checkpoints, and every surface reading it ----------------------------------------------
+
+@pytest.fixture(scope="module")
+def trained(tiny_data_dir, tmp_path_factory):
+    """transformer_tiny trained with validation to its end (the check on checkpoint_best.pt included),
+    saving every 40 updates for averaging; and the log of that run."""
+    records: list[str] = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = lambda record: records.append(record.getMessage())
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    save_dir = tmp_path_factory.mktemp("trained")
+    try:
+        train(tiny_config(tiny_data_dir, save_dir, max_update=120, save_interval_updates=40, log_interval=1000))
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    return save_dir, records
+
+
+def with_record(source, path, record: DecodingChoice | None):
+    checkpoint = load_checkpoint(source)
+    checkpoint.pop(RECORD_KEY, None)
+    if record is not None:
+        checkpoint[RECORD_KEY] = record.to_dict()
+    save_checkpoint(path, checkpoint)
+    return path
+
+
+def test_training_records_the_check_in_checkpoint_best_and_logs_its_choice_and_cost(trained):
+    save_dir, log = trained
+    record = DecodingChoice.from_dict(load_checkpoint(save_dir / BEST)[RECORD_KEY])
+    assert record.reason.startswith("validation check, 40 sentences: fp32 exact ")
+    lines = [line for line in log if line.startswith("decoding check of checkpoint_best.pt: ")]
+    assert len(lines) == 1
+    assert re.search(rf"quantize {record.quantize}, stop {record.stop}, in [\d.]+ s on cpu", lines[0])
+    assert RECORD_KEY not in load_checkpoint(save_dir / "checkpoint_last.pt")  # not what users decode
+
+
+def test_training_can_leave_the_check_out(tiny_data_dir, tmp_path):
+    train(tiny_config(tiny_data_dir, tmp_path, max_update=9, check_decoding=False))
+    assert RECORD_KEY not in load_checkpoint(tmp_path / BEST)
+
+
+def test_the_check_measures_the_reference_setting_on_the_validation_sentences(trained, tiny_data_dir):
+    """A real check on the tiny model: its reference BLEU is fp32 exact search's on those sentences."""
+    checkpoint = load_checkpoint(trained[0] / BEST)
+    valid = DataDir.open(tiny_data_dir).split("valid")
+    sources, references = [valid.source[i] for i in range(len(valid))], [valid.target[i] for i in range(len(valid))]
+    choice = check_decoding(checkpoint, sources, references, torch.device("cpu"))
+    model, vocabs = model_from_checkpoint(checkpoint)
+    model = inference_model(model, "none")
+    found = translate_ids(model, sources, SearchOptions(stop="exact"), shortlist=vocabs.shortlist)
+    (bleu,) = score([vocabs.target.decode(h[0].tokens) for h in found],
+                    [[vocabs.target.decode(r) for r in references]], options=MetricOptions(language="de"))
+    assert choice.reason.startswith(f"validation check, 40 sentences: fp32 exact {bleu.score:.2f}, int8 finished ")
+    assert choice.to_dict() == load_checkpoint(trained[0] / BEST)[RECORD_KEY]  # the same check training ran
+
+
+def test_averaging_records_the_check_when_the_training_data_is_here(trained, tmp_path, messages):
+    output = tmp_path / "averaged.pt"
+    average([trained[0]], output, num_update_checkpoints=2)
+    record = DecodingChoice.from_dict(load_checkpoint(output)[RECORD_KEY])
+    assert record.reason.startswith("validation check, 40 sentences: ")
+    assert any(m.startswith(f"decoding check of averaged.pt: quantize {record.quantize}, stop {record.stop}, in ")
+               for m in messages)
+
+
+def test_averaging_logs_why_it_skipped_the_check(trained, tmp_path, messages):
+    moved = load_checkpoint(numbered_checkpoints(trained[0], "update")[-1])
+    moved["train_config"]["train"]["data"] = str(tmp_path / "gone")
+    save_checkpoint(tmp_path / "moved.pt", moved)
+    average([tmp_path / "moved.pt"], tmp_path / "averaged.pt")
+    assert RECORD_KEY not in load_checkpoint(tmp_path / "averaged.pt")
+    assert f"decoding check of averaged.pt skipped: the training's data directory {tmp_path / 'gone'} is not " \
+           "here (--quantize auto and --stop auto will decode it with none and exact)" in messages
+    del moved["train_config"]
+    save_checkpoint(tmp_path / "bare.pt", moved)
+    average([tmp_path / "bare.pt"], tmp_path / "bare-averaged.pt")
+    assert any("decoding check of bare-averaged.pt skipped: the checkpoints do not name the data directory" in m
+               for m in messages)
+
+
+def test_the_record_round_trips_and_old_checkpoints_have_none(trained, tmp_path):
+    path = with_record(trained[0] / BEST, tmp_path / "fast.pt", FAST)
+    assert read_records(str(path)) == {str(path): FAST}
+    old = with_record(trained[0] / BEST, tmp_path / "old.pt", None)
+    assert read_records(f"{path}:{old}") == {str(path): FAST, str(old): None}
+
+
+def test_generate_decodes_with_the_record_and_logs_it(trained, tiny_data_dir, tmp_path, messages):
+    path = with_record(trained[0] / BEST, tmp_path / "fast.pt", FAST)
+    values = {"path": [str(path)], "data": str(tiny_data_dir), "split": "valid", "device": "cpu"}
+    auto = generate(build(GenerateOptions, {**values, "output": str(tmp_path / "auto.de")}), show_progress=False)
+    assert f"decoding: quantize int8, stop finished (auto: {FAST.reason})" in messages
+    assert any(m.endswith("precision: fp32 (int8 layers compute in fp32)") for m in messages)
+    explicit = generate(build(GenerateOptions, {**values, "quantize": "int8", "stop": "finished",
+                                                "output": str(tmp_path / "int8.de")}), show_progress=False)
+    assert [t.hypotheses for t in auto.translations] == [t.hypotheses for t in explicit.translations]
+    messages.clear()
+    generate(build(GenerateOptions, {**values, "quantize": "none", "stop": "exact",
+                                     "output": str(tmp_path / "exact.de")}), show_progress=False)
+    assert "decoding: quantize none, stop exact (asked for)" in messages
+    assert not any("int8 layers" in m for m in messages)
+
+
+def test_generate_without_a_record_decodes_as_before(trained, tiny_data_dir, tmp_path, messages):
+    path = with_record(trained[0] / BEST, tmp_path / "old.pt", None)
+    values = {"path": [str(path)], "data": str(tiny_data_dir), "split": "valid", "device": "cpu"}
+    auto = generate(build(GenerateOptions, {**values, "output": str(tmp_path / "auto.de")}), show_progress=False)
+    assert f"decoding: quantize none, stop exact (auto: {NO_RECORD.format('the checkpoint')})" in messages
+    exact = generate(build(GenerateOptions, {**values, "quantize": "none", "stop": "exact", "precision": "auto",
+                                             "output": str(tmp_path / "exact.de")}), show_progress=False)
+    assert [t.hypotheses for t in auto.translations] == [t.hypotheses for t in exact.translations]
+
+
+def test_the_api_takes_the_record_and_a_call_may_override_it(trained, tmp_path, messages):
+    path = with_record(trained[0] / BEST, tmp_path / "fast.pt", FAST)
+    translator = Translator.from_checkpoint(path, device="cpu")
+    assert (translator.quantize, translator.stop, translator.precision) == ("int8", "finished", "fp32")
+    assert f"decoding: quantize int8, stop finished (auto: {FAST.reason})" in messages
+    assert translator.options()[0].stop == "finished" and translator.options(stop="exact")[0].stop == "exact"
+    plain = Translator.from_checkpoint(path, device="cpu", quantize="none")
+    assert (plain.quantize, plain.stop) == ("none", "finished")
+
+
+def test_one_function_resolves_for_every_surface(trained, tmp_path, messages):
+    path = with_record(trained[0] / BEST, tmp_path / "fast.pt", FAST)
+    settings = decoding_settings(InferenceDeviceOptions(device="cpu", precision="bf16"), "auto", str(path))
+    assert (settings.quantize, settings.stop) == ("none", "finished")
+    assert inference_device(InferenceDeviceOptions(device="cpu", precision="bf16", quantize=settings.quantize))[1] \
+        == "bf16"
+    assert messages == [f"decoding: quantize none, stop finished (auto: --precision bf16 asked for; {FAST.reason})"]
+
+
+def test_training_validation_bleu_searches_exactly_whatever_the_defaults(tiny_data_dir, tmp_path, monkeypatch):
+    searched = []
+
+    def spy(model, sources, search, *args, **kwargs):
+        searched.append(search.stop)
+        return translate_ids(model, sources, search, *args, **kwargs)
+
+    monkeypatch.setattr(validation_module, "translate_ids", spy)
+    train(tiny_config(tiny_data_dir, tmp_path, max_update=9, eval_bleu=True, check_decoding=False))
+    assert searched and set(searched) == {"exact"}
+
+
+def test_the_defaults_are_auto():
+    assert SearchOptions().stop == "auto" and InferenceDeviceOptions().quantize == "auto"
+    assert list(CANDIDATES) == [Setting("int8", "finished"), Setting("int8", "exact"),
+                                                    Setting("none", "finished")]
+
