@@ -25,6 +25,7 @@ from nmt.generation.decoding_check import (
     RECORD_KEY,
     REFERENCE,
     DecodingChoice,
+    DecodingSettings,
     Setting,
     check_decoding,
     choose_decoding,
@@ -221,15 +222,15 @@ def test_generate_decodes_with_the_record_and_logs_it(trained, tiny_data_dir, tm
     path = with_record(trained[0] / BEST, tmp_path / "fast.pt", FAST)
     values = {"path": [str(path)], "data": str(tiny_data_dir), "split": "valid", "device": "cpu"}
     auto = generate(build(GenerateOptions, {**values, "output": str(tmp_path / "auto.de")}), show_progress=False)
-    assert f"decoding: quantize int8, stop finished (auto: {FAST.reason})" in messages
-    assert any(m.endswith("precision: fp32 (int8 layers compute in fp32)") for m in messages)
+    assert any(m.endswith(f"precision: fp32 (int8 layers compute in fp32); quantize int8, stop finished "
+                          f"(auto: {FAST.reason})") for m in messages)
     explicit = generate(build(GenerateOptions, {**values, "quantize": "int8", "stop": "finished",
                                                 "output": str(tmp_path / "int8.de")}), show_progress=False)
     assert [t.hypotheses for t in auto.translations] == [t.hypotheses for t in explicit.translations]
     messages.clear()
     generate(build(GenerateOptions, {**values, "quantize": "none", "stop": "exact",
                                      "output": str(tmp_path / "exact.de")}), show_progress=False)
-    assert "decoding: quantize none, stop exact (asked for)" in messages
+    assert any(m.endswith("; quantize none, stop exact (asked for)") for m in messages)
     assert not any("int8 layers" in m for m in messages)
 
 
@@ -237,29 +238,30 @@ def test_generate_without_a_record_decodes_as_before(trained, tiny_data_dir, tmp
     path = with_record(trained[0] / BEST, tmp_path / "old.pt", None)
     values = {"path": [str(path)], "data": str(tiny_data_dir), "split": "valid", "device": "cpu"}
     auto = generate(build(GenerateOptions, {**values, "output": str(tmp_path / "auto.de")}), show_progress=False)
-    assert f"decoding: quantize none, stop exact (auto: {NO_RECORD.format('the checkpoint')})" in messages
+    assert any(m.endswith(f"; quantize none, stop exact (auto: {NO_RECORD.format('the checkpoint')})")
+               for m in messages)
     exact = generate(build(GenerateOptions, {**values, "quantize": "none", "stop": "exact", "precision": "auto",
                                              "output": str(tmp_path / "exact.de")}), show_progress=False)
     assert [t.hypotheses for t in auto.translations] == [t.hypotheses for t in exact.translations]
 
 
-def test_the_api_takes_the_record_and_a_call_may_override_it(trained, tmp_path, messages):
+def test_the_api_takes_the_record_and_a_call_may_override_it(trained, tmp_path):
     path = with_record(trained[0] / BEST, tmp_path / "fast.pt", FAST)
     translator = Translator.from_checkpoint(path, device="cpu")
-    assert (translator.quantize, translator.stop, translator.precision) == ("int8", "finished", "fp32")
-    assert f"decoding: quantize int8, stop finished (auto: {FAST.reason})" in messages
+    assert translator.decoding == DecodingSettings("int8", "finished", f"auto: {FAST.reason}")
+    assert translator.precision == "fp32"
+    assert any(isinstance(m, torch.ao.nn.quantized.dynamic.Linear) for m in translator.model.modules())
     assert translator.options()[0].stop == "finished" and translator.options(stop="exact")[0].stop == "exact"
     plain = Translator.from_checkpoint(path, device="cpu", quantize="none")
-    assert (plain.quantize, plain.stop) == ("none", "finished")
+    assert (plain.decoding.quantize, plain.decoding.stop) == ("none", "finished")
 
 
-def test_one_function_resolves_for_every_surface(trained, tmp_path, messages):
+def test_auto_with_an_explicit_bf16_keeps_bf16(trained, tmp_path):
     path = with_record(trained[0] / BEST, tmp_path / "fast.pt", FAST)
     settings = decoding_settings(InferenceDeviceOptions(device="cpu", precision="bf16"), "auto", str(path))
-    assert (settings.quantize, settings.stop) == ("none", "finished")
+    assert settings == DecodingSettings("none", "finished", f"auto: --precision bf16 asked for; {FAST.reason}")
     assert inference_device(InferenceDeviceOptions(device="cpu", precision="bf16", quantize=settings.quantize))[1] \
         == "bf16"
-    assert messages == [f"decoding: quantize none, stop finished (auto: --precision bf16 asked for; {FAST.reason})"]
 
 
 def test_training_validation_bleu_searches_exactly_whatever_the_defaults(tiny_data_dir, tmp_path, monkeypatch):

@@ -67,7 +67,7 @@ def test_help_shows_every_field_with_its_default_once(monkeypatch, command):
 
 def test_choices_come_from_the_literal_type(monkeypatch):
     text = help_text(monkeypatch, "generate")
-    assert "<gnmt|fairseq>" in text and "<auto|fp32|bf16|fp16>" in text and "<none|int8>" in text
+    assert "<gnmt|fairseq>" in text and "<auto|fp32|bf16|fp16>" in text and "<auto|none|int8>" in text
 
 
 @pytest.mark.parametrize("value,kind,expected", [
@@ -104,7 +104,7 @@ def test_coerce_refuses_with_one_line(value, kind, message):
     (lambda: BatchingOptions(batch_size=0), "--batch-size must be at least 1, got 0"),
     (lambda: BatchingOptions(max_tokens=-5), "--max-tokens must be at least 1, got -5"),
     (lambda: BatchingOptions(max_tokens=None), "give --max-tokens or --batch-size"),
-    (lambda: InferenceDeviceOptions(quantize="int4"), "--quantize must be one of none, int8"),
+    (lambda: InferenceDeviceOptions(quantize="int4"), "--quantize must be one of auto, none, int8"),
     (lambda: TrainConfig(warmup_updates=0), "--warmup-updates must be at least 1, got 0"),
 ])
 def test_options_check_their_own_values(make, message):

@@ -182,6 +182,9 @@ class DecodingSettings:
     stop: str
     reason: str
 
+    def describe(self) -> str:
+        return f"quantize {self.quantize}, stop {self.stop} ({self.reason})"
+
 
 NO_RECORD = "no validation check in {}: `nmt average` or training's end records one"
 
@@ -225,9 +228,7 @@ def read_records(path: str | list[str]) -> dict[str, DecodingChoice | None]:
 
 def decoding_settings(compute: InferenceDeviceOptions, stop: str, path: str | list[str]) -> DecodingSettings:
     """What `nmt generate`, the API and the server decode with: ``--quantize`` and ``--stop``, their
-    ``auto`` resolved from the checkpoints' records; logged once."""
+    ``auto`` resolved from the checkpoints' records (each surface logs it where it logs the precision)."""
     records = read_records(path) if "auto" in (compute.quantize, stop) else {}
     device_type = resolve_device(compute.device).type
-    settings = resolve_decoding(compute.quantize, stop, compute.precision, device_type, records)
-    logger.info("decoding: quantize %s, stop %s (%s)", settings.quantize, settings.stop, settings.reason)
-    return settings
+    return resolve_decoding(compute.quantize, stop, compute.precision, device_type, records)

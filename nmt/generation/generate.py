@@ -218,10 +218,12 @@ def generate(options: GenerateOptions, show_progress: bool = True) -> GenerateRe
         raw = [path for path in split_text_files(options) if path]
         refuse_overwriting("--output", options.output, {"raw text of the split": raw})
         refuse_overwriting("--print-attention", options.print_attention, {"raw text of the split": raw})
+    decoding = ""
     if options.engine == "nmt":  # CTranslate2 keeps its own rule and compute type (load_ctranslate2)
         settings = decoding_settings(options.compute, options.search.stop, options.path)
         options = dataclasses.replace(options, compute=dataclasses.replace(options.compute, quantize=settings.quantize),
                                       search=dataclasses.replace(options.search, stop=settings.stop))
+        decoding = f"; {settings.describe()}"
     device, precision, reason = inference_device(options.compute, options.engine)
     options = dataclasses.replace(options, compute=dataclasses.replace(options.compute, precision=precision))
     streaming = options.input == "-" and options.output is None and is_stream(sys.stdin)
@@ -249,9 +251,10 @@ def generate(options: GenerateOptions, show_progress: bool = True) -> GenerateRe
     if options.print_attention:
         write_attention(translations, options.print_attention)
     output_tokens = sum(len(t.hypotheses[0].tokens) for t in translations)
-    logger.info("translated %d sentence%s in %.1f s (%.1f sentences/s, %.0f tokens/s); precision: %s (%s)",
+    logger.info("translated %d sentence%s in %.1f s (%.1f sentences/s, %.0f tokens/s); precision: %s (%s)%s",
                 len(translations), "" if len(translations) == 1 else "s", seconds,
-                len(translations) / max(seconds, 1e-9), output_tokens / max(seconds, 1e-9), precision, reason)
+                len(translations) / max(seconds, 1e-9), output_tokens / max(seconds, 1e-9), precision, reason,
+                decoding)
     scores = []
     if options.score_reference:
         scores = score_against_references(options, [t.best(vocabs) for t in translations], references,

@@ -288,8 +288,9 @@ def is_done(finished: list[list[Hypothesis]], alive_ids: Tensor, alive_scores: T
     alive hypothesis's best reachable score is its current score divided by the penalty at the
     longest length it may still reach (or at the next step when alpha < 0). With a positive alpha
     that bound stays loose for long, and ``stop="finished"`` ends the sentence as soon as ``beam``
-    hypotheses have finished instead. Sampling stops at ``beam`` samples; every search stops at
-    the max length or when no hypothesis is left alive.
+    hypotheses have finished instead (``auto``, which `nmt generate`, the API and the server resolve
+    from the checkpoint, is exact where it reaches here unresolved). Sampling stops at ``beam``
+    samples; every search stops at the max length or when no hypothesis is left alive.
     """
     ids = alive_ids.tolist()
     best_alive = alive_scores.max(dim=1).values.double().cpu()

@@ -27,7 +27,7 @@ from nmt.device import inference_device
 from nmt.device_options import InferenceDeviceOptions
 from nmt.errors import NmtError
 from nmt.generation.control_input import controls_from_lists
-from nmt.generation.decoding_check import decoding_settings
+from nmt.generation.decoding_check import DecodingSettings, decoding_settings
 from nmt.generation.inference import encode_sources, prepare_model, translate_ids
 from nmt.generation.options import BatchingOptions, SearchOptions
 from nmt.generation.search import Hypothesis
@@ -52,8 +52,7 @@ class Translator:
     vocabs: Vocabularies
     device: torch.device
     precision: str
-    quantize: str
-    stop: str  # what a call's stop="auto" (the default) searches with: the checkpoints' record, or exact
+    decoding: DecodingSettings  # the quantization, and the stop rule of a call's stop="auto" (the default)
     path: str  # the checkpoint(s), ':'-separated for an ensemble
 
     @classmethod
@@ -65,9 +64,9 @@ class Translator:
         settings = decoding_settings(compute, "auto", str(path))
         compute = dataclasses.replace(compute, quantize=settings.quantize)
         resolved, precision, reason = inference_device(compute)
-        logger.debug("precision: %s (%s)", precision, reason)
+        logger.debug("precision: %s (%s); %s", precision, reason, settings.describe())
         model, vocabs = prepare_model(str(path), resolved, compute.quantize)
-        return cls(model, vocabs, resolved, precision, compute.quantize, settings.stop, str(path))
+        return cls(model, vocabs, resolved, precision, settings, str(path))
 
     def options(self, **overrides: Any) -> tuple[SearchOptions, BatchingOptions]:
         """``nmt generate``'s search and batching options, with the given ones changed (and checked)."""
@@ -76,7 +75,7 @@ class Translator:
             raise NmtError(f"unknown translation option(s) {', '.join(unknown)}; known: {', '.join(CALL_OPTIONS)}")
         search = build(SearchOptions, {k: v for k, v in overrides.items() if k in options_of(SearchOptions)})
         if search.stop == "auto":
-            search = dataclasses.replace(search, stop=self.stop)
+            search = dataclasses.replace(search, stop=self.decoding.stop)
         batching = build(BatchingOptions, {k: v for k, v in overrides.items() if k in options_of(BatchingOptions)})
         return search, batching
 

@@ -320,8 +320,8 @@ def server_info(translator: Translator, options: ServeOptions, memory: dict[str,
         "languages": {"source": vocabs.source_lang, "target": vocabs.target_lang},
         "vocab": {"source": len(vocabs.source), "target": len(vocabs.target), "joint": vocabs.joint,
                   "shortlist": vocabs.shortlist is not None},
-        "device": str(translator.device), "precision": translator.precision, "quantize": translator.quantize,
-        "stop": translator.stop,
+        "device": str(translator.device), "precision": translator.precision, "quantize": translator.decoding.quantize,
+        "stop": translator.decoding.stop,
         "limits": {"max_sentences": options.max_sentences, "max_characters": options.max_characters,
                    "max_body_bytes": body_limit(options), "max_beam": options.max_beam,
                    "max_output_length": options.max_output_length, "max_queue": options.max_queue,
@@ -354,7 +354,8 @@ def serve(options: ServeOptions) -> None:
         raise NmtError(f"cannot bind {options.host}:{options.port}: {exc.strerror or exc}") from exc
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if family == socket.AF_INET6 else host
-    logger.info("serving %s on http://%s:%d (POST /translate, GET /health, GET /info)", translator.path, shown, port)
+    logger.info("serving %s on http://%s:%d (POST /translate, GET /health, GET /info); %s", translator.path, shown,
+                port, translator.decoding.describe())
     # uvicorn refuses a request when its connection brings the open ones to limit_concurrency
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",
                             limit_concurrency=options.max_connections + 1)
