@@ -10,6 +10,7 @@ from nmt.checkpoint.format import load_checkpoint
 from nmt.demo import demo_recipe
 from nmt.demo_data import write_demo_corpus
 from nmt.errors import NmtError
+from nmt.generation.decoding_check import RECORD_KEY
 from nmt.models.registry import get_arch
 from nmt.pipeline import plan_recipe, run_recipe
 
@@ -41,6 +42,8 @@ def test_every_stage_runs_and_feeds_the_next(pipeline_run):
     averaged = load_checkpoint(report.model)
     names = [p.rsplit("/", 1)[-1] for p in averaged["averaged_from"]]
     assert len(names) == 2 and names[0].endswith("_8.pt") and names[1].endswith("_12.pt")  # the last two updates
+    assert RECORD_KEY in averaged  # generate's model has its decoding check; checkpoint_best.pt, unused, has none
+    assert RECORD_KEY not in load_checkpoint(tmp_path / "checkpoints" / "checkpoint_best.pt")
     assert len(report.translations.read_text(encoding="utf-8").splitlines()) == 20
     assert [r.name for r in report.scores] == ["BLEU", "chrF2"]
 
@@ -57,6 +60,19 @@ def test_stages_can_be_rerun_alone_without_the_training_text(pipeline_run):
         for file in train:
             file.with_name("archived-" + file.name).rename(file)
     assert list(report.seconds) == ["generate", "score"]
+
+
+def test_training_leaves_the_decoding_check_to_an_average_stage(tmp_path):
+    raw = write_demo_corpus(tmp_path / "raw", train_size=20, valid_size=5, test_size=5, seed=3)
+    recipe, path = tiny_recipe(tmp_path, raw), tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(recipe), encoding="utf-8")
+    assert not plan_recipe(path).train.check_decoding
+    recipe["train"]["check_decoding"] = True
+    path.write_text(yaml.safe_dump(recipe), encoding="utf-8")
+    assert plan_recipe(path).train.check_decoding
+    del recipe["average"], recipe["train"]["check_decoding"]
+    path.write_text(yaml.safe_dump(recipe), encoding="utf-8")
+    assert plan_recipe(path).train.check_decoding  # generate translates with checkpoint_best.pt
 
 
 def test_the_check_covers_archived_training_text_and_a_reference_outside_the_corpus(tmp_path):
