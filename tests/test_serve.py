@@ -138,6 +138,7 @@ def test_health_and_info(server):
     resolved_precision = inference_device(InferenceDeviceOptions())[1]  # what the server's defaults resolve to here
     assert info["languages"] == {"source": "en", "target": "de"} and info["precision"] == resolved_precision
     assert info["defaults"]["beam"] == 4 and info["limits"]["max_sentences"] == 8
+    assert (info["quantize"], info["stop"], info["defaults"]["stop"]) == ("none", "exact", "auto")  # no check recorded
 
 
 def test_32_concurrent_clients_get_their_own_answers(server, checkpoint):
