@@ -32,6 +32,7 @@ from nmt.generation.decoding_check import (
     decoding_settings,
     read_records,
     resolve_decoding,
+    timed_check,
 )
 from nmt.generation.generate import generate
 from nmt.generation.inference import inference_model, translate_ids
@@ -208,6 +209,12 @@ def test_averaging_logs_why_it_skipped_the_check(trained, tmp_path, messages):
     save_checkpoint(tmp_path / "bare.pt", moved)
     average([tmp_path / "bare.pt"], tmp_path / "bare-averaged.pt")
     assert any("decoding check of bare-averaged.pt skipped: the checkpoints do not name the data directory" in m
+               for m in messages)
+
+
+def test_a_check_that_cannot_run_leaves_the_model_unchecked_with_a_warning(trained, messages):
+    assert timed_check(load_checkpoint(trained[0] / BEST), [], [], torch.device("cpu"), "x.pt") is None
+    assert any(m.startswith("decoding check of x.pt skipped: the decoding check needs sources and references")
                for m in messages)
 
 

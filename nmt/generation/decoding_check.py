@@ -133,11 +133,20 @@ def first_pairs(dataset: ParallelDataset, indices: Iterable[int], max_positions:
     return sources, references
 
 
+SKIPPED = "decoding check of %s skipped: %s (--quantize auto and --stop auto will decode it with none and exact)"
+
+
 def timed_check(checkpoint: dict[str, Any], sources: Sequence[np.ndarray], references: Sequence[np.ndarray],
-                device: torch.device, name: str) -> DecodingChoice:
-    """``check_decoding``, with one log line of its choice and its cost."""
+                device: torch.device, name: str) -> DecodingChoice | None:
+    """``check_decoding``, with one log line of its choice and its cost; one saying why when it cannot
+    run (no sentence to decode, a BLEU tokenizer missing here), which leaves the model unchecked
+    rather than failing the training or averaging that asked for it."""
     started = time.perf_counter()
-    choice = check_decoding(checkpoint, sources, references, device)
+    try:
+        choice = check_decoding(checkpoint, sources, references, device)
+    except NmtError as exc:
+        logger.warning(SKIPPED, name, exc)
+        return None
     logger.info("decoding check of %s: quantize %s, stop %s, in %.1f s on %s (%s)", name, choice.quantize,
                 choice.stop, time.perf_counter() - started, device, choice.reason)
     return choice
@@ -164,8 +173,7 @@ def check_with_training_data(checkpoint: dict[str, Any], train_config: dict[str,
                 datadir.vocabulary(datadir.source_lang) != vocabs.source:
             skipped = f"{data} now holds other vocabularies than the checkpoints'"
     if skipped:
-        logger.info("decoding check of %s skipped: %s (--quantize auto and --stop auto will decode it with none "
-                    "and exact)", name, skipped)
+        logger.info(SKIPPED, name, skipped)
         return None
     dataset = datadir.split(splits[0])
     sources, references = first_pairs(dataset, range(len(dataset)), checkpoint["model_config"].get("max_positions"))

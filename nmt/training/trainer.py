@@ -388,8 +388,10 @@ class Trainer:
             return
         split = self.data.valid[0]
         sources, references = first_pairs(split.dataset, split.pairs.tolist(), None)  # pairs fit the model
-        checkpoint[RECORD_KEY] = timed_check(checkpoint, sources, references, self.device, BEST).to_dict()
-        save_checkpoint(path, checkpoint)
+        choice = timed_check(checkpoint, sources, references, self.device, BEST)
+        if choice is not None:
+            checkpoint[RECORD_KEY] = choice.to_dict()
+            save_checkpoint(path, checkpoint)
 
     def epoch_end_owed(self) -> bool:
         """Whether the epoch's updates are all done but not its end (validation, its checkpoint): a
