@@ -1,4 +1,4 @@
-"""Speed of `nmt generate` (beam 4) on the Multi30k test set: fp32, bf16, int8 and CTranslate2, 1 and 2 threads.
+"""Speed of `nmt generate` (beam 4) on Multi30k test: as shipped, fp32, bf16, int8, CTranslate2; 1 and 2 threads.
 
     python benchmarks/generate_speed.py [--path CKPT [--reference REF] [--shortlist-data DIR]] [--data DIR] [--limit N]
 
@@ -22,6 +22,11 @@ the checkpoint's vocabulary shortlist (`--shortlist auto`; CTranslate2: the expo
 `use_vmap`); the others score the whole vocabulary. The random model gets the shortlist learned from
 Multi30k train; a --path checkpoint from before shortlists gets the one of --shortlist-data (its data
 directory). The ratio table then also compares the fastest of each engine with the shortlist.
+
+The setting shipped is `nmt generate` as it ships, without speed flags: automatic precision,
+quantization and stop rule (the last two as the checkpoint's validation check recorded them, see
+nmt/generation/decoding_check.py; `--stop` does not apply to it) and the shortlist; the ratio table
+sets it against CTranslate2's fastest setting.
 
 Each row times a translator (a function from lines to token ids) that ``make_translator`` makes
 for its setting; another engine is one more translator factory beside ``nmt_translator``.
@@ -51,8 +56,9 @@ from nmt.checkpoint.format import Vocabularies, load_checkpoint, model_state, sa
 from nmt.data.dataset import DataDir
 from nmt.data.shortlist import learn_shortlist
 from nmt.data.vocabulary import EOS_ID, PAD_ID, Vocabulary
-from nmt.device import resolve_precision
+from nmt.device import inference_device
 from nmt.files import read_lines
+from nmt.generation.decoding_check import decoding_settings
 from nmt.generation.inference import prepare_model, translate_ids
 from nmt.generation.options import GenerateOptions
 from nmt.models.registry import build_model, get_arch
@@ -61,7 +67,8 @@ from nmt.scoring import score
 
 DEFAULT_DATA = Path(os.environ.get("NMT_MULTI30K", Path(__file__).resolve().parents[2] / "shared/data/multi30k"))
 SETTINGS = {"fp32": ("fp32", "none"), "bf16": ("bf16", "none"), "int8": ("fp32", "int8"),  # (precision, quantize)
-            "auto": ("auto", "none")}
+            "auto": ("auto", "none"), "shipped": ("auto", "auto")}
+SHIPPED = "shipped"  # `nmt generate` without speed flags: auto precision, quantization and stop rule, the shortlist
 CT2_SETTINGS = {"ct2-float32": "float32", "ct2-int8": "int8"}  # the weight type the export stores
 SHORTLIST = "+shortlist"  # a setting's suffix: decode with the checkpoint's vocabulary shortlist
 HAVE_CT2 = importlib.util.find_spec("ctranslate2") is not None
@@ -120,9 +127,9 @@ def source_ids(vocabs: Vocabularies, lines: list[str]) -> list[np.ndarray]:
 
 
 def nmt_translator(path: Path, options: GenerateOptions) -> Translator:
-    """nmt's own decoder."""
+    """nmt's own decoder, its device and precision chosen as `nmt generate` chooses them."""
     model, vocabs = prepare_model(path, torch.device("cpu"), options.compute.quantize)
-    precision, _ = resolve_precision(options.compute.precision, torch.device("cpu"))
+    _, precision, _ = inference_device(dataclasses.replace(options.compute, device="cpu"))
 
     def translate(lines: list[str]) -> list[list[int]]:
         hypotheses = translate_ids(model, source_ids(vocabs, lines), options.search, options.batching,
@@ -159,6 +166,13 @@ def make_translator(setting: str, path: Path, search: dict, workdir: Path) -> Tr
     setting ending in +shortlist uses the checkpoint's vocabulary shortlist (CTranslate2: its vocabulary
     map); the others score the whole vocabulary."""
     setting, shortlisted = setting.removesuffix(SHORTLIST), setting.endswith(SHORTLIST)
+    if setting == SHIPPED:  # its stop rule and shortlist are the defaults too
+        options = build(GenerateOptions, {"input": "-", **{k: v for k, v in search.items() if k != "stop"}})
+        decoding = decoding_settings(options.compute, options.search.stop, str(path))
+        Console(stderr=True).print(f"as shipped: {decoding.describe()}")
+        return nmt_translator(path, dataclasses.replace(
+            options, compute=dataclasses.replace(options.compute, quantize=decoding.quantize),
+            search=dataclasses.replace(options.search, stop=decoding.stop)))
     options = build(GenerateOptions, {"input": "-", **search, "shortlist": "auto" if shortlisted else "none"})
     if setting in CT2_SETTINGS:
         return ct2_translator(path, options, CT2_SETTINGS[setting], workdir)
@@ -202,10 +216,11 @@ def worker() -> None:
 
 
 def ratio_table(speeds: dict[tuple[str, int], float]) -> Table:
-    """nmt / CTranslate2 sentences/s per thread count: float32 against float32, fastest against fastest
+    """nmt / CTranslate2 sentences/s per thread count: as shipped against CTranslate2's fastest, float32
+    against float32, fastest against fastest
     (CTranslate2 as it ships, without a vocabulary map), and fastest against fastest with the shortlist."""
     table = Table(title="nmt / CTranslate2 (ratio of sentences/s, same threads)")
-    for column in ("threads", "fp32 / ct2-float32", "fastest nmt / fastest ct2",
+    for column in ("threads", "as shipped / fastest ct2", "fp32 / ct2-float32", "fastest nmt / fastest ct2",
                    "with the shortlist: fastest / fastest"):
         table.add_column(column, justify="right")
 
@@ -224,7 +239,9 @@ def ratio_table(speeds: dict[tuple[str, int], float]) -> Table:
         best, best_ct2 = fastest(ours), fastest(theirs)
         shortlisted = {name: v for name, v in ours.items() if name.endswith(SHORTLIST)}
         best_shortlisted, best_mapped = fastest(shortlisted), fastest(theirs_mapped)
-        table.add_row(str(threads), same_type,
+        shipped = f"{ours[SHIPPED] / theirs[best_ct2]:.2f}x ({SHIPPED} / {best_ct2})" \
+            if SHIPPED in ours and theirs else "n/a"
+        table.add_row(str(threads), shipped, same_type,
                       f"{ours[best] / theirs[best_ct2]:.2f}x ({best} / {best_ct2})" if theirs else "n/a",
                       f"{shortlisted[best_shortlisted] / theirs_mapped[best_mapped]:.2f}x "
                       f"({best_shortlisted} / {best_mapped})" if shortlisted and theirs_mapped else "n/a")
