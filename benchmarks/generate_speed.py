@@ -78,7 +78,7 @@ Translator = Callable[[list[str]], list[list[int]]]  # lines -> the best hypothe
 @dataclass
 class Run:
     seconds: float  # wall clock
-    cpu_seconds: float  # this process's CPU time: steadier than wall time on a machine shared with other jobs
+    cpu_seconds: float  # CPU time (this process's and its workers'): steadier than wall time on a shared machine
     outputs: list[list[int]]
 
 
@@ -181,14 +181,20 @@ def make_translator(setting: str, path: Path, search: dict, workdir: Path) -> Tr
         options.compute, precision=precision, quantize=quantize)))
 
 
+def cpu_seconds() -> float:
+    """CPU time of this process and of its children that have ended (forked decoding workers)."""
+    times = os.times()
+    return times.user + times.system + times.children_user + times.children_system
+
+
 def time_translation(translate: Translator, lines: list[str], repeats: int) -> Run:
     """The median of ``repeats`` timed runs (wall and CPU time), after a short warm-up."""
     translate(lines[:32])  # warm-up: kernels, allocator
     runs = []
     for _ in range(repeats):
-        wall, cpu = time.perf_counter(), time.process_time()
+        wall, cpu = time.perf_counter(), cpu_seconds()
         outputs = translate(lines)
-        runs.append(Run(time.perf_counter() - wall, time.process_time() - cpu, outputs))
+        runs.append(Run(time.perf_counter() - wall, cpu_seconds() - cpu, outputs))
     runs.sort(key=lambda run: run.seconds)
     return runs[len(runs) // 2]
 
@@ -237,7 +243,7 @@ def ratio_table(speeds: dict[tuple[str, int], float]) -> Table:
         same_type = f"{ours['fp32'] / theirs['ct2-float32']:.2f}x" if "fp32" in ours and "ct2-float32" in theirs \
             else "n/a"
         best, best_ct2 = fastest(ours), fastest(theirs)
-        shortlisted = {name: v for name, v in ours.items() if name.endswith(SHORTLIST)}
+        shortlisted = {name: v for name, v in ours.items() if name.endswith(SHORTLIST) or name == SHIPPED}
         best_shortlisted, best_mapped = fastest(shortlisted), fastest(theirs_mapped)
         shipped = f"{ours[SHIPPED] / theirs[best_ct2]:.2f}x ({SHIPPED} / {best_ct2})" \
             if SHIPPED in ours and theirs else "n/a"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import multiprocessing
 import os
 import shutil
 import subprocess
@@ -25,7 +26,7 @@ from nmt.errors import NmtError
 from nmt.generation.generate import generate
 from nmt.generation.inference import prepare_model, translate_ids
 from nmt.generation.options import GenerateOptions, check_workers, choose_workers
-from nmt.generation.workers import map_in_workers
+from nmt.generation.workers import forks_workers, map_in_workers
 from nmt.models.registry import build_model, get_arch, resolve_config
 from nmt.options import build
 from nmt.scoring import MetricOptions, score
@@ -143,14 +144,16 @@ def test_workers_run_batches_at_the_same_time_with_their_share_of_the_threads(ch
 
 def test_cpu_decoding_runs_one_worker_per_thread_by_default_sharing_the_token_budget(checkpoint, data_dir,
                                                                                        monkeypatch):
+    """Two threads: two workers, each a process of its own on Linux (one thread each), each batch
+    with half the token budget."""
     model, _ = prepare_model(checkpoint, torch.device("cpu"))
     split = DataDir.open(data_dir).split("test")
     sources = [split.source[i] for i in range(len(split))]
     search = inference_module.beam_search
-    seen = []  # (thread, source tokens with padding) per batch
+    seen = multiprocessing.get_context("fork").SimpleQueue()  # (worker, source tokens with padding) per batch
 
     def watched(model, source, *args, **kwargs):
-        seen.append((threading.get_ident(), source.numel()))
+        seen.put(((os.getpid(), threading.get_ident()), source.numel()))
         return search(model, source, *args, **kwargs)
 
     monkeypatch.setattr(inference_module, "beam_search", watched)
@@ -158,12 +161,48 @@ def test_cpu_decoding_runs_one_worker_per_thread_by_default_sharing_the_token_bu
     monkeypatch.setattr(torch, "set_num_threads", lambda threads: None)
     longest = max(len(s) for s in sources)
     for workers, threads in ((None, 2), (1, 1)):
-        seen.clear()
         chosen = options(checkpoint, beam=2, max_len_b=4, max_tokens=8 * longest, workers=workers)
         translate_ids(model, sources, chosen.search, chosen.batching)
-        assert len({thread for thread, _ in seen}) == threads
+        batches = []
+        while not seen.empty():
+            batches.append(seen.get())
+        assert len({worker for worker, _ in batches}) == threads
+        forked = sys.platform == "linux" and threads == 2
+        assert all((pid != os.getpid()) == forked for (pid, _), _ in batches)
         share = 8 * longest // (2 * threads)  # --max-tokens counts source tokens x beam, shared by the workers
-        assert max(tokens for _, tokens in seen) <= share < 2 * max(tokens for _, tokens in seen)
+        assert max(tokens for _, tokens in batches) <= share < 2 * max(tokens for _, tokens in batches)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="workers are forked processes on Linux only")
+def test_forked_workers_translate_as_one_worker_and_report_errors(checkpoint, data_dir, monkeypatch):
+    model, _ = prepare_model(checkpoint, torch.device("cpu"))
+    split = DataDir.open(data_dir).split("test")
+    sources = [split.source[i] for i in range(len(split))]
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)  # one thread per worker: forked
+    assert forks_workers(2) and not forks_workers(2, stoppable=True) and not forks_workers(1)
+
+    def tokens(**batching) -> list[list[list[int]]]:
+        chosen = options(checkpoint, beam=3, max_len_b=6, stop="exact", quantize="none", **batching)
+        return [[h.tokens for h in hyps] for hyps in translate_ids(model, sources, chosen.search, chosen.batching)]
+
+    assert tokens(batch_size=3, max_tokens=None, workers=2) == tokens(batch_size=3, max_tokens=None, workers=1)
+
+    def fail(item: int) -> int:
+        if item == 2:
+            raise NmtError("bad batch")
+        return os.getpid()
+
+    with pytest.raises(NmtError, match="bad batch"):
+        list(map_in_workers(fail, range(4), workers=2, processes=True))
+    assert os.getpid() not in map_in_workers(fail, [0, 1, 3], workers=2, processes=True)
+
+
+def test_workers_are_threads_with_several_threads_each_or_a_batch_that_must_stop(monkeypatch):
+    """GNU OpenMP cannot start threads in a forked child, and the server stops batches from its own thread."""
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 4)
+    assert not forks_workers(2)  # two intra-op threads each
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    assert not forks_workers(2, stoppable=True)
 
 
 def test_default_workers_follow_the_threads_and_the_input_but_never_sample_or_use_a_gpu(checkpoint):

@@ -37,7 +37,7 @@ from nmt.generation.constraints import BatchControls, SentenceControls, contains
 from nmt.generation.ensemble import Ensemble
 from nmt.generation.options import BatchingOptions, SearchOptions, check_workers, choose_workers
 from nmt.generation.search import Hypothesis, beam_search, max_lengths, model_positions
-from nmt.generation.workers import map_in_workers, share_one_malloc_arena
+from nmt.generation.workers import forks_workers, map_in_workers, share_one_malloc_arena
 from nmt.log import logger
 
 Controls = list[SentenceControls | None]  # one per source
@@ -151,8 +151,9 @@ def translate_ids(model: nn.Module, sources: list[np.ndarray], search: SearchOpt
     # Also entered here: with one worker the batches run in this thread, and autocast keeps its
     # low-precision copies of the weights only until its outermost context ends.
     with torch.inference_mode(), autocast(device, precision):
-        place_batches(work.results, batches, map_in_workers(search_batch, batches, workers), progress,
-                      work.task)
+        forked = forks_workers(workers, stoppable=should_stop is not None)
+        hypotheses = map_in_workers(search_batch, batches, workers, processes=forked)
+        place_batches(work.results, batches, hypotheses, progress, work.task)
     if controls is not None:
         warn_unmet(work.results, controls, first_line)
     return work.results

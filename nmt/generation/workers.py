@@ -1,18 +1,27 @@
-"""Decoding several batches at once, each on a thread of its own (``--workers``).
+"""Decoding several batches at once (``--workers``): on forked processes or on threads.
 
 One beam-search step is a handful of matrix products and many small operations; with two
 intra-op threads on one batch the small ones barely speed up, while two batches on one thread
-each keep both cores busy (CTranslate2's ``inter_threads``, Marian's CPU workers). The model is
-shared: torch releases the GIL inside its kernels and inference reads the weights only. The
-intra-op threads are split among the workers, and grad mode and autocast, which are per thread,
-are entered by the function each worker runs.
+each keep both cores busy (CTranslate2's ``inter_threads``, Marian's CPU workers). Threads of one
+process share the GIL, which torch drops and takes back around every operation: two int8 workers
+on two cores spent 1.35x the CPU time of one for 1.2x its speed. So on Linux, where a worker gets
+one thread, each worker is a process forked from the one that loaded the model: it shares the
+weights (copy-on-write pages that inference never writes) and nothing else, and two decoded 1.3x
+as fast as two threads (docs/performance.md). Elsewhere, with several intra-op threads per worker
+(GNU OpenMP cannot start its threads again in a forked child), or when the caller must be able to
+stop a batch (the server), the workers are threads, which share the model: inference reads the
+weights only, and grad mode and autocast, which are per thread, are entered by the function each
+worker runs. The intra-op threads are split among the workers.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
+import multiprocessing
 import os
+import sys
+import threading
 from typing import Callable, Iterable, Iterator
 
 import torch
@@ -46,13 +55,25 @@ def share_one_malloc_arena() -> None:
     mallopt(M_ARENA_MAX, 1)
 
 
-def map_in_workers(function: Callable[[Item], Result], items: Iterable[Item], workers: int) -> Iterator[Result]:
-    """``map(function, items)`` with ``workers`` threads, results in the order of ``items``.
+def forks_workers(workers: int, stoppable: bool = False) -> bool:
+    """Whether nmt's decoder runs ``workers`` workers as forked processes: on Linux, with one
+    intra-op thread each, for a caller that need not stop a batch from outside (``stoppable``).
+    (Not CTranslate2's: its own threads, which do its work, are not in a forked child.)"""
+    return workers > 1 and sys.platform == "linux" and threads_per_worker(workers) == 1 and not stoppable
+
+
+def map_in_workers(function: Callable[[Item], Result], items: Iterable[Item], workers: int,
+                   processes: bool = False) -> Iterator[Result]:
+    """``map(function, items)`` with ``workers`` threads, or forked ``processes`` (see
+    ``forks_workers``), results in the order of ``items``.
 
     Each worker sets its own thread count; torch also keeps that count for threads started later,
     so the caller's count is set again at the end (else each call would halve it for the next)."""
     if workers == 1:
         yield from map(function, items)
+        return
+    if processes:
+        yield from map_in_processes(function, items, workers)
         return
     original = torch.get_num_threads()
     try:
@@ -60,3 +81,28 @@ def map_in_workers(function: Callable[[Item], Result], items: Iterable[Item], wo
                                initializer=functools.partial(torch.set_num_threads, threads_per_worker(workers)))
     finally:
         torch.set_num_threads(original)
+
+
+_forked_function: Callable | None = None  # what forked workers run: inherited at the fork, never pickled
+_fork_lock = threading.Lock()  # one function at a time between setting it and forking
+
+
+def run_forked(item: Item) -> Result:
+    return _forked_function(item)
+
+
+def map_in_processes(function: Callable[[Item], Result], items: Iterable[Item], workers: int) -> Iterator[Result]:
+    """``map(function, items)`` on ``workers`` processes forked now, one intra-op thread each.
+
+    They inherit ``function`` and all it holds (the model, the sources); the items and the results
+    travel pickled. An error in ``function`` reaches the caller; leaving early ends the processes."""
+    global _forked_function
+    context = multiprocessing.get_context("fork")
+    with _fork_lock:
+        _forked_function = function
+        try:
+            pool = context.Pool(workers, initializer=torch.set_num_threads, initargs=(1,))
+        finally:
+            _forked_function = None
+    with pool:
+        yield from pool.imap(run_forked, items)
