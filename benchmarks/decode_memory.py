@@ -7,7 +7,7 @@ Each run is a fresh process that loads the checkpoint as `nmt generate` does, no
 memory (VmRSS), resets the kernel's peak (``/proc/self/clear_refs``) and translates
 test_2016_flickr.en with the default search and batching; the peak (VmHWM) is then the decoding's
 own. Where the decoding workers are forked processes (two threads: nmt/generation/workers.py), they
-share the model's pages with it: a thread then samples every few milliseconds the proportional set
+share the model's pages with it: a thread then samples every 20 milliseconds the proportional set
 size (PSS: a shared page counted once in all) of the process and its workers, and the peak is the
 larger of the two figures. The setting shipped decodes as `nmt generate` does without speed flags
 (the checkpoint's decoding record resolved as generate resolves it). The table gives the medians of
@@ -32,7 +32,7 @@ from rich.table import Table
 DEFAULT_DATA = Path(os.environ.get("NMT_MULTI30K", Path(__file__).resolve().parents[2] / "shared/data/multi30k"))
 SETTINGS = {"fp32": ("fp32", "none"), "bf16": ("bf16", "none"), "int8": ("fp32", "int8"),  # (precision, quantize)
             "shipped": ("auto", "auto")}
-SAMPLE_SECONDS = 0.003  # between two samples of the workers' memory
+SAMPLE_SECONDS = 0.02  # between two samples of the workers' memory
 
 
 def status_mib(field: str) -> float:
@@ -71,7 +71,8 @@ def worker() -> None:
     sampler = PssSampler()
     cpu = cpu_seconds()
     with sampler:
-        translate_ids(model, sources, SearchOptions(stop=decoding.stop), BatchingOptions(), precision=precision)
+        translate_ids(model, sources, SearchOptions(stop=decoding.stop), BatchingOptions(), precision=precision,
+                      shortlist=vocabs.shortlist)  # --shortlist auto
     print(json.dumps({"loaded": loaded, "peak": max(status_mib("VmHWM"), sampler.peak), "cpu": cpu_seconds() - cpu,
                       "decoding": decoding.describe()}))
 
@@ -102,6 +103,8 @@ class PssSampler(threading.Thread):
         while not self.done.wait(SAMPLE_SECONDS):
             children = [int(pid) for task in Path(f"/proc/{me}/task").iterdir()
                         for pid in (task / "children").read_text().split()]
+            if not children:  # one worker: VmHWM is exact, and reading PSS costs CPU time
+                continue
             total = 0.0
             for pid in [me, *children]:
                 try:

@@ -66,8 +66,9 @@ class BatchingOptions:
         "help": "Source tokens x beam decoded at once; --workers share them (each batch gets its share).", "min": 1})
     batch_size: int | None = field(default=None, metadata={"help": "Sentences per batch at most.", "min": 1})
     workers: int | None = field(default=None, metadata={
-        "help": "Batches decoded at the same time, each on its own thread, sharing the CPU threads (CTranslate2's "
-                "inter_threads); each gets at least one, so more workers than threads share cores. Unset: on CPU, "
+        "help": "Batches decoded at the same time, sharing the CPU threads (CTranslate2's inter_threads); each gets "
+                "at least one, so more workers than threads share cores. On Linux a worker with one thread is a "
+                "process forked after loading (it shares the weights), else a thread. Unset: on CPU, "
                 "one per thread (at most one per sentence): a step's many small operations barely use a second "
                 "thread, a second batch does; 1 with --sampling, on a GPU and with --engine ctranslate2.",
         "min": 1})
