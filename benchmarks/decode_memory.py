@@ -72,7 +72,7 @@ def worker() -> None:
     cpu = cpu_seconds()
     with sampler:
         translate_ids(model, sources, SearchOptions(stop=decoding.stop), BatchingOptions(), precision=precision,
-                      shortlist=vocabs.shortlist)  # --shortlist auto
+                      shortlist=vocabs.shortlist, fork_workers=True)  # --shortlist auto; workers as generate's
     print(json.dumps({"loaded": loaded, "peak": max(status_mib("VmHWM"), sampler.peak), "cpu": cpu_seconds() - cpu,
                       "decoding": decoding.describe()}))
 

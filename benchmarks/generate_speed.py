@@ -133,7 +133,7 @@ def nmt_translator(path: Path, options: GenerateOptions) -> Translator:
 
     def translate(lines: list[str]) -> list[list[int]]:
         hypotheses = translate_ids(model, source_ids(vocabs, lines), options.search, options.batching,
-                                   precision=precision, shortlist=vocabs.shortlist)
+                                   precision=precision, shortlist=vocabs.shortlist, fork_workers=True)  # as generate
         return [hyps[0].tokens for hyps in hypotheses]
 
     return translate

@@ -6,6 +6,7 @@ import ctypes
 import multiprocessing
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -162,7 +163,7 @@ def test_cpu_decoding_runs_one_worker_per_thread_by_default_sharing_the_token_bu
     longest = max(len(s) for s in sources)
     for workers, threads in ((None, 2), (1, 1)):
         chosen = options(checkpoint, beam=2, max_len_b=4, max_tokens=8 * longest, workers=workers)
-        translate_ids(model, sources, chosen.search, chosen.batching)
+        translate_ids(model, sources, chosen.search, chosen.batching, fork_workers=True)  # as `nmt generate` does
         batches = []
         while not seen.empty():
             batches.append(seen.get())
@@ -179,11 +180,12 @@ def test_forked_workers_translate_as_one_worker_and_report_errors(checkpoint, da
     split = DataDir.open(data_dir).split("test")
     sources = [split.source[i] for i in range(len(split))]
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)  # one thread per worker: forked
-    assert forks_workers(2) and not forks_workers(2, stoppable=True) and not forks_workers(1)
+    assert forks_workers(2) and not forks_workers(1)
 
     def tokens(**batching) -> list[list[list[int]]]:
         chosen = options(checkpoint, beam=3, max_len_b=6, stop="exact", quantize="none", **batching)
-        return [[h.tokens for h in hyps] for hyps in translate_ids(model, sources, chosen.search, chosen.batching)]
+        found = translate_ids(model, sources, chosen.search, chosen.batching, fork_workers=True)
+        return [[h.tokens for h in hyps] for hyps in found]
 
     assert tokens(batch_size=3, max_tokens=None, workers=2) == tokens(batch_size=3, max_tokens=None, workers=1)
 
@@ -197,12 +199,42 @@ def test_forked_workers_translate_as_one_worker_and_report_errors(checkpoint, da
     assert os.getpid() not in map_in_workers(fail, [0, 1, 3], workers=2, processes=True)
 
 
-def test_workers_are_threads_with_several_threads_each_or_a_batch_that_must_stop(monkeypatch):
-    """GNU OpenMP cannot start threads in a forked child, and the server stops batches from its own thread."""
+@pytest.mark.skipif(sys.platform != "linux", reason="workers are forked processes on Linux only")
+def test_a_worker_that_dies_is_a_one_line_error_not_a_hang():
+    def die(item: int) -> int:
+        if item == 1:
+            os.kill(os.getpid(), signal.SIGKILL)  # as the kernel's out-of-memory killer would
+        return item
+
+    with pytest.raises(NmtError, match="a decoding worker process died"):
+        list(map_in_workers(die, range(4), workers=2, processes=True))
+
+
+def test_workers_are_threads_unless_the_caller_may_fork_with_one_thread_each(checkpoint, data_dir, monkeypatch):
+    """GNU OpenMP cannot start threads in a forked child; a library caller's program may hold locks
+    in other threads; the server stops batches from its own thread."""
     monkeypatch.setattr(torch, "get_num_threads", lambda: 4)
     assert not forks_workers(2)  # two intra-op threads each
+    model, _ = prepare_model(checkpoint, torch.device("cpu"))
+    split = DataDir.open(data_dir).split("test")
+    sources = [split.source[i] for i in range(len(split))]
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
-    assert not forks_workers(2, stoppable=True)
+    monkeypatch.setattr(torch, "set_num_threads", lambda threads: None)
+    search = inference_module.beam_search
+    processes = multiprocessing.get_context("fork").SimpleQueue()
+
+    def watched(*args, **kwargs):
+        processes.put(os.getpid())
+        return search(*args, **kwargs)
+
+    monkeypatch.setattr(inference_module, "beam_search", watched)
+    chosen = options(checkpoint, beam=2, max_len_b=4, batch_size=4, max_tokens=None, workers=2)
+    translate_ids(model, sources, chosen.search, chosen.batching)  # a library call: threads
+    translate_ids(model, sources, chosen.search, chosen.batching, fork_workers=True, should_stop=lambda: False)
+    seen = set()
+    while not processes.empty():
+        seen.add(processes.get())
+    assert seen == {os.getpid()}
 
 
 def test_default_workers_follow_the_threads_and_the_input_but_never_sample_or_use_a_gpu(checkpoint):

@@ -154,7 +154,7 @@ def load_engine(options: GenerateOptions, device: torch.device) -> Engine:
     log_shortlist(options.search, vocabs)
     return Engine(lambda sources, progress=None, controls=None, first_line=1: translate_ids(
         model, sources, options.search, options.batching, device, options.compute.precision, progress, generator,
-        controls, first_line, shortlist=vocabs.shortlist), vocabs, model)
+        controls, first_line, shortlist=vocabs.shortlist, fork_workers=True), vocabs, model)  # see workers.py
 
 
 def log_shortlist(search: SearchOptions, vocabs: Vocabularies) -> None:

@@ -117,7 +117,7 @@ def translate_ids(model: nn.Module, sources: list[np.ndarray], search: SearchOpt
                   precision: str = "fp32", progress: Progress | None = None,
                   generator: torch.Generator | None = None, controls: Controls | None = None,
                   first_line: int = 1, should_stop: Callable[[], bool] | None = None,
-                  shortlist: Shortlist | None = None) -> list[list[Hypothesis]]:
+                  shortlist: Shortlist | None = None, fork_workers: bool = False) -> list[list[Hypothesis]]:
     """The ``nbest`` hypotheses for each source (token ids ending in EOS), in the order given.
 
     Sampling draws from ``generator``; without one, from a new one seeded with ``search.seed`` (so
@@ -125,7 +125,9 @@ def translate_ids(model: nn.Module, sources: list[np.ndarray], search: SearchOpt
     (one per source, or None) are checked by ``check_controls``; messages number the sources from
     ``first_line``. ``should_stop`` goes to every beam search (see there). ``shortlist`` (the
     checkpoint's, ``vocabs.shortlist``) is used as ``search.shortlist`` says, always keeping the
-    pieces of a sentence's prefix and constraints among its candidates."""
+    pieces of a sentence's prefix and constraints among its candidates. ``fork_workers`` lets
+    several workers be forked processes where that is safe and faster (nmt/generation/workers.py:
+    `nmt generate` asks for it; in a host program whose other threads may hold locks, threads)."""
     search, batching = search or SearchOptions(), batching or BatchingOptions()
     check_lengths(model, sources, first_line)
     check_workers(search, batching, device.type)
@@ -151,7 +153,7 @@ def translate_ids(model: nn.Module, sources: list[np.ndarray], search: SearchOpt
     # Also entered here: with one worker the batches run in this thread, and autocast keeps its
     # low-precision copies of the weights only until its outermost context ends.
     with torch.inference_mode(), autocast(device, precision):
-        forked = forks_workers(workers, stoppable=should_stop is not None)
+        forked = fork_workers and should_stop is None and forks_workers(workers)
         hypotheses = map_in_workers(search_batch, batches, workers, processes=forked)
         place_batches(work.results, batches, hypotheses, progress, work.task)
     if controls is not None:

@@ -4,13 +4,14 @@ One beam-search step is a handful of matrix products and many small operations; 
 intra-op threads on one batch the small ones barely speed up, while two batches on one thread
 each keep both cores busy (CTranslate2's ``inter_threads``, Marian's CPU workers). Threads of one
 process share the GIL, which torch drops and takes back around every operation: two int8 workers
-on two cores spent 1.35x the CPU time of one for 1.2x its speed. So on Linux, where a worker gets
-one thread, each worker is a process forked from the one that loaded the model: it shares the
-weights (copy-on-write pages that inference never writes) and nothing else, and two decoded 1.3x
-as fast as two threads (docs/performance.md). Elsewhere, with several intra-op threads per worker
-(GNU OpenMP cannot start its threads again in a forked child), or when the caller must be able to
-stop a batch (the server), the workers are threads, which share the model: inference reads the
-weights only, and grad mode and autocast, which are per thread, are entered by the function each
+on two cores spent 1.35x the CPU time of one for 1.2x its speed. So `nmt generate`, on Linux and
+where a worker gets one thread, forks each worker from the process that loaded the model: it
+shares the weights (copy-on-write pages that inference never writes) and nothing else, and two
+decoded 1.25x as fast as two threads (docs/performance.md). The library, the Python API and the
+server keep threads unless asked: a host program's other threads may hold a lock at the fork that
+the child would wait on forever. So do workers with several intra-op threads each (GNU OpenMP
+cannot start its threads again in a forked child). Threads share the model (inference reads the
+weights only); grad mode and autocast, which are per thread, are entered by the function each
 worker runs. The intra-op threads are split among the workers.
 """
 
@@ -20,12 +21,16 @@ import ctypes
 import functools
 import multiprocessing
 import os
+import signal
 import sys
 import threading
-from typing import Callable, Iterable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 
+from nmt.errors import NmtError
 from nmt.parallel import Item, Result, ordered_map
 
 M_ARENA_MAX = -8  # glibc's mallopt parameter behind MALLOC_ARENA_MAX
@@ -55,11 +60,11 @@ def share_one_malloc_arena() -> None:
     mallopt(M_ARENA_MAX, 1)
 
 
-def forks_workers(workers: int, stoppable: bool = False) -> bool:
-    """Whether nmt's decoder runs ``workers`` workers as forked processes: on Linux, with one
-    intra-op thread each, for a caller that need not stop a batch from outside (``stoppable``).
-    (Not CTranslate2's: its own threads, which do its work, are not in a forked child.)"""
-    return workers > 1 and sys.platform == "linux" and threads_per_worker(workers) == 1 and not stoppable
+def forks_workers(workers: int) -> bool:
+    """Whether ``workers`` workers of nmt's decoder may be forked processes: on Linux, with one
+    intra-op thread each. (Not CTranslate2's: its own threads, which do its work, are not in a
+    forked child.)"""
+    return workers > 1 and sys.platform == "linux" and threads_per_worker(workers) == 1
 
 
 def map_in_workers(function: Callable[[Item], Result], items: Iterable[Item], workers: int,
@@ -83,26 +88,50 @@ def map_in_workers(function: Callable[[Item], Result], items: Iterable[Item], wo
         torch.set_num_threads(original)
 
 
-_forked_function: Callable | None = None  # what forked workers run: inherited at the fork, never pickled
+_forked_function: Callable[[Any], Any] | None = None  # what forked workers run: inherited at the fork, never pickled
 _fork_lock = threading.Lock()  # one function at a time between setting it and forking
 
 
 def run_forked(item: Item) -> Result:
+    assert _forked_function is not None, "a decoding worker that was not forked by map_in_processes"
     return _forked_function(item)
+
+
+def start_forked_worker() -> None:
+    """A forked worker: one thread; Ctrl-C (sent to the whole process group) ends it at once and in
+    silence, the caller reports it; its output bypasses what the parent's progress display made of
+    stdout and stderr (a lock held at the fork would never be released here)."""
+    torch.set_num_threads(1)
+    signal.signal(signal.SIGINT, lambda signum, frame: os._exit(128 + signum))
+    sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
 
 
 def map_in_processes(function: Callable[[Item], Result], items: Iterable[Item], workers: int) -> Iterator[Result]:
     """``map(function, items)`` on ``workers`` processes forked now, one intra-op thread each.
 
     They inherit ``function`` and all it holds (the model, the sources); the items and the results
-    travel pickled. An error in ``function`` reaches the caller; leaving early ends the processes."""
+    travel pickled. An error in ``function`` reaches the caller, a worker that dies (killed when
+    memory ran out) is a one-line error; leaving early cancels the items not started."""
     global _forked_function
-    context = multiprocessing.get_context("fork")
-    with _fork_lock:
-        _forked_function = function
-        try:
-            pool = context.Pool(workers, initializer=torch.set_num_threads, initargs=(1,))
-        finally:
-            _forked_function = None
-    with pool:
-        yield from pool.imap(run_forked, items)
+    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"),
+                               initializer=start_forked_worker)
+    futures = []
+    try:
+        for item in items:
+            if futures:
+                futures.append(pool.submit(run_forked, item))
+                continue
+            with _fork_lock:  # the first item forks all the workers
+                _forked_function = function
+                try:
+                    futures.append(pool.submit(run_forked, item))
+                finally:
+                    _forked_function = None
+        for future in futures:
+            try:
+                yield future.result()
+            except BrokenProcessPool as error:
+                raise NmtError("a decoding worker process died (killed by the system, out of memory?); "
+                               "--workers 1 decodes in this process") from error
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
