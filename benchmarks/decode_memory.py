@@ -60,7 +60,7 @@ def worker() -> None:
 
     precision, quantize = SETTINGS[job["setting"]]
     compute = InferenceDeviceOptions(device="cpu", precision=precision, quantize=quantize)
-    decoding = decoding_settings(compute, "auto", job["path"])  # stop auto: as shipped for every setting
+    decoding = decoding_settings(compute, SearchOptions(), job["path"])  # stop auto: as shipped for every setting
     compute = InferenceDeviceOptions(device="cpu", precision=precision, quantize=decoding.quantize)
     _, precision, _ = inference_device(compute)
     model, vocabs = prepare_model(job["path"], torch.device("cpu"), decoding.quantize)

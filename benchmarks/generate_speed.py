@@ -168,7 +168,7 @@ def make_translator(setting: str, path: Path, search: dict, workdir: Path) -> Tr
     setting, shortlisted = setting.removesuffix(SHORTLIST), setting.endswith(SHORTLIST)
     if setting == SHIPPED:  # its stop rule and shortlist are the defaults too
         options = build(GenerateOptions, {"input": "-", **{k: v for k, v in search.items() if k != "stop"}})
-        decoding = decoding_settings(options.compute, options.search.stop, str(path))
+        decoding = decoding_settings(options.compute, options.search, str(path))
         Console(stderr=True).print(f"as shipped: {decoding.describe()}")
         return nmt_translator(path, dataclasses.replace(
             options, compute=dataclasses.replace(options.compute, quantize=decoding.quantize),

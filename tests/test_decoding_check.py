@@ -10,6 +10,7 @@ import pytest
 import torch
 from conftest import tiny_config
 
+import nmt.generation.decoding_check as decoding_check_module
 import nmt.training.validation as validation_module
 from nmt import Translator
 from nmt.checkpoint.averaging import average
@@ -32,6 +33,7 @@ from nmt.generation.decoding_check import (
     decoding_settings,
     read_records,
     resolve_decoding,
+    stop_for,
     timed_check,
 )
 from nmt.generation.generate import generate
@@ -261,11 +263,13 @@ def test_the_api_takes_the_record_and_a_call_may_override_it(trained, tmp_path):
     assert translator.options()[0].stop == "finished" and translator.options(stop="exact")[0].stop == "exact"
     plain = Translator.from_checkpoint(path, device="cpu", quantize="none")
     assert (plain.decoding.quantize, plain.decoding.stop) == ("none", "finished")
+    assert Translator.from_checkpoint(path, device="cpu", quantize=None).decoding.quantize == "none"  # as before auto
+    assert translator.options(lenpen=1.0)[0].stop == "exact"  # a search the check did not run
 
 
 def test_auto_with_an_explicit_bf16_keeps_bf16(trained, tmp_path):
     path = with_record(trained[0] / BEST, tmp_path / "fast.pt", FAST)
-    settings = decoding_settings(InferenceDeviceOptions(device="cpu", precision="bf16"), "auto", str(path))
+    settings = decoding_settings(InferenceDeviceOptions(device="cpu", precision="bf16"), SearchOptions(), str(path))
     assert settings == DecodingSettings("none", "finished", f"auto: --precision bf16 asked for; {FAST.reason}")
     assert inference_device(InferenceDeviceOptions(device="cpu", precision="bf16", quantize=settings.quantize))[1] \
         == "bf16"
@@ -288,3 +292,37 @@ def test_the_defaults_are_auto():
     assert list(CANDIDATES) == [Setting("int8", "finished"), Setting("int8", "exact"),
                                                     Setting("none", "finished")]
 
+
+
+def test_the_records_stop_rule_holds_only_for_the_search_the_check_ran():
+    """The check compared finished with exact search at generate's beam, length penalty and limits;
+    another length penalty or beam changes when finished search gives up, so auto is exact there."""
+    checked = DecodingSettings("int8", "finished", "auto: validation check")
+    assert stop_for(SearchOptions(), checked) == "finished"
+    assert stop_for(SearchOptions(lenpen=1.0), checked) == "exact"
+    assert stop_for(SearchOptions(beam=8), checked) == "exact"
+    assert stop_for(SearchOptions(lenpen_style="fairseq"), checked) == "exact"
+    assert stop_for(SearchOptions(nbest=2), checked) == "finished"  # what is returned, not how the search ends
+    assert stop_for(SearchOptions(stop="exact"), checked) == "exact"
+    assert stop_for(SearchOptions(stop="finished"), DecodingSettings("none", "exact", "")) == "finished"
+
+
+def test_the_check_decodes_each_setting_as_named(trained, tiny_data_dir, monkeypatch):
+    """The reference and every candidate are decoded with their own quantization and stop rule, fastest
+    candidate first (each losing here, so all four are decoded)."""
+    checkpoint = load_checkpoint(trained[0] / BEST)
+    valid = DataDir.open(tiny_data_dir).split("valid")
+    sources, references = [valid.source[i] for i in range(len(valid))], [valid.target[i] for i in range(len(valid))]
+    decoded, real = [], decoding_check_module.translate_ids
+
+    def spy(model, sources, search, *args, **kwargs):
+        int8 = any(isinstance(m, torch.ao.nn.quantized.dynamic.Linear) for m in model.modules())
+        decoded.append(("int8" if int8 else "none", search.stop))
+        return real(model, sources, search, *args, **kwargs)
+
+    scores = iter([30.0, 20.0, 20.0, 20.0])  # the reference, then candidates that lose 10 BLEU
+    monkeypatch.setattr(decoding_check_module, "translate_ids", spy)
+    monkeypatch.setattr(decoding_check_module, "score", lambda *a, **k: [type("B", (), {"score": next(scores)})()])
+    choice = check_decoding(checkpoint, sources, references, torch.device("cpu"))
+    assert decoded == [("none", "exact"), ("int8", "finished"), ("int8", "exact"), ("none", "finished")]
+    assert (choice.quantize, choice.stop) == ("none", "exact")

@@ -140,10 +140,11 @@ def average(inputs: list[str | Path], output: str | Path, num_epoch_checkpoints:
     check_output_name(output, inputs)
     refuse_overwriting("--output", output, {"input": paths})
     checkpoint = average_checkpoints(paths)
+    save_checkpoint(output, checkpoint)  # kept whatever happens to the check that follows
+    logger.info("averaged %d checkpoint(s) (%s) into %s", len(paths), ", ".join(path.name for path in paths), output)
     train_config = load_checkpoint(paths[-1], mmap=True, verify=("train_config",)).get("train_config")
     choice = check_with_training_data(checkpoint, train_config, output.name)
     if choice is not None:
         checkpoint[RECORD_KEY] = choice.to_dict()
-    save_checkpoint(output, checkpoint)
-    logger.info("averaged %d checkpoint(s) (%s) into %s", len(paths), ", ".join(path.name for path in paths), output)
+        save_checkpoint(output, checkpoint)
     return paths

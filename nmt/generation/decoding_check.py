@@ -234,9 +234,26 @@ def read_records(path: str | list[str]) -> dict[str, DecodingChoice | None]:
     return records
 
 
-def decoding_settings(compute: InferenceDeviceOptions, stop: str, path: str | list[str]) -> DecodingSettings:
+def decoding_settings(compute: InferenceDeviceOptions, search: SearchOptions, path: str | list[str]
+                      ) -> DecodingSettings:
     """What `nmt generate`, the API and the server decode with: ``--quantize`` and ``--stop``, their
     ``auto`` resolved from the checkpoints' records (each surface logs it where it logs the precision)."""
-    records = read_records(path) if "auto" in (compute.quantize, stop) else {}
+    records = read_records(path) if "auto" in (compute.quantize, search.stop) else {}
     device_type = resolve_device(compute.device).type
-    return resolve_decoding(compute.quantize, stop, compute.precision, device_type, records)
+    settings = resolve_decoding(compute.quantize, search.stop, compute.precision, device_type, records)
+    return dataclasses.replace(settings, stop=stop_for(search, settings))
+
+
+# What decides whether finished search keeps exact search's translations; the check searched with
+# generate's defaults, so its verdict on the stop rule holds for those only.
+CHECKED_SEARCH = ("beam", "lenpen", "lenpen_style", "max_len_a", "max_len_b", "min_len")
+
+
+def stop_for(search: SearchOptions, settings: DecodingSettings) -> str:
+    """The stop rule of a search whose ``stop`` may be auto: the record's (in ``settings``) where the
+    search ends sentences as the check's did, else exact."""
+    if search.stop != "auto":
+        return search.stop
+    defaults = SearchOptions()
+    same = all(getattr(search, name) == getattr(defaults, name) for name in CHECKED_SEARCH)
+    return settings.stop if same else "exact"

@@ -220,7 +220,7 @@ def generate(options: GenerateOptions, show_progress: bool = True) -> GenerateRe
         refuse_overwriting("--print-attention", options.print_attention, {"raw text of the split": raw})
     decoding = ""
     if options.engine == "nmt":  # CTranslate2 keeps its own rule and compute type (load_ctranslate2)
-        settings = decoding_settings(options.compute, options.search.stop, options.path)
+        settings = decoding_settings(options.compute, options.search, options.path)
         options = dataclasses.replace(options, compute=dataclasses.replace(options.compute, quantize=settings.quantize),
                                       search=dataclasses.replace(options.search, stop=settings.stop))
         decoding = f"; {settings.describe()}"

@@ -27,7 +27,7 @@ from nmt.device import inference_device
 from nmt.device_options import InferenceDeviceOptions
 from nmt.errors import NmtError
 from nmt.generation.control_input import controls_from_lists
-from nmt.generation.decoding_check import DecodingSettings, decoding_settings
+from nmt.generation.decoding_check import DecodingSettings, decoding_settings, stop_for
 from nmt.generation.inference import encode_sources, prepare_model, translate_ids
 from nmt.generation.options import BatchingOptions, SearchOptions
 from nmt.generation.search import Hypothesis
@@ -57,11 +57,13 @@ class Translator:
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, device: str = "auto", precision: str = "auto",
-                        quantize: str = "auto") -> Translator:
+                        quantize: str | None = "auto") -> Translator:
         """Load a checkpoint (``a.pt:b.pt`` for an ensemble) for ``device`` (auto, cpu, cuda, cuda:N);
-        ``quantize`` and the calls' ``stop`` default to auto, as `nmt generate`'s."""
-        compute = build(InferenceDeviceOptions, {"device": device, "precision": precision, "quantize": quantize})
-        settings = decoding_settings(compute, "auto", str(path))
+        ``quantize`` and the calls' ``stop`` default to auto, as `nmt generate`'s (``quantize=None``,
+        the default before auto, is none)."""
+        compute = build(InferenceDeviceOptions, {"device": device, "precision": precision,
+                                                 "quantize": quantize or "none"})
+        settings = decoding_settings(compute, SearchOptions(), str(path))
         compute = dataclasses.replace(compute, quantize=settings.quantize)
         resolved, precision, reason = inference_device(compute)
         logger.debug("precision: %s (%s); %s", precision, reason, settings.describe())
@@ -74,8 +76,7 @@ class Translator:
         if unknown:
             raise NmtError(f"unknown translation option(s) {', '.join(unknown)}; known: {', '.join(CALL_OPTIONS)}")
         search = build(SearchOptions, {k: v for k, v in overrides.items() if k in options_of(SearchOptions)})
-        if search.stop == "auto":
-            search = dataclasses.replace(search, stop=self.decoding.stop)
+        search = dataclasses.replace(search, stop=stop_for(search, self.decoding))
         batching = build(BatchingOptions, {k: v for k, v in overrides.items() if k in options_of(BatchingOptions)})
         return search, batching
 

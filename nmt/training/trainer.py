@@ -383,7 +383,7 @@ class Trainer:
         path = self.save_dir / BEST
         if not self.data.valid or not path.exists():
             return
-        checkpoint = load_checkpoint(path)
+        checkpoint = load_checkpoint(path, mmap=True)  # its optimizer state is written back, not read
         if RECORD_KEY in checkpoint:  # checked since it was written: a re-run that had nothing to train
             return
         split = self.data.valid[0]
