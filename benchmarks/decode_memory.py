@@ -7,9 +7,10 @@ Each run is a fresh process that loads the checkpoint as `nmt generate` does, no
 memory (VmRSS), resets the kernel's peak (``/proc/self/clear_refs``) and translates
 test_2016_flickr.en with the default search and batching; the peak (VmHWM) is then the decoding's
 own. Where the decoding workers are forked processes (two threads: nmt/generation/workers.py), they
-share the model's pages with it: a thread then samples every 20 milliseconds the proportional set
-size (PSS: a shared page counted once in all) of the process and its workers, and the peak is the
-larger of the two figures. The setting shipped decodes as `nmt generate` does without speed flags
+share the model's pages with it: both figures are then the proportional set size (PSS: a page
+shared by n processes counts 1/n in each), the loaded model's of the process, the peak the largest
+sum over the process and its workers that a thread sampling every 20 milliseconds saw (a shorter
+peak can slip between two samples). The setting shipped decodes as `nmt generate` does without speed flags
 (the checkpoint's decoding record resolved as generate resolves it). The table gives the medians of
 --repeats runs per setting and thread count, the ratio peak / loaded (the goal: at most 1.5) and the
 CPU seconds of the decoding (its workers' included). Linux only.
@@ -66,15 +67,17 @@ def worker() -> None:
     model, vocabs = prepare_model(job["path"], torch.device("cpu"), decoding.quantize)
     lines = read_lines(job["test"])[: job["limit"] or None]
     sources = [np.asarray(ids + [EOS_ID], dtype=np.int64) for ids in vocabs.source.encode_batch(lines)]
-    loaded = status_mib("VmRSS")
+    loaded, loaded_pss = status_mib("VmRSS"), pss_mib(os.getpid())
     Path("/proc/self/clear_refs").write_text("5")  # the peak so far becomes the current RSS
     sampler = PssSampler()
     cpu = cpu_seconds()
     with sampler:
         translate_ids(model, sources, SearchOptions(stop=decoding.stop), BatchingOptions(), precision=precision,
                       shortlist=vocabs.shortlist, fork_workers=True)  # --shortlist auto; workers as generate's
-    print(json.dumps({"loaded": loaded, "peak": max(status_mib("VmHWM"), sampler.peak), "cpu": cpu_seconds() - cpu,
-                      "decoding": decoding.describe()}))
+    forked = sampler.peak > 0  # PSS then, before and during: shared pages counted once
+    peak = sampler.peak if forked else status_mib("VmHWM")
+    print(json.dumps({"loaded": loaded_pss if forked else loaded, "peak": peak, "measure": "PSS" if forked else "RSS",
+                      "cpu": cpu_seconds() - cpu, "decoding": decoding.describe()}))
 
 
 def cpu_seconds() -> float:
@@ -146,14 +149,16 @@ def main() -> None:
         raise SystemExit(f"Multi30k not found in {args.data} (set --data or NMT_MULTI30K)")
     table = Table(title=f"nmt generate's memory (default search and batching), {args.path}, "
                         f"test_2016_flickr{f' (first {args.limit})' if args.limit else ''}, median of {args.repeats}")
-    for column in ("setting", "threads", "loaded RSS (MiB)", "decoding peak RSS (MiB)", "peak / loaded",
+    for column in ("setting", "threads", "measure", "loaded (MiB)", "decoding peak (MiB)", "peak / loaded",
                    "CPU seconds"):
         table.add_column(column, justify="right")
     for threads in (int(t) for t in args.threads.split(",")):
         for setting in args.settings.split(","):
             runs = [run(setting, threads, args.path, test, args.limit) for _ in range(args.repeats)]
             loaded, peak, cpu = (statistics.median(r[key] for r in runs) for key in ("loaded", "peak", "cpu"))
-            table.add_row(setting, str(threads), f"{loaded:.0f}", f"{peak:.0f}", f"{peak / loaded:.2f}", f"{cpu:.1f}")
+            measure = "/".join(sorted({r["measure"] for r in runs}))
+            table.add_row(setting, str(threads), measure, f"{loaded:.0f}", f"{peak:.0f}", f"{peak / loaded:.2f}",
+                          f"{cpu:.1f}")
             Console(stderr=True).print(f"done: {setting}, {threads} thread(s): {runs}")
     Console(width=200).print(table)
 

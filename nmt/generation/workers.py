@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import gc
 import multiprocessing
 import os
 import signal
@@ -115,7 +116,7 @@ def map_in_processes(function: Callable[[Item], Result], items: Iterable[Item], 
     global _forked_function
     pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"),
                                initializer=start_forked_worker)
-    futures = []
+    futures, completed = [], False
     try:
         for item in items:
             if futures:
@@ -123,15 +124,19 @@ def map_in_processes(function: Callable[[Item], Result], items: Iterable[Item], 
                 continue
             with _fork_lock:  # the first item forks all the workers
                 _forked_function = function
+                gc.freeze()  # the workers' collector then leaves the inherited objects, and their pages, alone
                 try:
                     futures.append(pool.submit(run_forked, item))
                 finally:
                     _forked_function = None
-        for future in futures:
+                    gc.unfreeze()
+        for position, future in enumerate(futures, start=1):
             try:
-                yield future.result()
+                result = future.result()
             except BrokenProcessPool as error:
                 raise NmtError("a decoding worker process died (killed by the system, out of memory?); "
                                "--workers 1 decodes in this process") from error
-    finally:
-        pool.shutdown(wait=False, cancel_futures=True)
+            completed = position == len(futures)  # a consumer may stop asking after the last one (zip)
+            yield result
+    finally:  # done: the workers end now; else the items not started are dropped and the rest ends as it may
+        pool.shutdown(wait=completed, cancel_futures=not completed)
