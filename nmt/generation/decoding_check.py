@@ -1,7 +1,7 @@
 """Which fast decoding settings keep a model's BLEU: a check on its validation set, recorded in the
 checkpoint, and how ``--quantize auto`` and ``--stop auto`` read that record.
 
-int8 dynamic quantization (1.25x bf16's speed, 1.9x fp32's on our CPUs) and ``--stop finished``
+int8 dynamic quantization (1.35x bf16's speed and 1.9x fp32's on a Zen 4) and ``--stop finished``
 (about 1.3x) usually keep BLEU, but not always: on the demo task finished search scored 93.3
 against exact search's 99.2. So they are the defaults only for a model whose own validation set
 showed they keep its BLEU. `nmt average` and the end of `nmt train` run the check and store its
