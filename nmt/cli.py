@@ -65,7 +65,9 @@ def archs(vocab_size: Annotated[int, typer.Option(help="Vocabulary size used for
 def average(given: dict, inputs_flag: Annotated[bool, typer.Option(
         "--inputs", help="Optional, fairseq's spelling: `--inputs a.pt b.pt` is the same as `a.pt b.pt`.")] = False
             ) -> None:
-    """Average the parameters of checkpoints (the paper: last 5 for base, last 20 for big)."""
+    """Average the parameters of checkpoints (the paper: last 5 for base, last 20 for big).
+
+    Then, with the run's data here, records which of int8 and --stop finished keep its validation BLEU (auto's)."""
     from nmt.checkpoint.averaging import average as average_checkpoints
 
     options = build(AverageOptions, given, "average")

@@ -98,13 +98,14 @@ def test_auto_takes_the_record():
 
 def test_auto_without_a_record_decodes_as_before_and_says_why():
     assert resolve({"a.pt": None}) == ("none", "exact", f"auto: {NO_RECORD.format('the checkpoint')}")
-    assert "`nmt average` or training's end records one" in NO_RECORD
+    assert "training's end records one, and `nmt average` of a run's checkpoints" in NO_RECORD
 
 
 def test_explicit_settings_override_the_record():
     assert resolve({"a.pt": FAST}, quantize="none", stop="exact") == ("none", "exact", "asked for")
     assert resolve({"a.pt": FAST}, quantize="none")[:2] == ("none", "finished")
     assert resolve({"a.pt": FAST}, stop="exact")[:2] == ("int8", "exact")
+    assert resolve({"a.pt": FAST}, stop="exact")[2].startswith("auto: --stop exact asked for; validation check")
 
 
 def test_int8_only_on_the_cpu_and_without_an_explicit_low_precision():
@@ -326,3 +327,11 @@ def test_the_check_decodes_each_setting_as_named(trained, tiny_data_dir, monkeyp
     choice = check_decoding(checkpoint, sources, references, torch.device("cpu"))
     assert decoded == [("none", "exact"), ("int8", "finished"), ("int8", "exact"), ("none", "finished")]
     assert (choice.quantize, choice.stop) == ("none", "exact")
+
+
+def test_a_search_the_check_did_not_run_is_exact_and_the_reason_says_so(trained, tmp_path):
+    path = with_record(trained[0] / BEST, tmp_path / "fast.pt", FAST)
+    settings = decoding_settings(InferenceDeviceOptions(device="cpu"), SearchOptions(lenpen=1.0), str(path))
+    assert (settings.quantize, settings.stop) == ("int8", "exact")
+    assert settings.reason.endswith("stop exact: the check searched with generate's beam, length penalty and length "
+                                    "limits, not these")

@@ -206,7 +206,7 @@ def test_a_worker_that_dies_is_a_one_line_error_not_a_hang():
             os.kill(os.getpid(), signal.SIGKILL)  # as the kernel's out-of-memory killer would
         return item
 
-    with pytest.raises(NmtError, match="a decoding worker process died"):
+    with pytest.raises(NmtError, match="a decoding worker process ended unexpectedly"):
         list(map_in_workers(die, range(4), workers=2, processes=True))
 
 

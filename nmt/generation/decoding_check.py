@@ -194,7 +194,8 @@ class DecodingSettings:
         return f"quantize {self.quantize}, stop {self.stop} ({self.reason})"
 
 
-NO_RECORD = "no validation check in {}: `nmt average` or training's end records one"
+NO_RECORD = ("no validation check in {}: training's end records one, and `nmt average` of a run's checkpoints "
+             "with its data directory here")
 
 
 def resolve_decoding(quantize: str, stop: str, precision: str, device_type: str,
@@ -209,7 +210,8 @@ def resolve_decoding(quantize: str, stop: str, precision: str, device_type: str,
         where = "the checkpoint" if len(records) == 1 else ", ".join(missing)
         return DecodingSettings("none" if quantize == "auto" else quantize, "exact" if stop == "auto" else stop,
                                 f"auto: {NO_RECORD.format(where)}")
-    notes = []
+    notes = [f"--{name} {value} asked for" for name, value in (("quantize", quantize), ("stop", stop))
+             if value != "auto"]
     if quantize == "auto":
         quantize = "int8" if all(record.quantize == "int8" for record in records.values()) else "none"
         if quantize == "int8" and device_type != "cpu":
@@ -241,7 +243,11 @@ def decoding_settings(compute: InferenceDeviceOptions, search: SearchOptions, pa
     records = read_records(path) if "auto" in (compute.quantize, search.stop) else {}
     device_type = resolve_device(compute.device).type
     settings = resolve_decoding(compute.quantize, search.stop, compute.precision, device_type, records)
-    return dataclasses.replace(settings, stop=stop_for(search, settings))
+    stop = stop_for(search, settings)
+    if stop == settings.stop:
+        return settings
+    return dataclasses.replace(settings, stop=stop, reason=f"{settings.reason}; stop exact: the check searched with "
+                               "generate's beam, length penalty and length limits, not these")
 
 
 # What decides whether finished search keeps exact search's translations; the check searched with

@@ -103,7 +103,8 @@ def start_forked_worker() -> None:
     silence, the caller reports it; its output bypasses what the parent's progress display made of
     stdout and stderr (a lock held at the fork would never be released here)."""
     torch.set_num_threads(1)
-    signal.signal(signal.SIGINT, lambda signum, frame: os._exit(128 + signum))
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # a background job's parent ignores it too
+        signal.signal(signal.SIGINT, lambda signum, frame: os._exit(128 + signum))
     sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
 
 
@@ -134,8 +135,8 @@ def map_in_processes(function: Callable[[Item], Result], items: Iterable[Item], 
             try:
                 result = future.result()
             except BrokenProcessPool as error:
-                raise NmtError("a decoding worker process died (killed by the system, out of memory?); "
-                               "--workers 1 decodes in this process") from error
+                raise NmtError("a decoding worker process ended unexpectedly (killed by a signal, or by the system "
+                               "when memory ran out); --workers 1 decodes in this process") from error
             completed = position == len(futures)  # a consumer may stop asking after the last one (zip)
             yield result
     finally:  # done: the workers end now; else the items not started are dropped and the rest ends as it may
