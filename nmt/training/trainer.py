@@ -110,11 +110,14 @@ def train_process(job: Job) -> TrainSummary:
     context = init_distributed(job.device.type)
     try:
         data = job.data if job.data is not None else check_inputs(job.config, job.device, context.world_size)
-        summary = Trainer(job.config, context, data, job.device).fit()
+        trainer = Trainer(job.config, context, data, job.device)
+        summary = trainer.fit()
     except BaseException:
         shutdown_distributed(together=False)  # a peer may be gone: no barrier to wait at
         raise
     shutdown_distributed(together=True)
+    if context.is_main and job.config.check_decoding:
+        trainer.check_decoding()  # once the peers have left, which would otherwise wait for it at the barrier
     return summary
 
 
@@ -360,8 +363,6 @@ class Trainer:
             skipped_updates=run_meter.skipped)
         if interrupt.requested:
             raise Stopped(interrupt.signum, stop)  # the CLI's last line: where the run stopped, what was saved
-        if context.is_main and config.check_decoding:
-            self.check_decoding()
         if context.is_main and logger.isEnabledFor(logging.INFO):
             rows = {"arch": config.arch, "epochs": summary.epoch, "updates": summary.updates,
                     "train loss (this run)": summary.train_loss,
