@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 import re
+import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +14,7 @@ import pytest
 import torch
 from conftest import numbers_pairs
 
+import nmt.generation.inference as inference_module
 from nmt import Translator
 from nmt.checkpoint.format import Vocabularies, model_state, save_checkpoint
 from nmt.data.vocabulary import PAD_ID, Vocabulary
@@ -123,3 +128,27 @@ def test_generate_warns_on_stderr_not_stdout(checkpoint, tmp_path):
                             input="five\n東京\n", capture_output=True, text=True)
     assert result.returncode == 0 and len(result.stdout.split("\n")) == 3
     assert "1 input token(s) in 1 sentence(s) were unknown" in result.stderr
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="workers are forked processes on Linux only")
+def test_the_api_forks_its_workers_only_when_no_other_thread_runs(checkpoint, monkeypatch):
+    """As `nmt generate` does, unless the program has other threads, which may hold a lock at the fork."""
+    translator = Translator.from_checkpoint(checkpoint, device="cpu")
+    processes = multiprocessing.get_context("fork").SimpleQueue()
+    search = inference_module.beam_search
+
+    def watched(*args, **kwargs):
+        processes.put(os.getpid())
+        return search(*args, **kwargs)
+
+    monkeypatch.setattr(inference_module, "beam_search", watched)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)  # two workers of one thread each
+    monkeypatch.setattr(torch, "set_num_threads", lambda threads: None)
+    sentences = [f"Turn to page {n}." for n in ("one", "two", "three", "four", "five", "six")]
+    for threads, forked in ((1, True), (2, False)):
+        monkeypatch.setattr(threading, "active_count", lambda: threads)
+        assert translator.translate(sentences, batch_size=2, workers=2)
+        seen = set()
+        while not processes.empty():
+            seen.add(processes.get())
+        assert (os.getpid() not in seen) == forked and seen

@@ -15,6 +15,7 @@ batches, beam search), with its defaults, so a sentence translates the same eith
 from __future__ import annotations
 
 import dataclasses
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -96,7 +97,8 @@ class Translator:
         search, batching = self.options(**options)
         controls = controls_from_lists(self.vocabs.target, len(sentences), prefixes, constraints, bans)
         found = translate_ids(self.model, encode_sources(self.vocabs, sentences), search, batching, self.device,
-                              self.precision, controls=controls, shortlist=self.vocabs.shortlist)
+                              self.precision, controls=controls, shortlist=self.vocabs.shortlist,
+                              fork_workers=threading.active_count() == 1)  # no other thread can hold a lock
         return [[self.scored(h) for h in hyps] for hyps in found]
 
     def translate(self, sentences: list[str], prefixes: list[str | None] | None = None,
