@@ -77,6 +77,7 @@ def test_when_no_candidate_keeps_bleu_the_reference_setting_is_chosen():
 
 def test_the_record_is_a_plain_dict_and_a_malformed_one_is_refused():
     assert DecodingChoice.from_dict(FAST.to_dict()) == FAST
+    assert DecodingChoice.from_dict({**FAST.to_dict(), "bleu": {"int8 finished": 27.35}}) == FAST  # a later version's
     assert FAST.to_dict() == {"quantize": "int8", "stop": "finished", "reason": FAST.reason}
     for bad in ({"quantize": "int4", "stop": "exact", "reason": ""}, {"quantize": "int8"}, "int8"):
         with pytest.raises(NmtError, match="malformed 'decoding' record"):

@@ -67,10 +67,10 @@ class DecodingChoice:
     @classmethod
     def from_dict(cls, values: Any, where: str = "the checkpoint") -> DecodingChoice:
         fields = [spec.name for spec in dataclasses.fields(cls)]
-        if not isinstance(values, dict) or sorted(values) != sorted(fields) \
+        if not isinstance(values, dict) or not set(fields) <= set(values) \
                 or values["quantize"] not in ("none", "int8") or values["stop"] not in ("exact", "finished"):
             raise NmtError(f"{where} has a malformed {RECORD_KEY!r} record: {values!r}")
-        return cls(**values)
+        return cls(**{name: values[name] for name in fields})  # a later version's other entries are left
 
 
 def choose_decoding(reference: float, scored: Iterable[tuple[Setting, float]], sentences: int,
