@@ -3,6 +3,7 @@ CLI (in this process or as `python -m nmt`), and the tiny training configuration
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import io
 import logging
@@ -11,6 +12,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 import torch
@@ -155,15 +157,24 @@ def assert_same_weights(path_a, path_b) -> None:
         assert torch.equal(tensor, b["model"][name]), name
     for (key, state), other in zip(a["optimizer"]["state"].items(), b["optimizer"]["state"].values()):
         assert all(torch.equal(state[k], other[k]) for k in state), key
-@pytest.fixture()
-def messages():
-    """The nmt logger's messages during the test."""
+@contextlib.contextmanager
+def logged_messages() -> Iterator[list[str]]:
+    """The nmt logger's messages (INFO and up) while the block runs."""
     records: list[str] = []
     handler = logging.Handler(logging.DEBUG)
     handler.emit = lambda record: records.append(record.getMessage())
     level = logger.level
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
-    yield records
-    logger.removeHandler(handler)
-    logger.setLevel(level)
+    try:
+        yield records
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
+@pytest.fixture()
+def messages():
+    """The nmt logger's messages during the test."""
+    with logged_messages() as records:
+        yield records

@@ -3,12 +3,11 @@ and how --quantize auto / --stop auto read it in `nmt generate`, the API, traini
 
 from __future__ import annotations
 
-import logging
 import re
 
 import pytest
 import torch
-from conftest import tiny_config
+from conftest import logged_messages, tiny_config
 
 import nmt.generation.decoding_check as decoding_check_module
 import nmt.training.validation as validation_module
@@ -39,7 +38,6 @@ from nmt.generation.decoding_check import (
 from nmt.generation.generate import generate
 from nmt.generation.inference import inference_model, translate_ids
 from nmt.generation.options import GenerateOptions, SearchOptions
-from nmt.log import logger
 from nmt.options import build
 from nmt.scoring import MetricOptions, score
 from nmt.training.trainer import train
@@ -138,18 +136,9 @@ def test_an_explicit_int8_with_bf16_is_still_an_error_but_auto_with_bf16_is_not(
 def trained(tiny_data_dir, tmp_path_factory):
     """transformer_tiny trained with validation to its end (the check on checkpoint_best.pt included),
     saving every 40 updates for averaging; and the log of that run."""
-    records: list[str] = []
-    handler = logging.Handler(logging.INFO)
-    handler.emit = lambda record: records.append(record.getMessage())
-    level = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
     save_dir = tmp_path_factory.mktemp("trained")
-    try:
+    with logged_messages() as records:
         train(tiny_config(tiny_data_dir, save_dir, max_update=120, save_interval_updates=40, log_interval=1000))
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(level)
     return save_dir, records
 
 
