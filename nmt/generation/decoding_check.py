@@ -32,6 +32,7 @@ from nmt.generation.inference import inference_model, translate_ids
 from nmt.generation.options import SearchOptions
 from nmt.log import logger
 from nmt.scoring import MetricOptions, score
+from nmt.training.config import subset_names
 
 RECORD_KEY = "decoding"  # the checkpoint entry
 # The settings compare on the same sentences, so what decides is their difference, not BLEU's
@@ -158,7 +159,7 @@ def check_with_training_data(checkpoint: dict[str, Any], train_config: dict[str,
     ``train_config``), on the device `nmt generate` would take by default; None, with one log line
     saying why, when that data cannot be found here."""
     train = (train_config or {}).get("train", {})
-    data, splits = train.get("data"), [s.strip() for s in (train.get("valid_subset") or "").split(",") if s.strip()]
+    data, splits = train.get("data"), subset_names(train.get("valid_subset"))
     skipped = None
     if not data or not splits:
         skipped = "the checkpoints do not name the data directory and split their training validated on"

@@ -37,6 +37,11 @@ BATCHING, OPTIM, DEVICES, CHECKPOINTS, STOPPING, REPORTING = (
     "Batching", "Optimisation", "Devices", "Checkpoints", "Stopping", "Validation and logging")
 
 
+def subset_names(valid_subset: str | None) -> list[str]:
+    """``--valid-subset``'s comma-separated split names (also as a checkpoint stores it), in order."""
+    return [name.strip() for name in (valid_subset or "").split(",") if name.strip()]
+
+
 @dataclass
 class TrainConfig:
     data: str | None = field(default=None, metadata={"path": True,
@@ -159,7 +164,7 @@ class TrainConfig:
     @property
     def valid_subsets(self) -> list[str]:
         """The splits to validate on, the deciding one first."""
-        return [name.strip() for name in (self.valid_subset or "").split(",") if name.strip()]
+        return subset_names(self.valid_subset)
 
     @property
     def max_time_seconds(self) -> float | None:
