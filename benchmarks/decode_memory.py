@@ -30,7 +30,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-DEFAULT_DATA = Path(os.environ.get("NMT_MULTI30K", Path(__file__).resolve().parents[2] / "shared/data/multi30k"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from generate_speed import DEFAULT_DATA, cpu_seconds  # noqa: E402
+
 SETTINGS = {"fp32": ("fp32", "none"), "bf16": ("bf16", "none"), "int8": ("fp32", "int8"),  # (precision, quantize)
             "shipped": ("auto", "auto")}
 SAMPLE_SECONDS = 0.02  # between two samples of the workers' memory
@@ -78,12 +80,6 @@ def worker() -> None:
     peak = sampler.peak if forked else status_mib("VmHWM")
     print(json.dumps({"loaded": loaded_pss if forked else loaded, "peak": peak, "measure": "PSS" if forked else "RSS",
                       "cpu": cpu_seconds() - cpu, "decoding": decoding.describe()}))
-
-
-def cpu_seconds() -> float:
-    """CPU time of this process and of its children that have ended (forked decoding workers)."""
-    times = os.times()
-    return times.user + times.system + times.children_user + times.children_system
 
 
 def pss_mib(pid: int) -> float:
