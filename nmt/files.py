@@ -7,9 +7,11 @@ import fcntl
 import gzip
 import os
 import shutil
+import signal
 import stat
 import sys
 import tempfile
+import threading
 import uuid
 import zlib
 from pathlib import Path
@@ -32,6 +34,29 @@ def os_error_of(exc: BaseException) -> OSError | None:
 
 def cannot_write(path: str | os.PathLike, error: OSError) -> NmtError:
     return NmtError(f"cannot write {path}: {error.strerror or error}")
+
+
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """Ctrl-C and SIGTERM wait for the end of the block, then reach their handlers in order.
+
+    For writes that a signal must not cut in half: torch.save's zip writer, stopped in its Python
+    callback, writes its end to the closed file when it is collected and aborts the process.
+    Only the main thread has signal handlers; elsewhere the block runs as is.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[int] = []
+    held = (signal.SIGINT, signal.SIGTERM)
+    previous = {signum: signal.signal(signum, lambda signum, frame: received.append(signum)) for signum in held}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        for signum in received:
+            signal.raise_signal(signum)
 
 
 @contextlib.contextmanager

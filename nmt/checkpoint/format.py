@@ -28,8 +28,8 @@ import torch
 from torch import nn
 
 from nmt.data.vocabulary import PAD_ID, Vocabularies
-from nmt.errors import NmtError, Stopped
-from nmt.files import atomic_write
+from nmt.errors import NmtError
+from nmt.files import atomic_write, signals_held
 from nmt.models.registry import build_model, config_from_dict
 from nmt.version import __version__
 
@@ -86,13 +86,8 @@ def checksum(value: Any) -> int:
 def save_checkpoint(path: str | os.PathLike, checkpoint: dict[str, Any]) -> None:
     """Write atomically, with a checksum of each entry's tensors and bytes (``checksums``) for load to verify."""
     sums = {key: checksum(value) for key, value in checkpoint.items() if key != "checksums"}
-    with atomic_write(path, "wb") as handle:
-        try:
-            torch.save({**checkpoint, "checksums": sums}, handle)
-        except RuntimeError as exc:  # a second Ctrl-C during the write: torch's zip writer hides it in its cleanup
-            if isinstance(exc.__context__, Stopped):
-                raise exc.__context__ from None
-            raise
+    with signals_held(), atomic_write(path, "wb") as handle:  # a Ctrl-C during the write acts after it
+        torch.save({**checkpoint, "checksums": sums}, handle)
 
 
 def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu",
