@@ -24,7 +24,6 @@ from nmt.generation.decoding_check import (
     NO_RECORD,
     RECORD_KEY,
     REFERENCE,
-    DecodingChoice,
     DecodingSettings,
     Setting,
     check_decoding,
@@ -43,8 +42,18 @@ from nmt.scoring import MetricOptions, score
 from nmt.training.trainer import train
 
 INT8_FINISHED, INT8_EXACT, FP32_FINISHED = CANDIDATES
-FAST = DecodingChoice("int8", "finished", "validation check, 40 sentences: ...")
-SAFE = DecodingChoice("none", "exact", "validation check, 40 sentences: no faster setting kept it")
+REAL_MINIMUM = decoding_check_module.MIN_CHECK_SENTENCES
+
+
+@pytest.fixture(scope="module", autouse=True)
+def checks_on_forty_sentences():
+    """The tiny validation split has 40 sentences, fewer than a check needs (the minimum's own test
+    puts it back)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(decoding_check_module, "MIN_CHECK_SENTENCES", 40)
+        yield
+FAST = DecodingSettings("int8", "finished", "validation check, 40 sentences: ...")
+SAFE = DecodingSettings("none", "exact", "validation check, 40 sentences: no faster setting kept it")
 
 
 # -- choosing, given BLEU ------------------------------------------------------------------------------
@@ -74,12 +83,12 @@ def test_when_no_candidate_keeps_bleu_the_reference_setting_is_chosen():
 
 
 def test_the_record_is_a_plain_dict_and_a_malformed_one_is_refused():
-    assert DecodingChoice.from_dict(FAST.to_dict()) == FAST
-    assert DecodingChoice.from_dict({**FAST.to_dict(), "bleu": {"int8 finished": 27.35}}) == FAST  # a later version's
+    assert DecodingSettings.from_dict(FAST.to_dict()) == FAST
+    assert DecodingSettings.from_dict({**FAST.to_dict(), "bleu": {"int8 finished": 27.35}}) == FAST  # a later version's
     assert FAST.to_dict() == {"quantize": "int8", "stop": "finished", "reason": FAST.reason}
     for bad in ({"quantize": "int4", "stop": "exact", "reason": ""}, {"quantize": "int8"}, "int8"):
         with pytest.raises(NmtError, match="malformed 'decoding' record"):
-            DecodingChoice.from_dict(bad, "x.pt")
+            DecodingSettings.from_dict(bad, "x.pt")
 
 
 # -- resolving auto ------------------------------------------------------------------------------------
@@ -92,7 +101,7 @@ def resolve(records, quantize="auto", stop="auto", precision="auto", device="cpu
 def test_auto_takes_the_record():
     assert resolve({"a.pt": FAST}) == ("int8", "finished", f"auto: {FAST.reason}")
     assert resolve({"a.pt": SAFE})[:2] == ("none", "exact")
-    assert resolve({"a.pt": DecodingChoice("int8", "exact", "")})[:2] == ("int8", "exact")
+    assert resolve({"a.pt": DecodingSettings("int8", "exact", "")})[:2] == ("int8", "exact")
 
 
 def test_auto_without_a_record_decodes_as_before_and_says_why():
@@ -116,7 +125,7 @@ def test_int8_only_on_the_cpu_and_without_an_explicit_low_precision():
 
 
 def test_an_ensemble_takes_a_fast_setting_only_when_every_model_chose_it():
-    int8_exact, fp32_finished = DecodingChoice("int8", "exact", "one"), DecodingChoice("none", "finished", "two")
+    int8_exact, fp32_finished = DecodingSettings("int8", "exact", "one"), DecodingSettings("none", "finished", "two")
     assert resolve({"a.pt": FAST, "b.pt": FAST})[:2] == ("int8", "finished")
     quantize, stop, reason = resolve({"a.pt": int8_exact, "b.pt": fp32_finished})
     assert (quantize, stop) == ("none", "exact") and reason == "auto: a.pt: one; b.pt: two"
@@ -142,7 +151,7 @@ def trained(tiny_data_dir, tmp_path_factory):
     return save_dir, records
 
 
-def with_record(source, path, record: DecodingChoice | None):
+def with_record(source, path, record: DecodingSettings | None):
     checkpoint = load_checkpoint(source)
     checkpoint.pop(RECORD_KEY, None)
     if record is not None:
@@ -153,7 +162,7 @@ def with_record(source, path, record: DecodingChoice | None):
 
 def test_training_records_the_check_in_checkpoint_best_and_logs_its_choice_and_cost(trained):
     save_dir, log = trained
-    record = DecodingChoice.from_dict(load_checkpoint(save_dir / BEST)[RECORD_KEY])
+    record = DecodingSettings.from_dict(load_checkpoint(save_dir / BEST)[RECORD_KEY])
     assert record.reason.startswith("validation check, 40 sentences: fp32 exact ")
     lines = [line for line in log if line.startswith("decoding check of checkpoint_best.pt: ")]
     assert len(lines) == 1
@@ -184,7 +193,7 @@ def test_the_check_measures_the_reference_setting_on_the_validation_sentences(tr
 def test_averaging_records_the_check_when_the_training_data_is_here(trained, tmp_path, messages):
     output = tmp_path / "averaged.pt"
     average([trained[0]], output, num_update_checkpoints=2)
-    record = DecodingChoice.from_dict(load_checkpoint(output)[RECORD_KEY])
+    record = DecodingSettings.from_dict(load_checkpoint(output)[RECORD_KEY])
     assert record.reason.startswith("validation check, 40 sentences: ")
     assert any(m.startswith(f"decoding check of averaged.pt: quantize {record.quantize}, stop {record.stop}, in ")
                for m in messages)
@@ -209,6 +218,15 @@ def test_a_check_that_cannot_run_leaves_the_model_unchecked_with_a_warning(train
     assert timed_check(load_checkpoint(trained[0] / BEST), [], [], torch.device("cpu"), "x.pt") is None
     assert any(m.startswith("decoding check of x.pt skipped: the decoding check needs sources and references")
                for m in messages)
+
+
+def test_a_validation_split_too_small_to_tell_leaves_the_model_unchecked(trained, tmp_path, monkeypatch, messages):
+    monkeypatch.setattr(decoding_check_module, "MIN_CHECK_SENTENCES", REAL_MINIMUM)
+    average([trained[0]], tmp_path / "averaged.pt", num_update_checkpoints=2)
+    assert RECORD_KEY not in load_checkpoint(tmp_path / "averaged.pt")
+    assert f"decoding check of averaged.pt skipped: 40 validation sentences, fewer than the {REAL_MINIMUM} the " \
+           "check needs to tell 0.2 BLEU from a word or two (--quantize auto and --stop auto will decode it with " \
+           "none and exact)" in messages
 
 
 def test_the_record_round_trips_and_old_checkpoints_have_none(trained, tmp_path):

@@ -6,6 +6,7 @@ import pytest
 import yaml
 from conftest import MULTI30K, run_cli, run_nmt
 
+import nmt.generation.decoding_check as decoding_check
 from nmt.checkpoint.format import load_checkpoint
 from nmt.demo import demo_recipe
 from nmt.demo_data import write_demo_corpus
@@ -32,7 +33,9 @@ def pipeline_run(tmp_path_factory):
     raw = write_demo_corpus(tmp_path / "raw", train_size=300, valid_size=20, test_size=20, seed=3)
     path = tmp_path / "recipe.yaml"
     path.write_text(yaml.safe_dump(tiny_recipe(tmp_path, raw)), encoding="utf-8")
-    return tmp_path, path, run_recipe(path)
+    with pytest.MonkeyPatch.context() as patch:  # a decoding check on 20 validation sentences, for speed
+        patch.setattr(decoding_check, "MIN_CHECK_SENTENCES", 20)
+        return tmp_path, path, run_recipe(path)
 
 
 @pytest.mark.slow

@@ -20,7 +20,7 @@ from nmt.checkpoint.names import numbered_checkpoints
 from nmt.checkpoint.options import check_output_name
 from nmt.errors import NmtError
 from nmt.files import refuse_overwriting
-from nmt.generation.decoding_check import RECORD_KEY, check_with_training_data
+from nmt.generation.decoding_check import check_with_training_data, save_with_record
 from nmt.log import logger
 
 
@@ -143,8 +143,5 @@ def average(inputs: list[str | Path], output: str | Path, num_epoch_checkpoints:
     save_checkpoint(output, checkpoint)  # kept whatever happens to the check that follows
     logger.info("averaged %d checkpoint(s) (%s) into %s", len(paths), ", ".join(path.name for path in paths), output)
     train_config = load_checkpoint(paths[-1], mmap=True, verify=("train_config",)).get("train_config")
-    choice = check_with_training_data(checkpoint, train_config, output.name)
-    if choice is not None:
-        checkpoint[RECORD_KEY] = choice.to_dict()
-        save_checkpoint(output, checkpoint)
+    save_with_record(output, checkpoint, check_with_training_data(checkpoint, train_config, output.name))
     return paths

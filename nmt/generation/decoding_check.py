@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from nmt.checkpoint.format import load_checkpoint, model_from_checkpoint
+from nmt.checkpoint.format import load_checkpoint, model_from_checkpoint, save_checkpoint
 from nmt.checkpoint.names import split_paths
 from nmt.data.dataset import DataDir, ParallelDataset
 from nmt.data.vocabulary import Vocabularies
@@ -40,6 +40,9 @@ RECORD_KEY = "decoding"  # the checkpoint entry
 # a WMT newstest) show a truncation habit such as the demo's and keep the check's four decodings
 # short next to training.
 CHECK_SENTENCES = 500
+# On fewer sentences the tolerance (0.2 BLEU) is a word or two: the check is skipped and the model
+# decodes as an unchecked one does.
+MIN_CHECK_SENTENCES = 100
 
 
 class Setting(NamedTuple):
@@ -55,18 +58,22 @@ CANDIDATES = (Setting("int8", "finished"), Setting("int8", "exact"), Setting("no
 
 
 @dataclass(frozen=True)
-class DecodingChoice:
-    """What a validation check chose, and why: a checkpoint's ``decoding`` record."""
+class DecodingSettings:
+    """A quantization and stop rule, and why: what a validation check chose (a checkpoint's
+    ``decoding`` record), or what a surface decodes with once ``auto`` is resolved."""
 
-    quantize: str
-    stop: str
+    quantize: str  # none or int8
+    stop: str  # exact or finished
     reason: str  # e.g. "validation check, 500 sentences: fp32 exact 38.95, int8 finished 38.81 BLEU: ..."
+
+    def describe(self) -> str:
+        return f"quantize {self.quantize}, stop {self.stop} ({self.reason})"
 
     def to_dict(self) -> dict[str, str]:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, values: Any, where: str = "the checkpoint") -> DecodingChoice:
+    def from_dict(cls, values: Any, where: str = "the checkpoint") -> DecodingSettings:
         fields = [spec.name for spec in dataclasses.fields(cls)]
         if not isinstance(values, dict) or not set(fields) <= set(values) \
                 or values["quantize"] not in ("none", "int8") or values["stop"] not in ("exact", "finished"):
@@ -75,15 +82,15 @@ class DecodingChoice:
 
 
 def choose_decoding(reference: float, scored: Iterable[tuple[Setting, float]], sentences: int,
-                    note: str = "") -> DecodingChoice:
+                    note: str = "") -> DecodingSettings:
     """The first of ``scored`` (fastest first, consumed only as far as needed) whose BLEU is within
     BLEU_TOLERANCE of the ``reference`` setting's; none of them: the reference setting."""
     seen = [f"{REFERENCE.describe()} {reference:.2f}"]
     for setting, bleu in scored:
         seen.append(f"{setting.describe()} {bleu:.2f}")
         if bleu >= reference - BLEU_TOLERANCE:
-            return DecodingChoice(*setting, check_reason(sentences, seen, f"{setting.describe()} kept it", note))
-    return DecodingChoice(*REFERENCE, check_reason(sentences, seen, "no faster setting kept it", note))
+            return DecodingSettings(*setting, check_reason(sentences, seen, f"{setting.describe()} kept it", note))
+    return DecodingSettings(*REFERENCE, check_reason(sentences, seen, "no faster setting kept it", note))
 
 
 def check_reason(sentences: int, seen: list[str], verdict: str, note: str) -> str:
@@ -92,7 +99,7 @@ def check_reason(sentences: int, seen: list[str], verdict: str, note: str) -> st
 
 
 def check_decoding(checkpoint: dict[str, Any] | str | Path, sources: Sequence[np.ndarray],
-                   references: Sequence[np.ndarray], device: torch.device) -> DecodingChoice:
+                   references: Sequence[np.ndarray], device: torch.device) -> DecodingSettings:
     """Decode the first CHECK_SENTENCES sources (token ids ending in EOS) with the reference setting
     (fp32, exact search) and the faster candidates, fastest first, and choose by corpus BLEU against
     ``references`` (both sides detokenized by the target vocabulary). The search and the shortlist
@@ -102,6 +109,9 @@ def check_decoding(checkpoint: dict[str, Any] | str | Path, sources: Sequence[np
     if not sources or len(sources) != len(references):
         raise NmtError(f"the decoding check needs sources and references, one for one; got {len(sources)} and "
                        f"{len(references)}")
+    if len(sources) < MIN_CHECK_SENTENCES:
+        raise NmtError(f"{len(sources)} validation sentences, fewer than the {MIN_CHECK_SENTENCES} the check needs to "
+                       f"tell {BLEU_TOLERANCE} BLEU from a word or two")
     vocabs = Vocabularies.from_state(checkpoint["vocab"])
     decoded_references = [vocabs.target.decode(reference) for reference in references]
     models: dict[str, nn.Module] = {}  # by quantize: fp32 serves the reference and fp32 finished
@@ -134,11 +144,18 @@ def first_pairs(dataset: ParallelDataset, indices: Iterable[int], max_positions:
     return sources, references
 
 
+def save_with_record(path: str | Path, checkpoint: dict[str, Any], choice: DecodingSettings | None) -> None:
+    """Write ``checkpoint`` again to ``path`` with the check's choice (none: the file stays as it is)."""
+    if choice is not None:
+        checkpoint[RECORD_KEY] = choice.to_dict()
+        save_checkpoint(path, checkpoint)
+
+
 SKIPPED = "decoding check of %s skipped: %s (--quantize auto and --stop auto will decode it with none and exact)"
 
 
 def timed_check(checkpoint: dict[str, Any], sources: Sequence[np.ndarray], references: Sequence[np.ndarray],
-                device: torch.device, name: str) -> DecodingChoice | None:
+                device: torch.device, name: str) -> DecodingSettings | None:
     """``check_decoding``, with one log line of its choice and its cost; one saying why when it cannot
     run (no sentence to decode, a BLEU tokenizer missing here), which leaves the model unchecked
     rather than failing the training or averaging that asked for it."""
@@ -154,7 +171,7 @@ def timed_check(checkpoint: dict[str, Any], sources: Sequence[np.ndarray], refer
 
 
 def check_with_training_data(checkpoint: dict[str, Any], train_config: dict[str, Any] | None,
-                             name: str) -> DecodingChoice | None:
+                             name: str) -> DecodingSettings | None:
     """The check on the validation split the run that made ``checkpoint`` validated on (its
     ``train_config``), on the device `nmt generate` would take by default; None, with one log line
     saying why, when that data cannot be found here."""
@@ -183,24 +200,12 @@ def check_with_training_data(checkpoint: dict[str, Any], train_config: dict[str,
 
 # -- --quantize auto and --stop auto ----------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class DecodingSettings:
-    """The quantization and stop rule to decode with, and why."""
-
-    quantize: str
-    stop: str
-    reason: str
-
-    def describe(self) -> str:
-        return f"quantize {self.quantize}, stop {self.stop} ({self.reason})"
-
-
 NO_RECORD = ("no validation check in {}: training's end records one, and `nmt average` of a run's checkpoints "
              "with its data directory here")
 
 
 def resolve_decoding(quantize: str, stop: str, precision: str, device_type: str,
-                     records: dict[str, DecodingChoice | None]) -> DecodingSettings:
+                     records: dict[str, DecodingSettings | None]) -> DecodingSettings:
     """``auto`` as the checkpoints' records (by path) say: int8 only if every model's check chose it,
     on the CPU and without an explicit bf16/fp16 precision; finished only if every check chose it.
     Without a record: none and exact, today's behaviour. Explicit settings stay as given."""
@@ -227,13 +232,13 @@ def resolve_decoding(quantize: str, stop: str, precision: str, device_type: str,
     return DecodingSettings(quantize, stop, "auto: " + "; ".join(notes + checks))
 
 
-def read_records(path: str | list[str]) -> dict[str, DecodingChoice | None]:
+def read_records(path: str | list[str]) -> dict[str, DecodingSettings | None]:
     """Each checkpoint's record (``a.pt:b.pt`` or a list for an ensemble), its tensors left unread."""
     paths = [item for given in (path if isinstance(path, list) else [path]) for item in split_paths(str(given))]
     records = {}
     for item in paths:
         record = load_checkpoint(item, mmap=True, verify=(RECORD_KEY,)).get(RECORD_KEY)
-        records[item] = None if record is None else DecodingChoice.from_dict(record, item)
+        records[item] = None if record is None else DecodingSettings.from_dict(record, item)
     return records
 
 

@@ -24,12 +24,12 @@ import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from nmt.checkpoint.format import check_compatible, load_checkpoint, model_state, save_checkpoint
+from nmt.checkpoint.format import check_compatible, load_checkpoint, model_state
 from nmt.checkpoint.names import BEST, LAST
 from nmt.data.vocabulary import PAD_ID
 from nmt.device import autocast, resolve_device, resolve_precision
 from nmt.errors import NmtError, Stopped
-from nmt.generation.decoding_check import RECORD_KEY, first_pairs, timed_check
+from nmt.generation.decoding_check import RECORD_KEY, first_pairs, save_with_record, timed_check
 from nmt.log import logger, stderr_console
 from nmt.log import state as log_state
 from nmt.models.registry import build_model, count_parameters, get_arch
@@ -389,10 +389,7 @@ class Trainer:
             return
         split = self.data.valid[0]
         sources, references = first_pairs(split.dataset, split.pairs.tolist(), None)  # pairs fit the model
-        choice = timed_check(checkpoint, sources, references, self.device, BEST)
-        if choice is not None:
-            checkpoint[RECORD_KEY] = choice.to_dict()
-            save_checkpoint(path, checkpoint)
+        save_with_record(path, checkpoint, timed_check(checkpoint, sources, references, self.device, BEST))
 
     def epoch_end_owed(self) -> bool:
         """Whether the epoch's updates are all done but not its end (validation, its checkpoint): a
