@@ -348,6 +348,20 @@ def text_lines(handle: IO[bytes], name: str | os.PathLike) -> Iterator[str]:
         raise NmtError(f"cannot read {name}: {exc}") from exc
 
 
+def require_files(named: dict[str, str | None]) -> None:
+    """Fail before any work on a file an option names that is not there, naming the option (--ban
+    FILE): a missing input should not cost a model load first. None and "-" (stdin) pass."""
+    for option, path in named.items():
+        if path is None or path == "-":
+            continue
+        given = Path(path)
+        if not given.exists():
+            where = "" if given.is_absolute() else f" (relative paths are read from the working directory {Path.cwd()})"
+            raise NmtError(f"{option} not found: {path}{where}")
+        if given.is_dir():
+            raise NmtError(f"{option} expects a file, got a directory: {path}")
+
+
 def read_lines(path: str | os.PathLike) -> list[str]:
     """All lines of a text file (see ``text_lines``); "-" reads stdin (left open)."""
     stdin = str(path) == "-"

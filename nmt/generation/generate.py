@@ -26,7 +26,7 @@ from nmt.checkpoint.format import Vocabularies
 from nmt.data.dataset import DataDir
 from nmt.device import inference_device
 from nmt.errors import NmtError
-from nmt.files import atomic_write, read_lines, refuse_overwriting
+from nmt.files import atomic_write, read_lines, refuse_overwriting, require_files
 from nmt.generation.alignment import word_attentions
 from nmt.generation.control_input import lines_with_controls, read_bans
 from nmt.generation.ctranslate2_engine import load_ctranslate2
@@ -214,6 +214,8 @@ def generate(options: GenerateOptions, show_progress: bool = True) -> GenerateRe
 
     Raw text from a pipe or terminal to stdout is translated as it arrives (``buffer_size``
     lines at a time, or what is waiting); files are read whole and batched by length."""
+    require_files({"--input": None if options.data is not None else options.input, "--prefix": options.prefix,
+                   "--ban": options.ban})
     if options.data is not None:
         raw = [path for path in split_text_files(options) if path]
         refuse_overwriting("--output", options.output, {"raw text of the split": raw})
