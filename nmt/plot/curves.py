@@ -34,7 +34,8 @@ def plot_curves(options: PlotCurvesOptions) -> Path:
                for name in dict.fromkeys(r.get("subset", "valid") for r in valid)}  # valid, valid1, ...
     has_bleu = any("bleu" in r for r in valid)
     panels = ["loss"] + (["bleu"] if has_bleu else []) + ["lr", "speed"]
-    figure, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4), squeeze=False)
+    figure, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4), squeeze=False,
+                               layout="constrained")
     for ax, panel in zip(axes.flat, panels):
         if panel == "loss":
             ax.plot(*series(train, "loss"), label="train loss")
@@ -57,7 +58,6 @@ def plot_curves(options: PlotCurvesOptions) -> Path:
         ax.set_xlabel("update")
         ax.grid(alpha=0.3)
     figure.suptitle(f"training curves: {options.save_dir}", fontsize=11)
-    figure.tight_layout()
     written = save_figure(figure, options.output)
     plt.close(figure)
     logger.info("wrote %s", written)
