@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -208,6 +209,43 @@ def test_a_worker_that_dies_is_a_one_line_error_not_a_hang():
 
     with pytest.raises(NmtError, match="a decoding worker process ended unexpectedly"):
         list(map_in_workers(die, range(4), workers=2, processes=True))
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="workers are forked processes on Linux only")
+def test_forked_workers_end_with_their_parent_however_it_ends(tmp_path):
+    """A plain `kill` of `nmt generate` reaches the parent alone; its workers must not run on."""
+    script = f"""
+import os, time
+from nmt.generation.workers import map_in_workers
+def work(item):
+    open({str(tmp_path)!r} + f"/worker-{{os.getpid()}}", "w").close()
+    time.sleep(600)
+list(map_in_workers(work, range(2), workers=2, processes=True))
+"""
+    parent = subprocess.Popen([sys.executable, "-c", script])
+    deadline = time.monotonic() + 60
+    while len(list(tmp_path.glob("worker-*"))) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    workers = [int(path.name.split("-")[1]) for path in tmp_path.glob("worker-*")]
+    assert len(workers) == 2
+    parent.kill()  # SIGKILL: the parent can do nothing about its workers
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while any(alive(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    orphans = [pid for pid in workers if alive(pid)]
+    for pid in orphans:
+        os.kill(pid, signal.SIGKILL)
+    assert not orphans
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, ended and not yet reaped by init, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 def test_workers_are_threads_unless_the_caller_may_fork_with_one_thread_each(checkpoint, data_dir, monkeypatch):

@@ -109,10 +109,25 @@ def run_forked(item: Item) -> Result:
     return _forked_function(item)
 
 
-def start_forked_worker() -> None:
-    """A forked worker: one thread; Ctrl-C (sent to the whole process group) ends it at once and in
-    silence, the caller reports it; its output bypasses what the parent's progress display made of
-    stdout and stderr (a lock held at the fork would never be released here)."""
+PR_SET_PDEATHSIG = 1  # Linux prctl option: the signal a process gets when its parent ends
+
+
+def end_with_parent(parent: int) -> None:
+    """Have the kernel send this forked worker SIGTERM when its parent ends, however it ends (a
+    plain `kill` of the parent reaches it alone), and end now if the parent is gone already."""
+    try:
+        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (AttributeError, OSError, TypeError):  # no prctl in this C library
+        return
+    if os.getppid() != parent:
+        os._exit(128 + signal.SIGTERM)
+
+
+def start_forked_worker(parent: int) -> None:
+    """A forked worker: one thread; it ends with its parent; Ctrl-C (sent to the whole process group)
+    ends it at once and in silence, the caller reports it; its output bypasses what the parent's
+    progress display made of stdout and stderr (a lock held at the fork would never be released here)."""
+    end_with_parent(parent)
     torch.set_num_threads(1)
     if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # a background job's parent ignores it too
         signal.signal(signal.SIGINT, lambda signum, frame: os._exit(128 + signum))
@@ -127,7 +142,7 @@ def map_in_processes(function: Callable[[Item], Result], items: Iterable[Item], 
     memory ran out) is a one-line error; leaving early cancels the items not started."""
     global _forked_function
     pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"),
-                               initializer=start_forked_worker)
+                               initializer=start_forked_worker, initargs=(os.getpid(),))
     futures, completed = [], False
     try:
         for item in items:
