@@ -331,6 +331,18 @@ def test_controls_are_encoded_with_the_target_vocabulary(vocab):
     assert lines_with_controls(vocab, ["five"], False, False, None, []) == (["five"], None)
 
 
+def test_a_tab_without_a_tab_form_option_is_translated_as_text_with_a_warning(vocab, messages):
+    lines = ["five", "six\tsechs", "seven\tsieben"]
+    assert lines_with_controls(vocab, lines, False, False, None, [], first_line=11) == (lines, None)
+    assert [m for m in messages if "tab" in m] == [
+        "input line 12 holds a tab: translated as part of the source text (--prefix-column and --constraints read "
+        "tab-separated fields)"]
+    texts, _ = lines_with_controls(vocab, lines, False, False, None, [vocab.encode("acht")])  # --ban reads no tabs
+    assert texts == lines and sum("holds a tab" in m for m in messages) == 2
+    lines_with_controls(vocab, ["six\tsechs"], True, False, None, [])
+    assert sum("holds a tab" in m for m in messages) == 2  # the tab form: no warning
+
+
 @pytest.mark.parametrize("prefix,constraints,message", [
     (None, [""], "input line 2: constraint 1 is empty"),
     (None, ["sieben", "  "], "input line 2: constraint 2 is empty"),

@@ -17,6 +17,7 @@ from nmt.data.vocabulary import UNK_ID, Vocabulary
 from nmt.errors import NmtError
 from nmt.files import read_lines
 from nmt.generation.constraints import SentenceControls, contains
+from nmt.log import logger
 
 
 def split_line(line: str, prefix_column: bool, constraints: bool, where: str) -> tuple[str, str | None, list[str]]:
@@ -30,8 +31,7 @@ def split_line(line: str, prefix_column: bool, constraints: bool, where: str) ->
                            "(the prefix may be empty)")
         prefix = fields.pop(0) or None
     if fields and not constraints:
-        expected = "source<TAB>prefix" if prefix_column else "a source"
-        raise NmtError(f"{where} has {line.count(chr(9)) + 1} tab-separated fields, but is {expected} "
+        raise NmtError(f"{where} has {line.count(chr(9)) + 1} tab-separated fields, but is source<TAB>prefix "
                        "(constraints after more tabs need --constraints)")
     return source, prefix, fields
 
@@ -99,11 +99,22 @@ def controls_from_lists(vocab: Vocabulary, count: int, prefixes: object = None, 
                               banned, f"input line {i + 1}") for i in range(count)]
 
 
+def warn_of_tabs(lines: list[str], first_line: int) -> None:
+    """A tab is translated as text unless an option reads the tab form; a line that holds one was
+    more likely meant for --prefix-column or --constraints, so say so (once per call)."""
+    number = next((number for number, line in enumerate(lines, start=first_line) if "\t" in line), None)
+    if number is not None:
+        logger.warning("input line %d holds a tab: translated as part of the source text (--prefix-column and "
+                       "--constraints read tab-separated fields)", number)
+
+
 def lines_with_controls(vocab: Vocabulary, lines: list[str], prefix_column: bool, constraints: bool,
                         prefixes: list[str] | None, bans: list[list[int]], first_line: int = 1
                         ) -> tuple[list[str], list[SentenceControls | None] | None]:
     """The source text of input lines and their controls (None when no control is asked for):
     the tab form (``split_line``), ``prefixes`` from --prefix FILE (one per line), ``bans`` for all."""
+    if not (prefix_column or constraints):
+        warn_of_tabs(lines, first_line)
     if not (prefix_column or constraints or prefixes is not None or bans):
         return lines, None
     sources, controls = [], []
