@@ -226,6 +226,16 @@ def test_the_default_gnmt_length_penalty_decodes_as_fairseqs_with_one_warning(tr
     assert len(warnings) == 1 and "|Y|^0.6" in warnings[0]
 
 
+def test_exact_search_asked_of_ctranslate2_is_a_warning_where_it_could_differ(trained, messages):
+    from nmt.generation.ctranslate2_engine import ctranslate2_search
+
+    for stop, lenpen in (("exact", 0.6), ("exact", 0.0), ("auto", 0.6), ("finished", 0.6)):
+        ctranslate2_search(options_of_generate(path=[str(trained)], engine="ctranslate2", stop=stop, lenpen=lenpen))
+    assert [m for m in messages if "--stop" in m] == [
+        "--engine ctranslate2 ends a sentence once --beam hypotheses have finished (--stop finished); with a length "
+        "penalty, --stop exact can find other translations: --engine nmt searches so"]
+
+
 def test_missing_ctranslate2_is_a_one_line_hint(trained, tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "ctranslate2", None)  # import fails as if not installed
     code, _, err = run_cli(monkeypatch, capsys, "export", "ctranslate2", str(trained), str(tmp_path / "out"))
@@ -249,3 +259,25 @@ def test_outputs_end_before_the_models_last_position_as_in_nmts_own_search(tmp_p
     model, _ = prepare_model(str(checkpoint), torch.device("cpu"))
     (ours,) = translate_ids(model, source, options.search, options.batching)
     assert len(ours[0].tokens) == 16 and len(hypotheses[0].tokens) == 16  # 15 tokens and EOS, as nmt's own
+
+
+def test_by_default_ctranslate2_decodes_one_batch_per_thread_on_a_cpu(exported, monkeypatch):
+    """As nmt's own decoder: --workers unset is CTranslate2's inter_threads = torch's threads there,
+    one intra-op thread each; sampling keeps one."""
+    import nmt.generation.ctranslate2_engine as engine
+    from nmt.generation.ctranslate2_engine import load_ctranslate2
+
+    opened = []
+    real_open = engine.open_translator
+
+    def open_translator(path, device, compute, workers):
+        opened.append(workers)
+        return real_open(path, device, compute, workers)
+
+    monkeypatch.setattr(engine, "open_translator", open_translator)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
+    load_ctranslate2(options_of_generate(path=[str(exported)], engine="ctranslate2"), torch.device("cpu"))
+    load_ctranslate2(options_of_generate(path=[str(exported)], engine="ctranslate2", workers=1), torch.device("cpu"))
+    load_ctranslate2(options_of_generate(path=[str(exported)], engine="ctranslate2", sampling=True),
+                     torch.device("cpu"))
+    assert opened == [3, 1, 1]

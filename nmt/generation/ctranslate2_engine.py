@@ -70,7 +70,11 @@ if TYPE_CHECKING:
 
 
 def ctranslate2_search(options: GenerateOptions) -> GenerateOptions:
-    """The options as CTranslate2 can follow them: its one length penalty is fairseq's |Y|^alpha."""
+    """The options as CTranslate2 can follow them: its one length penalty is fairseq's |Y|^alpha, its
+    one stop rule nmt's ``finished``."""
+    if options.search.stop == "exact" and options.search.lenpen != 0 and not options.search.sampling:
+        logger.warning("--engine ctranslate2 ends a sentence once --beam hypotheses have finished (--stop finished); "
+                       "with a length penalty, --stop exact can find other translations: --engine nmt searches so")
     if options.search.lenpen_style == "gnmt" and options.search.lenpen != 0:
         logger.warning("--engine ctranslate2 has no GNMT length penalty ((5+|Y|)/6)^alpha: decoding with fairseq's "
                        "|Y|^%g (--lenpen-style fairseq)", options.search.lenpen)
@@ -98,6 +102,9 @@ def load_ctranslate2(options: GenerateOptions, device: torch.device) -> tuple[Tr
         raise NmtError("--engine ctranslate2 decodes with one model: give one --path (ensembles need --engine nmt)")
     compute, reason = compute_type(options, device)
     logger.info("CTranslate2 compute type: %s (%s)", compute, reason)
+    if options.batching.workers is None:  # as nmt's own decoder: one batch per thread on a CPU
+        workers = torch.get_num_threads() if device.type == "cpu" and not options.search.sampling else 1
+        options = dataclasses.replace(options, batching=dataclasses.replace(options.batching, workers=workers))
     translator, vocabs, max_positions = open_translator(Path(options.path[0]), device, compute,
                                                         options.batching.workers)
     if options.search.sampling:  # once: a stream's batches draw on, not the same samples again
