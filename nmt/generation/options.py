@@ -60,7 +60,8 @@ class SearchOptions:
 
 @dataclass(frozen=True)
 class BatchingOptions:
-    """How sentences are grouped for the model; the output never depends on it."""
+    """How sentences are grouped for the model; in fp32 the output never depends on it (int8
+    quantizes each batch's activations with one scale)."""
 
     max_tokens: int | None = field(default=8000, metadata={
         "help": "Source tokens x beam decoded at once; --workers share them (each batch gets its share).", "min": 1})
