@@ -248,6 +248,15 @@ def test_binding_beyond_loopback_needs_an_api_key(checkpoint):
                              "(or set NMT_API_KEY)\n")
 
 
+@pytest.mark.parametrize("key", ["", "  ", "none", "NULL"])
+def test_an_api_key_that_is_no_key_is_refused_as_an_empty_nmt_api_key_is(checkpoint, key):
+    """The option parser reads these words as "not given": the server would start without a key."""
+    result = subprocess.run(serve_command(checkpoint, "--api-key", key), capture_output=True, text=True,
+                            timeout=GIVE_UP)
+    assert result.returncode == 1
+    assert result.stderr == f"error: --api-key {key!r} is no key: give a key, or leave the option out\n"
+
+
 def test_without_the_extra_the_error_says_what_to_install(checkpoint):
     code = ("import sys; sys.modules['uvicorn'] = None; from nmt.cli import main; "
             f"sys.argv = ['nmt', 'serve', '--path', {str(checkpoint)!r}]; main()")
