@@ -156,6 +156,7 @@ def run_app(app: typer.Typer) -> None:
         typer.echo(str(exc) or "interrupted", err=True)  # its message says where the run stopped, what was saved
         sys.exit(exc.exit_code)
     except (KeyboardInterrupt, typer.Abort):
+        code = 130
+    if code == 130:  # typer turns a Ctrl-C in a command into this exit code, without a word
         typer.echo("interrupted", err=True)
-        sys.exit(130)
     sys.exit(code if isinstance(code, int) else 0)

@@ -54,6 +54,21 @@ def test_ctrl_c_while_the_libraries_load_ends_quietly_with_130(monkeypatch, caps
     assert stopped.value.code == 130 and capsys.readouterr().err == "interrupted\n"
 
 
+def test_ctrl_c_in_a_command_ends_with_130_and_says_so(monkeypatch, capsys):
+    """typer turns the KeyboardInterrupt into exit code 130 and says nothing; the CLI says it."""
+    import nmt.generation.generate as generate_module
+    from nmt.cli import main
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(generate_module, "generate", interrupted)
+    monkeypatch.setattr("sys.argv", ["nmt", "generate", "-i", "-", "--path", "model.pt"])
+    with pytest.raises(SystemExit) as stopped:
+        main()
+    assert stopped.value.code == 130 and capsys.readouterr().err.endswith("interrupted\n")
+
+
 @pytest.mark.parametrize("argv", [["--help"], ["generate", "--help"], ["average", "--help"], ["run", "--help"]])
 def test_flags_are_shown_without_a_value_type(argv):
     """A flag takes no value: `--quiet <bool>` in the help invites `--quiet true`, which then fails."""

@@ -28,7 +28,8 @@ from nmt.device import inference_device  # noqa: E402
 from nmt.device_options import InferenceDeviceOptions  # noqa: E402
 from nmt.generation.generate import generate  # noqa: E402
 from nmt.generation.options import GenerateOptions  # noqa: E402
-from nmt.options import build
+from nmt.options import build  # noqa: E402
+from nmt.serving.options import ServeOptions  # noqa: E402
 
 KEY = "test-key"
 LINES = ["five", "Turn to page twelve.", "", "the number four", "My room number is eighty-two.", "seven"]
@@ -420,3 +421,46 @@ def test_the_body_limit_is_the_one_the_docs_give(server):
     padded = b'{"text": ["five"]' + b" " * (limit - 18) + b"}"
     assert len(padded) == limit and request(server, "POST", "/translate", padded)[0] == 200
     assert request(server, "POST", "/translate", padded + b" ")[0] == 413
+
+
+def test_the_logged_address_already_accepts_connections(checkpoint, monkeypatch):
+    """A client that reads the `serving ... on http://HOST:PORT` line (how --port 0 tells the port)
+    may connect at once: the socket listens before the line is written."""
+    import uvicorn
+
+    import nmt.serving.server as server_module
+
+    connected = []
+
+    def connect_at_log_time(message, *args):
+        if message.startswith("serving "):
+            port = args[2]
+            with socket.create_connection(("127.0.0.1", port), timeout=GIVE_UP):
+                connected.append(port)
+
+    monkeypatch.setattr(server_module.logger, "info", connect_at_log_time)
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, sockets: sockets[0].close())
+    server_module.serve(build(ServeOptions, {"path": str(checkpoint), "port": "0"}))
+    assert len(connected) == 1
+
+
+def test_a_first_signal_lets_requests_finish_and_a_second_ends_at_once_without_tracebacks(monkeypatch, messages):
+    import signal
+
+    from nmt.serving.server import server_stopping_in_two_steps
+
+    class UvicornServer:  # what uvicorn's does with a signal, as far as it matters here
+        should_exit = False
+
+        def handle_exit(self, sig, frame):
+            self.should_exit = True
+
+    exits = []
+    monkeypatch.setattr(os, "_exit", exits.append)
+    server = server_stopping_in_two_steps(UvicornServer)()
+    server.handle_exit(signal.SIGINT, None)
+    assert server.should_exit and exits == []
+    server.handle_exit(signal.SIGINT, None)
+    assert exits == [130]
+    assert messages == ["SIGINT: stopping once the requests in progress are answered (SIGINT again to stop at once)",
+                        "SIGINT again: stopped at once, requests in progress unanswered"]

@@ -20,8 +20,10 @@ import asyncio
 import contextlib
 import json
 import math
+import os
 import resource
 import secrets
+import signal
 import socket
 import sys
 import time
@@ -331,6 +333,9 @@ def server_info(translator: Translator, options: ServeOptions, memory: dict[str,
     }
 
 
+LISTEN_BACKLOG = 2048  # uvicorn's own
+
+
 def serve(options: ServeOptions) -> None:
     """Check the options, load the model once, bind, and serve until interrupted."""
     try:
@@ -349,6 +354,7 @@ def serve(options: ServeOptions) -> None:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((options.host, options.port))
+        sock.listen(LISTEN_BACKLOG)  # before the address is logged: a client that reads it may connect at once
     except OSError as exc:
         sock.close()
         raise NmtError(f"cannot bind {options.host}:{options.port}: {exc.strerror or exc}") from exc
@@ -359,4 +365,23 @@ def serve(options: ServeOptions) -> None:
     # uvicorn refuses a request when its connection brings the open ones to limit_concurrency
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",
                             limit_concurrency=options.max_connections + 1)
-    uvicorn.Server(config).run(sockets=[sock])
+    server_stopping_in_two_steps(uvicorn.Server)(config).run(sockets=[sock])
+
+
+def server_stopping_in_two_steps(base: type) -> type:
+    """uvicorn's server, saying what a signal does: the first lets the requests in progress be
+    answered, a second ends the process at once and quietly (uvicorn's own second Ctrl-C cancels
+    them in the middle: tracebacks, and 500s)."""
+
+    class Server(base):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            name = signal.Signals(sig).name
+            if self.should_exit:
+                logger.warning("%s again: stopped at once, requests in progress unanswered", name)
+                os._exit(128 + sig)  # nothing of the user's is being written: the server writes no files
+            else:
+                logger.warning("%s: stopping once the requests in progress are answered (%s again to stop at once)",
+                               name, name)
+                super().handle_exit(sig, frame)
+
+    return Server
