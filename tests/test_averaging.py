@@ -135,7 +135,8 @@ def test_mismatched_arch_is_refused_on_one_line(tmp_path, vocab):
     result = run_nmt("average", tmp_path / "tiny.pt", tmp_path / "wide.pt", "-o", tmp_path / "out.pt")
     message = error_line(result)
     assert message.startswith("error: cannot average")
-    assert "tiny.pt" in message and "wide.pt" in message and "ffn_dim" in message
+    assert "tiny.pt" in message and "wide.pt" in message
+    assert message.index("tiny.pt") < message.index("wide.pt") and "ffn_dim 128 vs 256" in message  # in that order
     assert not (tmp_path / "out.pt").exists()
 
 

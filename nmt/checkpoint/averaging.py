@@ -86,7 +86,7 @@ def average_checkpoints(paths: list[str | Path]) -> dict[str, Any]:
             first = {key: checkpoint[key] for key in ("model_name", "arch", "model_config", "vocab")}
             first_layout, aliases = layout, _aliases(state)
         else:
-            check_compatible(checkpoint, first, f"cannot average {paths[0]} and {path}")
+            check_compatible(first, checkpoint, f"cannot average {paths[0]} and {path}")  # their values in that order
             if layout != first_layout:
                 changed = sorted(set(layout.items()) ^ set(first_layout.items()))
                 raise NmtError(f"cannot average {paths[0]} and {path}: their weights differ "
