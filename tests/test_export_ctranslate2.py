@@ -168,6 +168,9 @@ def test_cli_int8_export_loads_and_translates(trained, exported, tmp_path, monke
     assert code in (0, None), err
     lines = out.split("\n")[:-1]
     assert len(lines) == 3 and lines[1] == "" and "gezählt" in lines[2]
+    code, _, err = run_cli(monkeypatch, capsys, "generate", "-i", "-", "--path", str(outdir), stdin="five\n")
+    assert code == 1 and err == f"error: expected a checkpoint file, got a directory: {outdir} (a CTranslate2 " \
+                                "model: decode it with --engine ctranslate2)\n"
 
 
 @needs_ct2

@@ -130,8 +130,9 @@ class GenerateOptions:
     lowercase: bool = field(default=False, metadata={"help": f"With --score-reference: {LOWERCASE_HELP}"})
     engine: Literal["nmt", "ctranslate2"] = field(default="nmt", metadata={
         "help": "nmt: its own decoder; ctranslate2: CTranslate2 (the ct2 extra of nmt) on --path, a directory "
-                "from `nmt export ctranslate2` or a checkpoint (exported to a temporary directory). Needs "
-                "--lenpen-style fairseq; outputs can differ: see nmt/generation/ctranslate2_engine.py."})
+                "from `nmt export ctranslate2` or a checkpoint (exported to a temporary directory). Its length "
+                "penalty is fairseq's (--lenpen-style gnmt is decoded so, with a warning); outputs can differ: see "
+                "nmt/generation/ctranslate2_engine.py."})
     compute: InferenceDeviceOptions = field(default_factory=InferenceDeviceOptions, metadata={
         "help": "Device options.", "panel": PANEL})
     search: SearchOptions = field(default_factory=SearchOptions, metadata={
