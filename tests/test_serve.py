@@ -169,7 +169,8 @@ def test_32_concurrent_clients_get_their_own_answers(server, checkpoint):
     (b'{"text": ["five", "\\ud800"]}', 422, '"text" sentence 2 holds a lone surrogate escape'),
     (b'{"text": ["five"], "beam": "4"}', 422, '"beam" must be an integer, got a string'),
     (b'{"text": ["five"], "beam": true}', 422, '"beam" must be an integer, got a boolean'),
-    (b'{"text": ["five"], "lenpen": NaN}', 422, '"lenpen" must be a finite number'),
+    (b'{"text": ["five"], "lenpen": NaN}', 422, '"lenpen" must be a finite number, got NaN'),
+    (b'{"text": ["five"], "lenpen": -Infinity}', 422, '"lenpen" must be a finite number, got -Infinity'),
     (b'{"text": ["five"], "beam": 17}', 422, '"beam" must be at most 16'),
     (b'{"text": ["five"], "max_len_b": 100000}', 422, '"max_len_b" must be at most'),
     # The request: 1,024 rows for 516 steps. What a request may reach is capped (--max-output-length).

@@ -131,6 +131,9 @@ def output_limits(model, sources: list, search: SearchOptions, options: ServeOpt
 
 
 def json_type(value: Any) -> str:
+    """What a JSON value is, in words; NaN and the infinities (which Python's json reads) by name."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return json.dumps(value)
     names = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list",
              dict: "an object", type(None): "null"}
     return names.get(type(value), type(value).__name__)
