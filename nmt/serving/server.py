@@ -43,6 +43,7 @@ from nmt.generation.options import BatchingOptions, SearchOptions
 from nmt.generation.search import max_lengths, model_positions
 from nmt.generation.translator import Translator
 from nmt.log import logger
+from nmt.options import flag
 from nmt.serving.batcher import Batcher, QueueFull
 from nmt.serving.budget import HYPOTHESIS_BYTES_PER_TOKEN, SearchMemory
 from nmt.serving.options import ServeOptions
@@ -112,9 +113,10 @@ def parse_request(body: bytes, options: ServeOptions) -> tuple[list[str], dict[s
     limits = {"beam": (options.max_beam, "--max-beam"), "max_len_a": (MAX_LEN_A, ""),
               "max_len_b": (most_output, "--max-output-length"), "min_len": (most_output, "--max-output-length"),
               "no_repeat_ngram_size": (most_output, "--max-output-length")}
-    for name, (most, flag) in limits.items():
+    for name, (most, server_flag) in limits.items():
         if payload.get(name, getattr(defaults, name)) > most:
-            raise ApiError(422, f'"{name}" must be at most {most:g}' + (f" (the server's {flag})" if flag else ""))
+            raise ApiError(422, f'"{name}" must be at most {most:g}' +
+                           (f" (the server's {server_flag})" if server_flag else ""))
     return text, payload, controls
 
 
@@ -128,6 +130,13 @@ def output_limits(model, sources: list, search: SearchOptions, options: ServeOpt
                                 f"its {length} tokens + max_len_b {search.max_len_b}); the server's "
                                 f"--max-output-length is {options.max_output_length}: lower max_len_a or max_len_b")
     return limits
+
+
+def in_request_terms(message: str) -> str:
+    """An option's error as a request names the option: "beam", not --beam."""
+    for name in REQUEST_OPTIONS:
+        message = message.replace(flag(name), f'"{name}"')
+    return message
 
 
 def json_type(value: Any) -> str:
@@ -184,7 +193,7 @@ def create_app(translator: Translator, options: ServeOptions, baseline: int = 0)
         try:
             search, _ = translator.options(**overrides)
         except NmtError as exc:
-            raise ApiError(422, str(exc)) from exc
+            raise ApiError(422, in_request_terms(str(exc))) from exc
         sources = encode_sources(translator.vocabs, texts)
         try:  # here, not in the batch: one request's sentence must not fail the others batched with it
             check_lengths(translator.model, sources)
