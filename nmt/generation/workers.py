@@ -52,13 +52,9 @@ def share_one_malloc_arena() -> None:
     ``MALLOC_ARENA_MAX=1`` would); a user's own MALLOC_ARENA_MAX is left as it is, and there is
     nothing to do without glibc's ``mallopt``.
     """
-    if "MALLOC_ARENA_MAX" in os.environ:
-        return
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (AttributeError, OSError, TypeError):  # no mallopt in this C library (or no C library to ask)
-        return
-    mallopt(M_ARENA_MAX, 1)
+    mallopt = libc_function("mallopt")
+    if "MALLOC_ARENA_MAX" not in os.environ and mallopt is not None:
+        mallopt(M_ARENA_MAX, 1)
 
 
 def release_freed_memory() -> None:
@@ -66,10 +62,20 @@ def release_freed_memory() -> None:
     workers: loading and quantizing a model leave some (46 MiB for int8 transformer_small), which a
     forked worker would otherwise copy as it reuses them while the parent keeps its own copy. Nothing
     to do without glibc."""
+    malloc_trim = libc_function("malloc_trim")
+    if malloc_trim is not None:
+        malloc_trim(0)
+
+
+def libc_function(name: str) -> Callable[..., int] | None:
+    """A function of the C library (glibc's mallopt, malloc_trim, prctl); None where it has none.
+
+    Looked up in the parent, never in a forked worker: the lookup takes the dynamic loader's lock,
+    which another thread of the parent may have held at the fork (the worker then waits forever)."""
     try:
-        ctypes.CDLL(None).malloc_trim(0)
-    except (AttributeError, OSError, TypeError):
-        pass
+        return getattr(ctypes.CDLL(None), name)
+    except (AttributeError, OSError, TypeError):  # not in this C library (or no C library to ask)
+        return None
 
 
 def forks_workers(workers: int) -> bool:
@@ -112,22 +118,21 @@ def run_forked(item: Item) -> Result:
 PR_SET_PDEATHSIG = 1  # Linux prctl option: the signal a process gets when its parent ends
 
 
-def end_with_parent(parent: int) -> None:
+def end_with_parent(parent: int, prctl: Callable[..., int] | None) -> None:
     """Have the kernel send this forked worker SIGTERM when its parent ends, however it ends (a
-    plain `kill` of the parent reaches it alone), and end now if the parent is gone already."""
-    try:
-        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    except (AttributeError, OSError, TypeError):  # no prctl in this C library
+    plain `kill` of the parent reaches it alone), and end now if the parent is gone already.
+    ``prctl`` is the C library's, looked up by the parent (see ``libc_function``)."""
+    if prctl is None or prctl(PR_SET_PDEATHSIG, ctypes.c_ulong(signal.SIGTERM)) != 0:
         return
     if os.getppid() != parent:
         os._exit(128 + signal.SIGTERM)
 
 
-def start_forked_worker(parent: int) -> None:
+def start_forked_worker(parent: int, prctl: Callable[..., int] | None) -> None:
     """A forked worker: one thread; it ends with its parent; Ctrl-C (sent to the whole process group)
     ends it at once and in silence, the caller reports it; its output bypasses what the parent's
     progress display made of stdout and stderr (a lock held at the fork would never be released here)."""
-    end_with_parent(parent)
+    end_with_parent(parent, prctl)
     torch.set_num_threads(1)
     if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # a background job's parent ignores it too
         signal.signal(signal.SIGINT, lambda signum, frame: os._exit(128 + signum))
@@ -142,7 +147,7 @@ def map_in_processes(function: Callable[[Item], Result], items: Iterable[Item], 
     memory ran out) is a one-line error; leaving early cancels the items not started."""
     global _forked_function
     pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"),
-                               initializer=start_forked_worker, initargs=(os.getpid(),))
+                               initializer=start_forked_worker, initargs=(os.getpid(), libc_function("prctl")))
     futures, completed = [], False
     try:
         for item in items:
