@@ -15,7 +15,6 @@ from rich.console import Console
 from nmt.checkpoint.options import AverageOptions
 from nmt.commands import Group, command, run_app, sub_app
 from nmt.data.preprocess import PreprocessOptions
-from nmt.errors import NmtError
 from nmt.export.options import ExportOptions
 from nmt.generation.options import GenerateOptions
 from nmt.log import logger, state
@@ -121,8 +120,6 @@ def generate(given: dict) -> None:
 @command(app, ServeOptions)
 def serve(given: dict) -> None:
     """Serve translations over HTTP (needs the serve extra of nmt): POST /translate, GET /health, GET /info."""
-    if str(given.get("api_key", "x")).strip().lower() in {"", "none", "null"}:  # words that would unset the option
-        raise NmtError(f"--api-key {given['api_key']!r} is no key: give a key, or leave the option out")
     from nmt.serving.server import serve as run_server
 
     run_server(build(ServeOptions, given, "serve"))

@@ -42,13 +42,14 @@ def signals_held() -> Iterator[None]:
 
     For writes that a signal must not cut in half: torch.save's zip writer, stopped in its Python
     callback, writes its end to the closed file when it is collected and aborts the process.
-    Only the main thread has signal handlers; elsewhere the block runs as is.
+    Only the main thread has signal handlers; elsewhere the block runs as is, and so does a signal
+    whose handler Python did not install (it could not be put back).
     """
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     received: list[int] = []
-    held = (signal.SIGINT, signal.SIGTERM)
+    held = [signum for signum in (signal.SIGINT, signal.SIGTERM) if signal.getsignal(signum) is not None]
     previous = {signum: signal.signal(signum, lambda signum, frame: received.append(signum)) for signum in held}
     try:
         yield

@@ -32,7 +32,8 @@ from typing import Any, Mapping
 from nmt.errors import NmtError
 
 COMMAND_LINE = "the command line"
-METADATA_KEYS = frozenset({"help", "min", "max", "above", "below", "panel", "flags", "argument", "metavar", "path"})
+METADATA_KEYS = frozenset({"help", "min", "max", "above", "below", "panel", "flags", "argument", "metavar", "path",
+                           "literal"})  # literal: its text as given ("", "none" are values, not "not set")
 
 
 @dataclass(frozen=True)
@@ -230,7 +231,8 @@ def build(cls: type, values: Mapping[str, Any], what: str = "", where: str = COM
     for key, value in values.items():
         option = known[key]
         name = key if where == COMMAND_LINE else f"`{what}: {key}` in {where}"
-        groups.setdefault(option.owner, {})[key] = coerce(value, option.type, name)
+        literal = option.metadata.get("literal") and isinstance(value, str)
+        groups.setdefault(option.owner, {})[key] = value if literal else coerce(value, option.type, name)
     try:
         return _construct(cls, (), groups)
     except NmtError as error:

@@ -26,7 +26,13 @@ from nmt.generation.constraints import (
     rank_in_bank,
     transitions,
 )
-from nmt.generation.control_input import controls_from_lists, lines_with_controls, sentence_controls, split_line
+from nmt.generation.control_input import (
+    controls_from_lists,
+    lines_with_controls,
+    sentence_controls,
+    split_line,
+    warn_of_tabs,
+)
 from nmt.generation.inference import check_controls, warn_unmet
 from nmt.generation.options import SearchOptions
 from nmt.generation.search import NEG_INF, beam_search, length_penalty
@@ -333,14 +339,15 @@ def test_controls_are_encoded_with_the_target_vocabulary(vocab):
 
 def test_a_tab_without_a_tab_form_option_is_translated_as_text_with_a_warning(vocab, messages):
     lines = ["five", "six\tsechs", "seven\tsieben"]
-    assert lines_with_controls(vocab, lines, False, False, None, [], first_line=11) == (lines, None)
+    assert lines_with_controls(vocab, lines, False, False, None, []) == (lines, None)
+    texts, _ = lines_with_controls(vocab, lines, False, False, None, [vocab.encode("acht")])  # --ban reads no tabs
+    assert texts == lines
+    assert warn_of_tabs(lines, tab_form=False, first_line=11)
     assert [m for m in messages if "tab" in m] == [
         "input line 12 holds a tab: translated as part of the source text (--prefix-column and --constraints read "
         "tab-separated fields)"]
-    texts, _ = lines_with_controls(vocab, lines, False, False, None, [vocab.encode("acht")])  # --ban reads no tabs
-    assert texts == lines and sum("holds a tab" in m for m in messages) == 2
-    lines_with_controls(vocab, ["six\tsechs"], True, False, None, [])
-    assert sum("holds a tab" in m for m in messages) == 2  # the tab form: no warning
+    assert not warn_of_tabs(lines, tab_form=True) and not warn_of_tabs(["five"], tab_form=False)
+    assert sum("holds a tab" in m for m in messages) == 1
 
 
 @pytest.mark.parametrize("prefix,constraints,message", [

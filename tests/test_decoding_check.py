@@ -52,6 +52,8 @@ def checks_on_forty_sentences():
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(decoding_check_module, "MIN_CHECK_SENTENCES", 40)
         yield
+
+
 FAST = DecodingSettings("int8", "finished", "validation check, 40 sentences: ...")
 SAFE = DecodingSettings("none", "exact", "validation check, 40 sentences: no faster setting kept it")
 

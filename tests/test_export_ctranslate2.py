@@ -169,8 +169,8 @@ def test_cli_int8_export_loads_and_translates(trained, exported, tmp_path, monke
     lines = out.split("\n")[:-1]
     assert len(lines) == 3 and lines[1] == "" and "gezählt" in lines[2]
     code, _, err = run_cli(monkeypatch, capsys, "generate", "-i", "-", "--path", str(outdir), stdin="five\n")
-    assert code == 1 and err == f"error: expected a checkpoint file, got a directory: {outdir} (a CTranslate2 " \
-                                "model: decode it with --engine ctranslate2)\n"
+    assert code == 1 and err == f"error: {outdir} is a CTranslate2 model directory: decode it with --engine " \
+                                "ctranslate2\n"
 
 
 @needs_ct2
@@ -232,11 +232,13 @@ def test_the_default_gnmt_length_penalty_decodes_as_fairseqs_with_one_warning(tr
 def test_exact_search_asked_of_ctranslate2_is_a_warning_where_it_could_differ(trained, messages):
     from nmt.generation.ctranslate2_engine import ctranslate2_search
 
-    for stop, lenpen in (("exact", 0.6), ("exact", 0.0), ("auto", 0.6), ("finished", 0.6)):
-        ctranslate2_search(options_of_generate(path=[str(trained)], engine="ctranslate2", stop=stop, lenpen=lenpen))
-    assert [m for m in messages if "--stop" in m] == [
+    for stop, lenpen, nbest in (("exact", 0.6, 1), ("exact", 0.0, 1), ("exact", 0.0, 2), ("auto", 0.6, 1),
+                                ("finished", 0.6, 1)):
+        ctranslate2_search(options_of_generate(path=[str(trained)], engine="ctranslate2", stop=stop, lenpen=lenpen,
+                                               nbest=nbest))
+    assert [m for m in messages if "--stop" in m] == 2 * [
         "--engine ctranslate2 ends a sentence once --beam hypotheses have finished (--stop finished); with a length "
-        "penalty, --stop exact can find other translations: --engine nmt searches so"]
+        "penalty or --nbest > 1, --stop exact can find other translations: --engine nmt searches so"]
 
 
 def test_missing_ctranslate2_is_a_one_line_hint(trained, tmp_path, monkeypatch, capsys):

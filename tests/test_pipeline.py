@@ -33,7 +33,7 @@ def pipeline_run(tmp_path_factory):
     raw = write_demo_corpus(tmp_path / "raw", train_size=300, valid_size=20, test_size=20, seed=3)
     path = tmp_path / "recipe.yaml"
     path.write_text(yaml.safe_dump(tiny_recipe(tmp_path, raw)), encoding="utf-8")
-    with pytest.MonkeyPatch.context() as patch:  # a decoding check on 20 validation sentences, for speed
+    with pytest.MonkeyPatch.context() as patch:  # so that the 20-sentence validation split is still checked
         patch.setattr(decoding_check, "MIN_CHECK_SENTENCES", 20)
         return tmp_path, path, run_recipe(path)
 

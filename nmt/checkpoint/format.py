@@ -103,8 +103,7 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     if not path.exists():
         raise NmtError(f"checkpoint not found: {path}")
     if path.is_dir():
-        hint = " (a CTranslate2 model: decode it with --engine ctranslate2)" if (path / "model.bin").exists() else ""
-        raise NmtError(f"expected a checkpoint file, got a directory: {path}{hint}")
+        raise NmtError(f"expected a checkpoint file, got a directory: {path}")
     try:
         checkpoint = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except OSError as exc:

@@ -99,13 +99,15 @@ def controls_from_lists(vocab: Vocabulary, count: int, prefixes: object = None, 
                               banned, f"input line {i + 1}") for i in range(count)]
 
 
-def warn_of_tabs(lines: list[str], first_line: int) -> None:
-    """A tab is translated as text unless an option reads the tab form; a line that holds one was
-    more likely meant for --prefix-column or --constraints, so say so (once per call)."""
-    number = next((number for number, line in enumerate(lines, start=first_line) if "\t" in line), None)
+def warn_of_tabs(lines: list[str], tab_form: bool, first_line: int = 1) -> bool:
+    """A tab is source text unless an option reads the tab form (``tab_form``); a line that holds one
+    was more likely meant for --prefix-column or --constraints, so say so, naming the first such
+    line. Returns whether it warned (a stream warns once)."""
+    number = None if tab_form else next((n for n, line in enumerate(lines, start=first_line) if "\t" in line), None)
     if number is not None:
         logger.warning("input line %d holds a tab: translated as part of the source text (--prefix-column and "
                        "--constraints read tab-separated fields)", number)
+    return number is not None
 
 
 def lines_with_controls(vocab: Vocabulary, lines: list[str], prefix_column: bool, constraints: bool,
@@ -113,8 +115,6 @@ def lines_with_controls(vocab: Vocabulary, lines: list[str], prefix_column: bool
                         ) -> tuple[list[str], list[SentenceControls | None] | None]:
     """The source text of input lines and their controls (None when no control is asked for):
     the tab form (``split_line``), ``prefixes`` from --prefix FILE (one per line), ``bans`` for all."""
-    if not (prefix_column or constraints):
-        warn_of_tabs(lines, first_line)
     if not (prefix_column or constraints or prefixes is not None or bans):
         return lines, None
     sources, controls = [], []

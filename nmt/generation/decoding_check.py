@@ -45,6 +45,10 @@ CHECK_SENTENCES = 500
 MIN_CHECK_SENTENCES = 100
 
 
+class TooFewSentences(NmtError):
+    """A validation split too small for the check: a normal case (a small corpus), not a fault."""
+
+
 class Setting(NamedTuple):
     quantize: str  # none or int8
     stop: str  # exact or finished
@@ -67,9 +71,11 @@ class DecodingSettings:
     reason: str  # e.g. "validation check, 500 sentences: fp32 exact 38.95, int8 finished 38.81 BLEU: ..."
 
     def describe(self) -> str:
+        """For the log line of each surface that decodes with it."""
         return f"quantize {self.quantize}, stop {self.stop} ({self.reason})"
 
     def to_dict(self) -> dict[str, str]:
+        """The checkpoint's record: plain types, which a weights-only load reads."""
         return dataclasses.asdict(self)
 
     @classmethod
@@ -110,8 +116,8 @@ def check_decoding(checkpoint: dict[str, Any] | str | Path, sources: Sequence[np
         raise NmtError(f"the decoding check needs sources and references, one for one; got {len(sources)} and "
                        f"{len(references)}")
     if len(sources) < MIN_CHECK_SENTENCES:
-        raise NmtError(f"{len(sources)} validation sentences, fewer than the {MIN_CHECK_SENTENCES} the check needs to "
-                       f"tell {BLEU_TOLERANCE} BLEU from a word or two")
+        raise TooFewSentences(f"{len(sources)} validation sentences, fewer than the {MIN_CHECK_SENTENCES} the check "
+                              f"needs to tell {BLEU_TOLERANCE} BLEU from a word or two")
     vocabs = Vocabularies.from_state(checkpoint["vocab"])
     decoded_references = [vocabs.target.decode(reference) for reference in references]
     models: dict[str, nn.Module] = {}  # by quantize: fp32 serves the reference and fp32 finished
@@ -157,11 +163,15 @@ SKIPPED = "decoding check of %s skipped: %s (--quantize auto and --stop auto wil
 def timed_check(checkpoint: dict[str, Any], sources: Sequence[np.ndarray], references: Sequence[np.ndarray],
                 device: torch.device, name: str) -> DecodingSettings | None:
     """``check_decoding``, with one log line of its choice and its cost; one saying why when it cannot
-    run (no sentence to decode, a BLEU tokenizer missing here), which leaves the model unchecked
-    rather than failing the training or averaging that asked for it."""
+    run (too few sentences to decode, a BLEU tokenizer missing here), which leaves the model
+    unchecked rather than failing the training or averaging that asked for it. A small validation
+    split is a normal case, said at the info level; the others are warnings."""
     started = time.perf_counter()
     try:
         choice = check_decoding(checkpoint, sources, references, device)
+    except TooFewSentences as exc:
+        logger.info(SKIPPED, name, exc)
+        return None
     except NmtError as exc:
         logger.warning(SKIPPED, name, exc)
         return None

@@ -23,12 +23,13 @@ from rich.text import Text
 from torch import nn
 
 from nmt.checkpoint.format import Vocabularies
+from nmt.checkpoint.names import split_paths
 from nmt.data.dataset import DataDir
 from nmt.device import inference_device
 from nmt.errors import NmtError
 from nmt.files import atomic_write, read_lines, refuse_overwriting, require_files
 from nmt.generation.alignment import word_attentions
-from nmt.generation.control_input import lines_with_controls, read_bans
+from nmt.generation.control_input import lines_with_controls, read_bans, warn_of_tabs
 from nmt.generation.ctranslate2_engine import load_ctranslate2
 from nmt.generation.decoding_check import decoding_settings
 from nmt.generation.ensemble import Ensemble
@@ -87,6 +88,7 @@ def read_inputs(options: GenerateOptions, vocabs: Vocabularies, bans: list[list[
         _, controls = lines_with_controls(vocabs.target, texts, False, False, read_prefixes(options, len(texts)), bans)
         return sources, texts, references, controls
     lines = read_lines(options.input)  # empty in, empty out (a sharded pipeline has empty shards)
+    warn_of_tabs(lines, options.prefix_column or options.constraints)
     texts, controls = lines_with_controls(vocabs.target, lines, options.prefix_column, options.constraints,
                                           read_prefixes(options, len(lines)), bans)
     return encode_sources(vocabs, texts), texts, None, controls
@@ -143,6 +145,13 @@ class Engine(NamedTuple):
     model: nn.Module | None  # nmt's model (for attention weights); None for CTranslate2
 
 
+def refuse_exported_models(paths: list[str]) -> None:
+    """A CTranslate2 model directory (from `nmt export ctranslate2`) given to nmt's own decoder."""
+    for path in (item for given in paths for item in split_paths(given)):
+        if (Path(path) / "model.bin").is_file():
+            raise NmtError(f"{path} is a CTranslate2 model directory: decode it with --engine ctranslate2")
+
+
 def load_engine(options: GenerateOptions, device: torch.device) -> Engine:
     """nmt's decoder (one model or an ensemble) or CTranslate2's, as --engine says."""
     if options.engine == "ctranslate2":
@@ -170,8 +179,10 @@ def translate_stream(engine: Engine, options: GenerateOptions, device: torch.dev
     """Translate stdin as lines arrive, writing and flushing each batch before reading on."""
     reader = LineReader(name="stdin")
     translations: list[Translation] = []
+    warned = False
     while lines := reader.next_batch(options.buffer_size):
         first_line = len(translations) + 1
+        warned = warned or warn_of_tabs(lines, options.prefix_column or options.constraints, first_line)
         texts, controls = lines_with_controls(engine.vocabs.target, lines, options.prefix_column, options.constraints,
                                               None, bans, first_line)
         sources = encode_sources(engine.vocabs, texts)
@@ -222,6 +233,7 @@ def generate(options: GenerateOptions, show_progress: bool = True) -> GenerateRe
         refuse_overwriting("--print-attention", options.print_attention, {"raw text of the split": raw})
     decoding = ""
     if options.engine == "nmt":  # CTranslate2 keeps its own rule and compute type (load_ctranslate2)
+        refuse_exported_models(options.path)
         settings = decoding_settings(options.compute, options.search, options.path)
         options = dataclasses.replace(options, compute=dataclasses.replace(options.compute, quantize=settings.quantize),
                                       search=dataclasses.replace(options.search, stop=settings.stop))

@@ -71,8 +71,8 @@ class BatchingOptions:
                 "at least one, so more workers than threads share cores. On Linux a worker with one thread is a "
                 "process forked after loading (it shares the weights), else a thread. Unset: on CPU, "
                 "one per thread (at most one per sentence): a step's many small operations barely use a second "
-                "thread, a second batch does (--engine ctranslate2 too: its inter_threads); 1 with --sampling and "
-                "on a GPU.",
+                "thread, a second batch does (--engine ctranslate2: one per thread, its inter_threads, set as it "
+                "loads); 1 with --sampling and on a GPU.",
         "min": 1})
 
     def __post_init__(self) -> None:

@@ -23,7 +23,7 @@ class ServeOptions:
         "help": "Address to bind; anything but loopback needs --api-key."})
     port: int = field(default=8080, metadata={"help": "Port to bind (0: a free one, logged).", "min": 0,
                                               "max": 65535})
-    api_key: str | None = field(default=None, metadata={
+    api_key: str | None = field(default=None, metadata={"literal": True,  # --api-key "" is no key, not "no option"
         "help": f"Require this key on every request (Authorization: Bearer KEY or X-API-Key); env {API_KEY_ENV}."})
     compute: InferenceDeviceOptions = field(default_factory=InferenceDeviceOptions, metadata={
         "help": "Device options.", "panel": DEVICE_PANEL})
@@ -55,7 +55,7 @@ class ServeOptions:
         if self.api_key is None and API_KEY_ENV in os.environ:  # unlike a command line, other users cannot see it
             object.__setattr__(self, "api_key", os.environ[API_KEY_ENV])
         check_values(self)
-        if self.api_key == "":
+        if self.api_key is not None and not self.api_key.strip():
             raise NmtError(f"the API key is empty (--api-key or {API_KEY_ENV}): give a key, or none")
         if self.max_queue < self.max_sentences:
             raise NmtError(f"--max-queue {self.max_queue} is below --max-sentences {self.max_sentences}: "

@@ -21,6 +21,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import resource
 import secrets
 import signal
@@ -133,10 +134,10 @@ def output_limits(model, sources: list, search: SearchOptions, options: ServeOpt
 
 
 def in_request_terms(message: str) -> str:
-    """An option's error as a request names the option: "beam", not --beam."""
-    for name in REQUEST_OPTIONS:
-        message = message.replace(flag(name), f'"{name}"')
-    return message
+    """An option's error as a request names the option: "beam", not --beam (whole flags only:
+    --lenpen is not the start of --lenpen-style)."""
+    fields = {flag(name): f'"{name}"' for name in REQUEST_OPTIONS}
+    return re.sub(r"--[a-z0-9-]+", lambda found: fields.get(found.group(0), found.group(0)), message)
 
 
 def json_type(value: Any) -> str:
@@ -345,9 +346,6 @@ def server_info(translator: Translator, options: ServeOptions, memory: dict[str,
     }
 
 
-LISTEN_BACKLOG = 2048  # uvicorn's own
-
-
 def serve(options: ServeOptions) -> None:
     """Check the options, load the model once, bind, and serve until interrupted."""
     try:
@@ -361,12 +359,15 @@ def serve(options: ServeOptions) -> None:
     translate_ids(translator.model, [np.full(2, EOS_ID)], SearchOptions(beam=1, max_len_b=1), None, translator.device,
                   translator.precision)
     app = create_app(translator, options, peak_memory())
+    # uvicorn refuses a request when its connection brings the open ones to limit_concurrency
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",
+                            limit_concurrency=options.max_connections + 1)
     family = socket.AF_INET6 if ":" in options.host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((options.host, options.port))
-        sock.listen(LISTEN_BACKLOG)  # before the address is logged: a client that reads it may connect at once
+        sock.listen(config.backlog)  # before the address is logged: a client that reads it may connect at once
     except OSError as exc:
         sock.close()
         raise NmtError(f"cannot bind {options.host}:{options.port}: {exc.strerror or exc}") from exc
@@ -374,26 +375,23 @@ def serve(options: ServeOptions) -> None:
     shown = f"[{host}]" if family == socket.AF_INET6 else host
     logger.info("serving %s on http://%s:%d (POST /translate, GET /health, GET /info); %s", translator.path, shown,
                 port, translator.decoding.describe())
-    # uvicorn refuses a request when its connection brings the open ones to limit_concurrency
-    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",
-                            limit_concurrency=options.max_connections + 1)
     server_stopping_in_two_steps(uvicorn.Server)(config).run(sockets=[sock])
 
 
 def server_stopping_in_two_steps(base: type) -> type:
-    """uvicorn's server, saying what a signal does: the first lets the requests in progress be
-    answered, a second ends the process at once and quietly (uvicorn's own second Ctrl-C cancels
-    them in the middle: tracebacks, and 500s)."""
+    """uvicorn's server (``base``: uvicorn is imported only when serving), saying what a signal does:
+    the first lets the requests in progress be answered, a second ends the process at once and
+    quietly (uvicorn's own second Ctrl-C cancels them in the middle: tracebacks, and 500s)."""
 
     class Server(base):
         def handle_exit(self, sig: int, frame: Any) -> None:
-            name = signal.Signals(sig).name
+            name = "Ctrl-C" if sig == signal.SIGINT else signal.Signals(sig).name
             if self.should_exit:
-                logger.warning("%s again: stopped at once, requests in progress unanswered", name)
+                logger.warning("%s: stopped at once, requests in progress unanswered", name)
                 os._exit(128 + sig)  # nothing of the user's is being written: the server writes no files
             else:
-                logger.warning("%s: stopping once the requests in progress are answered (%s again to stop at once)",
-                               name, name)
+                logger.warning("%s: stopping once the requests in progress are answered (a second Ctrl-C or "
+                               "SIGTERM stops at once)", name)
                 super().handle_exit(sig, frame)
 
     return Server
