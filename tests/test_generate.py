@@ -159,8 +159,9 @@ def test_cpu_decoding_runs_one_worker_per_thread_by_default_sharing_the_token_bu
         return search(model, source, *args, **kwargs)
 
     monkeypatch.setattr(inference_module, "beam_search", watched)
+    # Two threads, one per worker. torch.set_num_threads stays real: a forked worker must set its one
+    # thread, or its products wait forever on the parent's OpenMP threads, which a fork does not copy.
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
-    monkeypatch.setattr(torch, "set_num_threads", lambda threads: None)
     longest = max(len(s) for s in sources)
     for workers, threads in ((None, 2), (1, 1)):
         chosen = options(checkpoint, beam=2, max_len_b=4, max_tokens=8 * longest, workers=workers)
