@@ -31,7 +31,17 @@ from nmt.training.config import TrainConfig, load_train_config
 # more, and on a machine whose cores are busy with other work, OpenMP threads waiting for each
 # other made single steps 10-40x slower (measured on the 2-core development VM).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+THREADS = int(os.environ["OMP_NUM_THREADS"])
+torch.set_num_threads(THREADS)
+
+
+@pytest.fixture(autouse=True)
+def threads_as_they_were():
+    """A test that fakes torch's thread count can leave it set (workers restore the count they read):
+    put it back, so that a later test's forked workers are not started with threads a fork cannot keep."""
+    yield
+    if torch.get_num_threads() != THREADS:
+        torch.set_num_threads(THREADS)
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 MULTI30K = SHARED / "data" / "multi30k"

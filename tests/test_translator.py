@@ -142,8 +142,8 @@ def test_the_api_forks_its_workers_only_when_no_other_thread_runs(checkpoint, mo
         return search(*args, **kwargs)
 
     monkeypatch.setattr(inference_module, "beam_search", watched)
-    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)  # two workers of one thread each
-    monkeypatch.setattr(torch, "set_num_threads", lambda threads: None)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)  # two workers of one thread each (set for real: a
+    # forked worker that kept the parent's OpenMP threads would wait on them forever)
     sentences = [f"Turn to page {n}." for n in ("one", "two", "three", "four", "five", "six")]
     for threads, forked in ((1, True), (2, False)):
         monkeypatch.setattr(threading, "active_count", lambda: threads)
