@@ -119,3 +119,6 @@ def test_cli_spellings_and_vocabulary_mismatch(data_dir, tmp_path):
     assert mismatch.stderr == f"error: cannot ensemble {other} with {a}: their vocabularies or languages differ\n"
     empty = generate("--path", f"{a}:")
     assert empty.returncode == 1 and "empty checkpoint name" in empty.stderr
+    twice = generate("--path", f"{a}:{tmp_path}/./a.pt")
+    assert twice.returncode == 1 and twice.stderr.startswith(f"error: checkpoint given twice: {a} and ")
+    assert twice.stderr.endswith("(an ensemble of a model with itself decodes as the model alone, at twice the cost)\n")

@@ -52,6 +52,13 @@ def prepare_model(checkpoint_path: str | Path | list[str], device: torch.device,
     share_one_malloc_arena()
     given = checkpoint_path if isinstance(checkpoint_path, list) else [checkpoint_path]
     paths = [path for item in given for path in split_paths(str(item))]
+    seen: dict[Path, str] = {}
+    for path in paths:
+        resolved = Path(path).resolve()
+        if resolved in seen:
+            raise NmtError(f"checkpoint given twice: {seen[resolved]} and {path} (an ensemble of a model with itself "
+                           "decodes as the model alone, at twice the cost)")
+        seen[resolved] = path
     models, vocabs = [], None
     for path in paths:
         model, its_vocabs = model_from_checkpoint(load_checkpoint(path))
