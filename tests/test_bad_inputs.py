@@ -261,6 +261,8 @@ CASES = [
     ("train-finetune-model-missing", [*TRAIN, "--finetune-from-model", "missing.pt", "--save-dir", "t1"],
      "--finetune-from-model not found", NO_SETUP),
     ("train-save-dir-is-a-file", [*TRAIN, "--save-dir", "good.hyp"], "is a file", NO_SETUP),
+    ("train-save-dir-is-the-data-dir", [*TRAIN, "--save-dir", "./data"], "--save-dir data is the data directory",
+     NO_SETUP),
     ("train-save-dir-in-use", [*TRAIN, "--save-dir", "busy"], "in use by another `nmt train` (pid",
      setup(then=locked_by_another_run)),
     ("train-resume-other-arch", ["train", "data", "--arch", "transformer_small", "--max-tokens", "1000",

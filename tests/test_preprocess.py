@@ -441,8 +441,22 @@ def test_a_dataset_holding_the_input_text_is_never_replaced(corpus, tmp_path, mo
     assert_cli_error(monkeypatch, capsys, args, "holds the input", "train.", "would delete it")
     assert (tmp_path / "bin" / "train.en").read_bytes() == (corpus / "train.en").read_bytes()
     assert (tmp_path / "bin" / "meta.json").is_file()
+    for name in ("train.en", "train.de"):
+        (tmp_path / "bin" / name).unlink()
     args = cli_args(corpus, tmp_path, "--force", "--spm-model", str(tmp_path / "bin" / "spm.model"))
     assert run_cli(monkeypatch, capsys, *args, "--quiet")[0] == 0  # its own sentencepiece model is read first
+
+
+def test_force_never_deletes_what_preprocess_did_not_write(corpus, tmp_path, monkeypatch, capsys):
+    assert run_cli(monkeypatch, capsys, *cli_args(corpus, tmp_path), "--quiet")[0] == 0
+    (tmp_path / "bin" / "NOTES.txt").write_text("mine\n")
+    (tmp_path / "bin" / "runs").mkdir()
+    assert_cli_error(monkeypatch, capsys, cli_args(corpus, tmp_path, "--force"),
+                     "also holds what `nmt preprocess` did not write (NOTES.txt, runs)", "move them out")
+    assert (tmp_path / "bin" / "NOTES.txt").read_text() == "mine\n" and (tmp_path / "bin" / "runs").is_dir()
+    (tmp_path / "bin" / "NOTES.txt").unlink()
+    (tmp_path / "bin" / "runs").rmdir()
+    assert run_cli(monkeypatch, capsys, *cli_args(corpus, tmp_path, "--force"), "--quiet")[0] == 0  # its own only
 
 
 @pytest.mark.parametrize("extra, expected", [

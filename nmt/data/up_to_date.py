@@ -50,7 +50,19 @@ def is_up_to_date(destdir: Path, options: dict[str, Any], inputs: dict[str, dict
     if inside:
         raise NmtError(f"--destdir {destdir} holds the input {inside[0]}: rebuilding it would delete it; "
                        "move the input out of it or choose another --destdir")
+    others = sorted(entry.name for entry in destdir.iterdir() if entry.name not in written_files(meta))
+    if others:
+        shown = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
+        raise NmtError(f"--destdir {destdir} also holds what `nmt preprocess` did not write ({shown}): rebuilding it "
+                       "would delete them; move them out of it or choose another --destdir")
     if force:
         return False
     raise NmtError(f"--destdir {destdir} already holds a different dataset (differs in: {', '.join(changed)}); "
                    "use --force to replace it")
+
+
+def written_files(meta: DatasetMeta) -> set[str]:
+    """The names of the files `nmt preprocess` wrote into a data directory (see nmt/data/dataset.py)."""
+    splits = {f"{split}.{lang}.{kind}.npy" for split in meta.splits for lang in (meta.source_lang, meta.target_lang)
+              for kind in ("tokens", "offsets")}
+    return {META_FILE, *meta.vocab_files.values(), *([meta.shortlist_file] if meta.shortlist_file else []), *splits}

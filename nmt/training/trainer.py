@@ -91,6 +91,9 @@ def train(config: TrainConfig) -> TrainSummary:
     """
     if not config.data:
         raise NmtError("give the data directory (DATA_DIR, or `data:` in the recipe)")
+    if Path(config.save_dir).resolve() == Path(config.data).resolve():
+        raise NmtError(f"--save-dir {config.save_dir} is the data directory: give the checkpoints a directory of "
+                       "their own (`nmt preprocess` replaces its directory whole)")
     device = resolve_device(config.compute.device)
     config = processes_for_this_machine(config, device)
     saves = int(os.environ.get("RANK", 0)) == 0
