@@ -261,6 +261,9 @@ CASES = [
     ("train-finetune-model-missing", [*TRAIN, "--finetune-from-model", "missing.pt", "--save-dir", "t1"],
      "--finetune-from-model not found", NO_SETUP),
     ("train-save-dir-is-a-file", [*TRAIN, "--save-dir", "good.hyp"], "is a file", NO_SETUP),
+    ("train-earlier-run-without-last", [*TRAIN, "--save-dir", "old-run"],
+     "--save-dir old-run holds checkpoints of an earlier run (checkpoint1.pt) but no checkpoint_last.pt: continue it "
+     "with --restore-file old-run/checkpoint1.pt", setup({"old-run/checkpoint1.pt": b"an earlier run's"})),
     ("train-save-dir-is-the-data-dir", [*TRAIN, "--save-dir", "./data"], "--save-dir data is the data directory",
      NO_SETUP),
     ("train-save-dir-in-use", [*TRAIN, "--save-dir", "busy"], "in use by another `nmt train` (pid",

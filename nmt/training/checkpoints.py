@@ -111,10 +111,16 @@ def find_resume_checkpoint(save_dir: Path, restore_file: str | None,
     weights of --finetune-from-model (a model-only checkpoint: a new run), else None.
 
     A checkpoint_last.pt that does not load (truncated, corrupt) is reported and the newest
-    training checkpoint of the save dir that does load is used instead.
+    training checkpoint of the save dir that does load is used instead. Other checkpoints without a
+    checkpoint_last.pt are an earlier run's: refused unless --restore-file says where to go on from.
     """
     last = save_dir / LAST
     if not last.exists():
+        earlier = sorted(save_dir.glob("checkpoint*.pt"), key=lambda path: path.stat().st_mtime, reverse=True)
+        if earlier and restore_file is None:  # a new run would write over them
+            shown = ", ".join(path.name for path in earlier[:3]) + (" ..." if len(earlier) > 3 else "")
+            raise NmtError(f"--save-dir {save_dir} holds checkpoints of an earlier run ({shown}) but no {LAST}: "
+                           f"continue it with --restore-file {earlier[0]}, or give another --save-dir")
         given, flag = (restore_file, "--restore-file") if restore_file is not None else \
             (finetune_from_model, "--finetune-from-model")
         if given is None:
