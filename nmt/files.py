@@ -157,6 +157,18 @@ def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
         return not os.path.exists(a) and os.path.realpath(a) == os.path.realpath(b)
 
 
+def is_zip_file(path: Path) -> bool:
+    """Whether ``path`` is a regular file that starts as a zip archive does: what torch.save writes
+    (checkpoints). Anything else is not opened: opening a FIFO to read would wait for a writer."""
+    try:
+        if not stat.S_ISREG(path.stat().st_mode):
+            return False
+        with open(path, "rb") as handle:
+            return handle.read(4) == b"PK\x03\x04"
+    except OSError:
+        return False
+
+
 def refuse_overwriting(flag: str, output: str | os.PathLike | None,
                        inputs: dict[str, str | os.PathLike | Iterable[str | os.PathLike] | None]) -> None:
     """An output that is also one of the command's inputs (``{flag: path or paths}``) would be

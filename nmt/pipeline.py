@@ -131,6 +131,7 @@ def plan_recipe(path: str | Path, stages: tuple[str, ...] = STAGES, allow_outsid
                            f"{'average' if plan.average is not None else 'train'} stage first")
         if "output" not in values:
             plan.generate = dataclasses.replace(plan.generate, output=str(save_dir / f"{plan.generate.split}.hyp"))
+        refuse_overwriting(f"{where}: `generate: output`", plan.generate.output, {"recipe": str(path)})
     if (values := section(document, "score")) is not None:
         if plan.generate is None:
             raise NmtError(f"{where}: the `score:` section needs a `generate:` section")

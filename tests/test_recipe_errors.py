@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import assert_one_line_error, run_cli, run_nmt
+from conftest import assert_one_line_error, make_data_dir, numbers_pairs, run_cli, run_nmt
 
 from nmt.pipeline import plan_recipe
 
@@ -86,6 +86,17 @@ def test_bad_section_fails_before_anything_runs(recipe, tmp_path, monkeypatch, c
     assert code == 1 and out == ""
     assert_one_line_error(err, message.format(recipe=path))
     assert not (tmp_path / "data-bin").exists() and not (tmp_path / "checkpoints").exists()  # nothing ran
+
+
+@pytest.mark.parametrize("output", ["recipe.yaml", "data-bin/meta.json"])
+def test_translations_never_replace_the_recipe_or_a_data_directorys_file(recipe, tmp_path, monkeypatch, capsys,
+                                                                         output):
+    path = recipe("generate", "output", str(tmp_path / output))
+    make_data_dir(tmp_path / "data-bin", {"train": numbers_pairs(60, seed=0)})  # as the preprocess stage makes it
+    code, _, err = run_cli(monkeypatch, capsys, "run", path, "--dry-run")
+    assert code == 1
+    assert_one_line_error(err, "is also the recipe: writing it would destroy it" if output == "recipe.yaml" else
+                          f"is in the data directory {tmp_path / 'data-bin'}: writing it there could destroy its files")
 
 
 @pytest.mark.parametrize("text,message", [

@@ -93,6 +93,14 @@ class DatasetMeta:
             handle.write("\n")
 
 
+def is_data_directory(directory: Path) -> bool:
+    """Whether ``directory`` holds an `nmt preprocess` output (a readable record in its meta.json)."""
+    try:
+        return is_record(json.loads((directory / META_FILE).read_text(encoding="utf-8")))
+    except (OSError, ValueError):
+        return False
+
+
 def is_record(record: Any) -> bool:
     """Whether a parsed meta.json holds what reading needs: the REQUIRED keys, a model file for each
     language, and each split's number of sentences."""

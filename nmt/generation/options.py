@@ -4,12 +4,14 @@ search and batch, on what device. Torch-free, so that `nmt --help` does not impo
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 from nmt.checkpoint.names import split_paths
+from nmt.data.meta import is_data_directory
 from nmt.device_options import BLEU_TOLERANCE, PANEL, InferenceDeviceOptions
 from nmt.errors import NmtError
-from nmt.files import refuse_overwriting
+from nmt.files import is_zip_file, refuse_overwriting
 from nmt.options import check_values
 from nmt.scoring import AUTO, LOWERCASE_HELP, TOKENIZE_HELP, BleuTokenizer
 
@@ -158,6 +160,8 @@ class GenerateOptions:
                   "--prefix": self.prefix, "--ban": self.ban}
         refuse_overwriting("--output", self.output, {**inputs, "--print-attention": self.print_attention})
         refuse_overwriting("--print-attention", self.print_attention, inputs)
+        for flag, output in (("--output", self.output), ("--print-attention", self.print_attention)):
+            refuse_replacing_nmt_files(flag, output)
         if self.score_reference and self.data is None:
             raise NmtError("--score-reference needs a binarized split (DATA_DIR --split); "
                            "for raw input use `nmt score --ref FILE` on the output")
@@ -172,6 +176,20 @@ class GenerateOptions:
             raise NmtError("--constraints need beam search: they cannot be used with --sampling")
         if self.constraints and self.engine == "ctranslate2":
             raise NmtError("--engine ctranslate2 has no lexical constraints (only prefixes and bans): use --engine nmt")
+
+
+def refuse_replacing_nmt_files(flag: str, output: str | None) -> None:
+    """Translations written into a data directory or over a checkpoint (another run's, or a save
+    dir's) would destroy what a command did not name as its input: refused before any work."""
+    if output is None or output == "-":
+        return
+    path = Path(output)
+    if is_data_directory(path.parent):
+        raise NmtError(f"{flag} {output} is in the data directory {path.parent}: writing it there could destroy "
+                       "its files; choose another path")
+    if is_zip_file(path):
+        raise NmtError(f"{flag} {output} is a checkpoint (a zip file, as torch.save writes): writing it would "
+                       "destroy it; choose another path")
 
 
 def check_workers(search: SearchOptions, batching: BatchingOptions, device_type: str | None = None) -> None:
