@@ -53,7 +53,7 @@ def main_callback(version: Annotated[bool, typer.Option("--version", callback=ve
 
 
 @command(app)
-def archs(vocab_size: Annotated[int, typer.Option(help="Vocabulary size used for the parameter counts.")] = 37000
+def archs(vocab_size: Annotated[int, typer.Option(help="Vocabulary size used for the parameter counts.", min=1)] = 37000
           ) -> None:
     """List the registered architectures with their hyper-parameters and parameter counts."""
     from nmt.models.listing import print_arch_table

@@ -264,6 +264,9 @@ CASES = [
     ("train-earlier-run-without-last", [*TRAIN, "--save-dir", "old-run"],
      "--save-dir old-run holds checkpoints of an earlier run (checkpoint1.pt) but no checkpoint_last.pt: continue it "
      "with --restore-file old-run/checkpoint1.pt", setup({"old-run/checkpoint1.pt": b"an earlier run's"})),
+    ("archs-vocab-size-zero", ["archs", "--vocab-size", "0"], "--vocab-size", NO_SETUP),
+    ("train-negative-seed", [*TRAIN, "--seed", "-1", "--save-dir", "t1"], "--seed must be at least 0, got -1",
+     NO_SETUP),
     ("train-save-dir-is-the-data-dir", [*TRAIN, "--save-dir", "./data"], "--save-dir data is the data directory",
      NO_SETUP),
     ("train-save-dir-in-use", [*TRAIN, "--save-dir", "busy"], "in use by another `nmt train` (pid",
@@ -426,7 +429,7 @@ def run_cli(monkeypatch, capsys, cwd: Path, args: list[str]) -> tuple[int, str, 
 
 def test_the_catalogue_covers_every_subcommand():
     commands = {args[0] for _, args, _, _ in CASES}
-    assert commands == {"preprocess", "train", "generate", "average", "score", "run"} and len(CASES) >= 40
+    assert commands == {"preprocess", "train", "generate", "average", "score", "run", "archs"} and len(CASES) >= 40
 
 
 @pytest.mark.parametrize("case_id,args,expected,prepare", CASES, ids=[case[0] for case in CASES])

@@ -46,7 +46,7 @@ class SearchOptions:
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature.", "above": 0.0})
     topk: int = field(default=0, metadata={"help": "Sample from the k likeliest tokens (0 = all).", "min": 0})
     topp: float = field(default=0.0, metadata={"help": "Nucleus sampling mass (0 = off).", "min": 0.0, "max": 1.0})
-    seed: int = field(default=1, metadata={"help": "Random seed for sampling."})
+    seed: int = field(default=1, metadata={"help": "Random seed for sampling.", "min": 0})
 
     def __post_init__(self) -> None:
         check_values(self)

@@ -90,7 +90,7 @@ class TrainConfig:
     label_smoothing: float = field(default=0.1, metadata={
         "help": "Label smoothing epsilon.", "panel": OPTIM, "min": 0.0, "below": 1.0})
     seed: int = field(default=1, metadata={
-        "help": "Random seed: initialisation, batch order, dropout.", "panel": OPTIM})
+        "help": "Random seed: initialisation, batch order, dropout.", "panel": OPTIM, "min": 0})
 
     # Devices.
     compute: DeviceOptions = field(default_factory=DeviceOptions, metadata={"help": "Device options.",
