@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 
@@ -87,9 +88,10 @@ def test_curves_of_a_missing_save_dir_or_onto_the_metrics_file_are_one_line_erro
 
 
 def test_attention_plot_refuses_an_ensemble_and_a_sentence_too_long_to_draw(checkpoint, tmp_path):
+    twin = tmp_path.parent / f"{tmp_path.name}-twin.pt"  # another file: a checkpoint named twice is refused anyway
+    shutil.copy(checkpoint, twin)
     with pytest.raises(NmtError, match="one model's attention: give one --path"):
-        plot_attention(PlotAttentionOptions(path=f"{checkpoint}:{checkpoint}", text="one",
-                                            output=str(tmp_path / "e.png")))
+        plot_attention(PlotAttentionOptions(path=f"{checkpoint}:{twin}", text="one", output=str(tmp_path / "e.png")))
     with pytest.raises(NmtError, match=r"--text has \d+ tokens: a heat map takes at most 100 a side"):
         plot_attention(PlotAttentionOptions(path=str(checkpoint), text="one two " * 60, output=str(tmp_path / "l.png")))
     assert list(tmp_path.iterdir()) == []

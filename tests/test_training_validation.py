@@ -53,6 +53,8 @@ def test_checkpoint_best_holds_the_best_bleu(tiny_data_dir, tmp_path, messages):
     best = load_checkpoint(tmp_path / "checkpoint_best.pt")["train_state"]
     assert best["best_valid_bleu"] == pytest.approx(max(bleus), abs=0.01)
     assert best["update"] == 9 * (bleus.index(max(bleus)) + 1)  # saved at the epoch of the best BLEU
+    shown = [float(re.search(r"\| best bleu ([\d.]+)$", m)[1]) for m in messages if m.startswith("valid on")]
+    assert shown == [max(bleus[:n]) for n in (1, 2, 3)]  # the metric that decides, not the loss
 
 
 def test_a_valid_pair_over_the_models_positions_fails_before_training(tmp_path):

@@ -130,14 +130,17 @@ class Display:
         self.scalars("train", update, {**figures, "lr": lr})
         self.record({"kind": "train", "epoch": epoch, "update": update, "lr": lr, **figures})
 
-    def valid_line(self, subset: str, epoch: int, update: int, figures: dict[str, float], best: float | None) -> None:
-        """One validation split's figures; ``best`` (the best loss so far) only on the split that decides it."""
+    def valid_line(self, subset: str, epoch: int, update: int, figures: dict[str, float],
+                   best: tuple[str, float] | None) -> None:
+        """One validation split's figures; ``best`` (--best-checkpoint-metric and its best value so far)
+        only on the split that decides it."""
         if not self.enabled:
             return
+        best_fields = {} if best is None else {f"best_{best[0]}": best[1]}
         logger.info("valid on '%s' | epoch %d | update %d | %s%s", subset, epoch, update, format_figures(figures),
-                    "" if best is None else f" | best loss {best:.3f}",
+                    "" if best is None else f" | best {best[0]} {best[1]:{'.2f' if best[0] == 'bleu' else '.3f'}}",
                     extra={"fields": {"kind": "valid", "subset": subset, "epoch": epoch, "update": update,
-                                      **({} if best is None else {"best_loss": best}), **figures}})
+                                      **best_fields, **figures}})
         self.scalars(subset, update, figures)  # tensorboard: valid/loss, valid1/loss, ...
         self.record({"kind": "valid", "subset": subset, "epoch": epoch, "update": update, **figures})
 

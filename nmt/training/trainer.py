@@ -323,9 +323,10 @@ class Trainer:
                                                    self.context)) for split in self.data.valid]
         self.last_valid = results[0][1]
         improved = record_validation(self.state, self.last_valid, self.config.best_checkpoint_metric)
+        metric = self.config.best_checkpoint_metric
+        best = (metric, self.state.best_valid_bleu if metric == "bleu" else self.state.best_valid_loss)
         for position, (name, figures) in enumerate(results):
-            self.display.valid_line(name, self.state.epoch, self.state.update, figures,
-                                    self.state.best_valid_loss if position == 0 else None)
+            self.display.valid_line(name, self.state.epoch, self.state.update, figures, best if position == 0 else None)
         return improved
 
     # -- the loop --------------------------------------------------------------------------------------
@@ -372,7 +373,9 @@ class Trainer:
                     "skipped updates (fp16 overflow)": summary.skipped_updates,
                     "valid loss": summary.valid_loss, "valid ppl": summary.valid_ppl,
                     **({"valid BLEU": summary.valid_bleu} if config.eval_bleu else {}),
-                    "best valid loss": summary.best_valid_loss, "target tokens/s": int(summary.tokens_per_second),
+                    "best valid loss": summary.best_valid_loss,
+                    **({"best valid BLEU": state.best_valid_bleu} if config.best_checkpoint_metric == "bleu" else {}),
+                    "target tokens/s": int(summary.tokens_per_second),
                     "wall clock": f"{summary.seconds:.1f} s", "stopped": summary.stop_reason,
                     "checkpoints": str(self.save_dir)}
             if log_state["format"] == "json":  # stderr stays pure JSON lines
