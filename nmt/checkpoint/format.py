@@ -138,12 +138,21 @@ def describe(checkpoint: dict[str, Any]) -> str:
     return f"{checkpoint['arch']} ({checkpoint['model_name']})"
 
 
+DROPOUTS = ("dropout", "attention_dropout", "activation_dropout")  # training settings: no weight depends on them
+
+
+def weights_config(config: dict[str, Any]) -> dict[str, Any]:
+    """A model config without its dropouts: what two checkpoints must share to hold the same weights
+    (fine-tuning or resuming with another dropout is common, and fairseq allows it)."""
+    return {key: value for key, value in config.items() if key not in DROPOUTS}
+
+
 def check_compatible(found: dict[str, Any], expected: dict[str, Any], context: str, model_remedy: str = "") -> None:
     """Refuse checkpoint ``found`` when it holds another model, language pair or vocabulary than
     ``expected`` (a checkpoint too): ``{context}: different ...``, and for another model ``; {model_remedy}``."""
     remedy = f"; {model_remedy}" if model_remedy else ""
-    if found["model_name"] != expected["model_name"] or found["model_config"] != expected["model_config"]:
-        a, b = found["model_config"], expected["model_config"]
+    a, b = (weights_config(c["model_config"]) for c in (found, expected))
+    if found["model_name"] != expected["model_name"] or a != b:
         differences = [f"{key} {a.get(key)!r} vs {b.get(key)!r}" for key in sorted(set(a) | set(b))
                        if a.get(key) != b.get(key)]
         raise NmtError(f"{context}: different models ({describe(found)} vs {describe(expected)}"
