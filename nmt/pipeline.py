@@ -235,6 +235,19 @@ def reference_file(preprocess: PreprocessOptions | None, split: str) -> Path:
     raise NmtError(f"cannot find the raw reference of split {split!r}; give `score: {{ref: [FILE]}}`")
 
 
+def warn_if_older_than_its_checkpoints(averaged: Path, inputs: list[str]) -> None:
+    """An average made before the checkpoints its save dir holds now (another `nmt run` trained on):
+    generate would translate with the older model, so say so."""
+    if not averaged.is_file():
+        return
+    newer = [path for directory in inputs if Path(directory).is_dir()
+             for path in Path(directory).glob("checkpoint*.pt") if path.stat().st_mtime > averaged.stat().st_mtime]
+    if newer:
+        logger.warning("%s is older than %d checkpoint(s) of its save dir (%s, ...): it was averaged before them; run "
+                       "the average stage to translate with them", averaged, len(newer),
+                       max(newer, key=lambda path: path.stat().st_mtime).name)
+
+
 def run_plan(plan: Plan) -> PipelineReport:
     """Run the planned stages in order, each fed by the one before."""
     report = PipelineReport(model=Path(plan.checkpoint), data=Path(plan.data) if plan.data else None)
@@ -273,6 +286,8 @@ def run_plan(plan: Plan) -> PipelineReport:
     def run_generate() -> str:
         from nmt.generation.generate import generate
 
+        if plan.average is not None and "average" not in plan.stages:
+            warn_if_older_than_its_checkpoints(Path(plan.average.output), plan.average.inputs)
         generate(plan.generate)
         return str(plan.generate.output)
 

@@ -187,3 +187,22 @@ def test_a_recipe_run_from_another_directory_says_where_its_relative_paths_were_
     with pytest.raises(NmtError, match=r"corpus/train\.en \(nor corpus/train\.en\.gz\).*relative paths are read "
                                        rf"from the working directory {elsewhere}"):
         plan_recipe(recipe)
+
+
+def test_an_average_older_than_its_checkpoints_is_a_warning(tmp_path, messages):
+    import os
+
+    from nmt.pipeline import warn_if_older_than_its_checkpoints
+
+    save_dir = tmp_path / "checkpoints"
+    save_dir.mkdir()
+    for name, age in (("checkpoint_1_2.pt", 30), ("averaged.pt", 20), ("checkpoint_1_4.pt", 10)):
+        (save_dir / name).write_bytes(b"x")
+        os.utime(save_dir / name, (1_000_000 - age, 1_000_000 - age))
+    warn_if_older_than_its_checkpoints(save_dir / "averaged.pt", [str(save_dir)])
+    assert messages == [f"{save_dir / 'averaged.pt'} is older than 1 checkpoint(s) of its save dir (checkpoint_1_4.pt, "
+                        "...): it was averaged before them; run the average stage to translate with them"]
+    os.utime(save_dir / "averaged.pt")  # now the newest
+    warn_if_older_than_its_checkpoints(save_dir / "averaged.pt", [str(save_dir)])
+    assert len(messages) == 1
+
