@@ -26,6 +26,7 @@ from rich.table import Table
 from nmt.checkpoint.names import BEST
 from nmt.checkpoint.options import AverageOptions
 from nmt.data.corpus import SPLIT_KINDS, SplitFiles, find_splits, split_prefixes, text_file_names
+from nmt.data.meta import DatasetMeta, is_data_directory
 from nmt.data.preprocess import PreprocessOptions
 from nmt.errors import NmtError
 from nmt.files import refuse_overwriting
@@ -139,8 +140,10 @@ def plan_recipe(path: str | Path, stages: tuple[str, ...] = STAGES, allow_outsid
             raise NmtError(f"{where}: `generate:` translates `input: {plan.generate.input}`, not a split of the "
                            "data: give `score: ref` (its reference)")
         reference = [] if "ref" in values or "score" not in stages else \
-            [str(reference_file(plan.preprocess, plan.generate.split))]
-        language = {"language": plan.preprocess.target_lang} if plan.preprocess is not None else {}
+            [str(reference_file(plan.preprocess, plan.generate.split, plan.data))]
+        target_lang = plan.preprocess.target_lang if plan.preprocess is not None else \
+            DatasetMeta.load(Path(plan.data)).target_lang if plan.data and is_data_directory(Path(plan.data)) else None
+        language = {"language": target_lang} if target_lang else {}
         plan.score = build(ScoreOptions, {"system": plan.generate.output, "ref": reference, **language, **values},
                            "score", where)
     if plan.generate is not None:
@@ -223,15 +226,20 @@ def raw_text_paths(preprocess: PreprocessOptions | None) -> list[Path]:
             for path in text_file_names(prefix, language)]
 
 
-def reference_file(preprocess: PreprocessOptions | None, split: str) -> Path:
-    """The raw target-side text of a split named by preprocess (test, test1, valid, ...). Only that
-    split's files are looked for: the training text may be gone once it is preprocessed."""
+def reference_file(preprocess: PreprocessOptions | None, split: str, data: str | None = None) -> Path:
+    """The raw target-side text of a split named by preprocess (test, test1, valid, ...), else the one
+    the data directory's meta.json records for it (a recipe with `data:` and no preprocess section).
+    Only that split's files are looked for: the training text may be gone once it is preprocessed."""
     if preprocess is not None:
         prefixes = {f"{kind}pref": getattr(preprocess, f"{kind}pref") if split.startswith(kind) else None
                     for kind in SPLIT_KINDS}
         for files in find_splits(preprocess.source_lang, preprocess.target_lang, **prefixes):
             if files.name == split:
                 return files.target
+    elif data is not None and is_data_directory(Path(data)):
+        recorded = DatasetMeta.load(Path(data)).splits.get(split)
+        if recorded is not None and recorded.target_file and Path(recorded.target_file).is_file():
+            return Path(recorded.target_file)
     raise NmtError(f"cannot find the raw reference of split {split!r}; give `score: {{ref: [FILE]}}`")
 
 

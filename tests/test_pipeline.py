@@ -8,11 +8,13 @@ from conftest import MULTI30K, run_cli, run_nmt
 
 import nmt.generation.decoding_check as decoding_check
 from nmt.checkpoint.format import load_checkpoint
+from nmt.data.preprocess import PreprocessOptions, preprocess
 from nmt.demo import demo_recipe
 from nmt.demo_data import write_demo_corpus
 from nmt.errors import NmtError
 from nmt.generation.decoding_check import RECORD_KEY
 from nmt.models.registry import get_arch
+from nmt.options import build
 from nmt.pipeline import plan_recipe, run_recipe
 
 
@@ -206,3 +208,14 @@ def test_an_average_older_than_its_checkpoints_is_a_warning(tmp_path, messages):
     warn_if_older_than_its_checkpoints(save_dir / "averaged.pt", [str(save_dir)])
     assert len(messages) == 1
 
+
+
+def test_a_recipe_on_an_existing_data_directory_scores_against_the_text_its_meta_json_records(tmp_path):
+    raw = write_demo_corpus(tmp_path / "raw", train_size=300, valid_size=20, test_size=20, seed=3)
+    made = tiny_recipe(tmp_path, raw)
+    preprocess(build(PreprocessOptions, made.pop("preprocess")), show_progress=False)
+    made["data"] = str(tmp_path / "data-bin")
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(made), encoding="utf-8")
+    plan = plan_recipe(path, ("train", "average", "generate", "score"))
+    assert plan.score.ref == [str(Path(f"{raw['test']}.de").resolve())] and plan.score.metric.language == "de"
