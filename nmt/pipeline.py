@@ -150,6 +150,11 @@ def plan_recipe(path: str | Path, stages: tuple[str, ...] = STAGES, allow_outsid
         refuse_overwriting("generate: output", plan.generate.output,
                            {"raw text of preprocess": raw_text_paths(plan.preprocess),
                             "score: reference": plan.score.ref if plan.score else None})
+    if stages != STAGES:  # asked for by name: a stage the recipe has no section for would do nothing unseen
+        missing = [stage for stage in stages if getattr(plan, stage) is None]
+        if missing:
+            raise NmtError(f"{where}: --stages {','.join(missing)}: the recipe has no "
+                           f"{' or '.join(f'`{stage}:`' for stage in missing)} section")
     if not allow_outside:
         keep_outputs_inside(plan, Path(path))
     return plan

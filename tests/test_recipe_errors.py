@@ -99,6 +99,16 @@ def test_translations_never_replace_the_recipe_or_a_data_directorys_file(recipe,
                           f"is in the data directory {tmp_path / 'data-bin'}: writing it there could destroy its files")
 
 
+def test_a_stage_asked_for_by_name_needs_its_section(recipe, monkeypatch, capsys):
+    path = recipe("score", "metrics", "bleu")
+    text = path.read_text(encoding="utf-8")
+    path.write_text(yaml.safe_dump({k: v for k, v in yaml.safe_load(text).items() if k != "average"}),
+                    encoding="utf-8")
+    code, _, err = run_cli(monkeypatch, capsys, "run", path, "--dry-run", "--stages", "average,generate")
+    assert code == 1
+    assert_one_line_error(err, f"{path}: --stages average: the recipe has no `average:` section")
+
+
 @pytest.mark.parametrize("text,message", [
     ("generat: {beam: 4}", "unknown section 'generat' (did you mean 'generate'?)"),
     ("generate: [4]", "the `generate:` section must be a mapping"),
