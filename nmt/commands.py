@@ -141,8 +141,7 @@ def run_app(app: typer.Typer) -> None:
     its traceback); a run stopped by a signal ends with what was saved, and 128 + the signal."""
     try:
         code = app(standalone_mode=False)
-    except NoArgsIsHelpError as exc:
-        typer.echo(exc.ctx.get_help(), err=True)
+    except NoArgsIsHelpError as exc:  # typer has printed the help already
         sys.exit(exc.exit_code)
     except ClickException as exc:  # a bad option or value, found by the parser: one line, not a box
         typer.echo(f"error: {exc.format_message()}", err=True)

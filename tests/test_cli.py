@@ -1,6 +1,8 @@
 """The CLI's shared conventions: version, help, listing archs, one-line errors."""
 
 import re
+import subprocess
+import sys
 
 import pytest
 from conftest import run_nmt
@@ -99,3 +101,9 @@ def test_path_options_reach_the_library_as_text(tmp_path, monkeypatch, capsys):
     result = run_nmt("score", "--sys", hyp, "--ref", ref)
     assert result.returncode == 0 and "BLEU" in result.stdout
     assert build(ScoreOptions, {"system": str(hyp), "ref": [str(ref)]}).ref == [str(ref)]
+
+
+@pytest.mark.parametrize("argv", [[], ["plot"], ["export"]])
+def test_a_command_group_without_its_command_shows_its_help_once(argv):
+    result = subprocess.run([sys.executable, "-m", "nmt", *argv], capture_output=True, text=True)
+    assert result.returncode == 2 and result.stdout.count("Usage:") == 1 and result.stderr == ""
