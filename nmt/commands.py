@@ -10,6 +10,7 @@ a recipe's and the defaults (CLI > recipe > default).
 from __future__ import annotations
 
 import inspect
+import logging
 import sys
 import types
 import typing
@@ -144,18 +145,27 @@ def run_app(app: typer.Typer) -> None:
     except NoArgsIsHelpError as exc:  # typer has printed the help already
         sys.exit(exc.exit_code)
     except ClickException as exc:  # a bad option or value, found by the parser: one line, not a box
-        typer.echo(f"error: {exc.format_message()}", err=True)
+        last_line(f"error: {exc.format_message()}")
         sys.exit(exc.exit_code)
     except NmtError as exc:
         if state["verbose"]:
             logger.exception("error")
-        typer.echo(f"error: {exc}", err=True)
+        last_line(f"error: {exc}")
         sys.exit(1)
     except Stopped as exc:
-        typer.echo(str(exc) or "interrupted", err=True)  # its message says where the run stopped, what was saved
+        last_line(str(exc) or "interrupted", logging.WARNING)  # where the run stopped, what was saved
         sys.exit(exc.exit_code)
     except (KeyboardInterrupt, typer.Abort):
         code = 130
     if code == 130:  # typer turns a Ctrl-C in a command into this exit code, without a word
-        typer.echo("interrupted", err=True)
+        last_line("interrupted", logging.WARNING)
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def last_line(text: str, level: int = logging.ERROR) -> None:
+    """A command's last word on stderr: a plain line, or with --log-format json a JSON record like
+    every other line there (an error's without its "error: ")."""
+    if state["format"] == "json":
+        logger.log(level, text.removeprefix("error: "), extra={"fields": {"kind": "exit"}})
+    else:
+        typer.echo(text, err=True)

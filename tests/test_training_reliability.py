@@ -4,6 +4,8 @@ without GPUs, logs that stay machine-readable."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import torch
 from test_training_trainer import tiny_config
@@ -88,3 +90,11 @@ def test_log_lines_to_a_file_or_pipe_are_not_wrapped(capsys):
         logger.setLevel(level)
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 1 and lines[0].endswith("x" * 300) and len(lines[0]) < 330
+
+
+def test_json_logs_end_an_error_in_a_json_line_too(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "nmt", "train", str(tmp_path / "nowhere"), "--log-format", "json"],
+                            capture_output=True, text=True)
+    assert result.returncode == 1
+    (record,) = [json.loads(line) for line in result.stderr.splitlines()]  # fails on any other line
+    assert record["level"] == "error" and record["message"] == f"data directory not found: {tmp_path / 'nowhere'}"
