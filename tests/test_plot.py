@@ -95,3 +95,15 @@ def test_attention_plot_refuses_an_ensemble_and_a_sentence_too_long_to_draw(chec
     with pytest.raises(NmtError, match=r"--text has \d+ tokens: a heat map takes at most 100 a side"):
         plot_attention(PlotAttentionOptions(path=str(checkpoint), text="one two " * 60, output=str(tmp_path / "l.png")))
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_image_format_follows_the_suffix(tmp_path):
+    from nmt.plot.options import PlotCurvesOptions
+
+    with pytest.raises(NmtError, match=r"^--output c\.jpeg: name a \.png, \.pdf or \.svg file"):
+        PlotCurvesOptions(save_dir=str(tmp_path), output="c.jpeg")
+    figure = pytest.importorskip("matplotlib.pyplot").figure()
+    from nmt.plot.figures import save_figure
+
+    for name, start in (("c.pdf", b"%PDF"), ("c.svg", b"<?xml"), ("c.png", b"\x89PNG")):
+        assert save_figure(figure, tmp_path / name).read_bytes().startswith(start)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from nmt.errors import NmtError
 from nmt.files import atomic_write
+from nmt.plot.options import image_kind
 
 
 def pyplot():
@@ -20,8 +21,8 @@ def pyplot():
 
 
 def save_figure(figure, output: str | Path) -> Path:
-    """Write the PNG atomically: a failed plot never leaves half an image."""
+    """Write the image atomically, in the format its suffix names: a failed plot never leaves half an image."""
     with atomic_write(output, mode="wb", encoding=None) as handle:
-        figure.savefig(handle, format="png", dpi=120, bbox_inches="tight")
+        figure.savefig(handle, format=image_kind(str(output)), dpi=120, bbox_inches="tight")
     return Path(output)
 
