@@ -125,7 +125,7 @@ def serve(given: dict) -> None:
     run_server(build(ServeOptions, given, "serve"))
 
 
-plot_app = sub_app(app, "plot", "Draw attention maps and training curves as PNG files (needs the plot extra of nmt).")
+plot_app = sub_app(app, "plot", "Draw attention maps and training curves as images (needs the plot extra of nmt).")
 
 
 @command(plot_app, PlotAttentionOptions, "attention", "plot ")
