@@ -3,6 +3,8 @@ decoding over each sentence's candidates only (nmt/data/shortlist.py, nmt/genera
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import pytest
 import torch
@@ -246,7 +248,9 @@ def test_averaging_keeps_the_shortlist(checkpoint, vocabs, tmp_path):
 def test_an_ensemble_uses_a_shortlist_only_when_its_models_share_it(checkpoint, vocabs, tmp_path):
     other = Vocabularies(vocabs.source_lang, vocabs.target_lang, vocabs.source, vocabs.target,
                          whole_vocabulary(len(vocabs.target)))
-    _, same = prepare_model([str(checkpoint), str(checkpoint)], torch.device("cpu"))
+    twin = tmp_path / "twin.pt"  # the same model in another file (one file given twice is refused)
+    shutil.copy(checkpoint, twin)
+    _, same = prepare_model([str(checkpoint), str(twin)], torch.device("cpu"))
     _, different = prepare_model([str(checkpoint), str(tiny_checkpoint(tmp_path, other))], torch.device("cpu"))
     assert same.shortlist is not None and different.shortlist is None
 
