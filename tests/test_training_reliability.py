@@ -45,10 +45,12 @@ def test_resume_skips_a_checkpoint_whose_tensors_were_silently_damaged(tiny_data
 
 def test_max_time_already_spent_is_nothing_to_do(tiny_data_dir, tmp_path, messages):
     train(tiny_config(tiny_data_dir, tmp_path, max_update=2))
+    written = (tmp_path / "config.yaml").read_text()
     summary = train(tiny_config(tiny_data_dir, tmp_path, max_update=10, max_time="0.001"))
     assert summary.updates == 2 and summary.stop_reason == "reached --max-time 0.001"
     assert "nothing to do: reached --max-time 0.001" in messages
     assert load_checkpoint(tmp_path / "checkpoint_last.pt")["train_state"]["update"] == 2
+    assert (tmp_path / "config.yaml").read_text() == written  # not the options of a run that trained nothing
 
 
 def test_nproc_without_gpus_is_one_process_with_the_same_update_size(tiny_data_dir, tmp_path, messages,

@@ -334,8 +334,6 @@ class Trainer:
     def fit(self) -> TrainSummary:
         config, state, context = self.config, self.state, self.context
         self.started, self.elapsed_before = time.monotonic(), state.elapsed
-        if context.is_main:
-            write_config(self.save_dir / "config.yaml", config, self.model_config)
         logger.info("%s: %s parameters on %s (%s), %d process(es); %d training batches per epoch, "
                     "update = %d batch(es) x %d process(es); losses in nats per target token (fairseq logs base 2)",
                     config.arch, f"{count_parameters(self.model):,}", self.device, config.compute.precision,
@@ -349,8 +347,10 @@ class Trainer:
             logger.info("precision: %s (%s)", config.compute.precision, self.precision_reason)
         run_meter = Meter()
         stop = None if self.epoch_end_owed() else stop_reason(config, state)  # an owed epoch end is done regardless
-        if stop:
+        if stop:  # config.yaml stays as the training wrote it: these options trained nothing
             logger.info("nothing to do: %s", stop)
+        elif context.is_main:
+            write_config(self.save_dir / "config.yaml", config, self.model_config)
         with StopRequest(second_aborts=not context.is_distributed) as interrupt:
             while stop is None:
                 stop = self.train_epoch(run_meter, interrupt)
