@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from nmt.checkpoint.format import check_compatible, load_checkpoint, make_checkpoint, save_checkpoint
-from nmt.checkpoint.names import numbered_checkpoints
+from nmt.checkpoint.names import numbered_checkpoints, refuse_duplicates
 from nmt.checkpoint.options import check_output_name
 from nmt.errors import NmtError
 from nmt.files import refuse_overwriting
@@ -66,12 +66,7 @@ def average_checkpoints(paths: list[str | Path]) -> dict[str, Any]:
     paths = [Path(path) for path in paths]
     if not paths:
         raise NmtError("no checkpoints to average")
-    seen_paths: dict[Path, Path] = {}
-    for path in paths:
-        resolved = path.resolve()
-        if resolved in seen_paths:
-            raise NmtError(f"checkpoint given twice: {seen_paths[resolved]} and {path}")
-        seen_paths[resolved] = path
+    refuse_duplicates(paths)
 
     first: dict[str, Any] | None = None
     sums: dict[str, Tensor] = {}  # float64 running sums of the float tensors

@@ -50,3 +50,13 @@ def split_paths(path: str) -> list[str]:
     if not all(paths):
         raise NmtError(f"--path {path!r} has an empty checkpoint name; write a.pt:b.pt")
     return paths
+
+
+def refuse_duplicates(paths: list[str] | list[Path], why: str = "") -> None:
+    """One checkpoint given twice (by any spelling of its path) is a one-line error; ``why`` follows."""
+    seen: dict[Path, str | Path] = {}
+    for path in paths:
+        resolved = Path(path).resolve()
+        if resolved in seen:
+            raise NmtError(f"checkpoint given twice: {seen[resolved]} and {path}{why}")
+        seen[resolved] = path

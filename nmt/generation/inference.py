@@ -26,7 +26,7 @@ from rich.progress import Progress
 from torch import nn
 
 from nmt.checkpoint.format import Vocabularies, load_checkpoint, model_from_checkpoint
-from nmt.checkpoint.names import split_paths
+from nmt.checkpoint.names import refuse_duplicates, split_paths
 from nmt.data.batching import batch_by_size, collate
 from nmt.data.shortlist import Shortlist
 from nmt.data.vocabulary import EOS_ID, UNK_ID
@@ -52,13 +52,7 @@ def prepare_model(checkpoint_path: str | Path | list[str], device: torch.device,
     share_one_malloc_arena()
     given = checkpoint_path if isinstance(checkpoint_path, list) else [checkpoint_path]
     paths = [path for item in given for path in split_paths(str(item))]
-    seen: dict[Path, str] = {}
-    for path in paths:
-        resolved = Path(path).resolve()
-        if resolved in seen:
-            raise NmtError(f"checkpoint given twice: {seen[resolved]} and {path} (an ensemble of a model with itself "
-                           "decodes as the model alone, at twice the cost)")
-        seen[resolved] = path
+    refuse_duplicates(paths, " (an ensemble of a model with itself decodes as the model alone, at twice the cost)")
     models, vocabs = [], None
     for path in paths:
         model, its_vocabs = model_from_checkpoint(load_checkpoint(path))
