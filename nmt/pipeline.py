@@ -139,10 +139,12 @@ def plan_recipe(path: str | Path, stages: tuple[str, ...] = STAGES, allow_outsid
         if "ref" not in values and plan.generate.input is not None and "score" in stages:
             raise NmtError(f"{where}: `generate:` translates `input: {plan.generate.input}`, not a split of the "
                            "data: give `score: ref` (its reference)")
+        recorded = DatasetMeta.load(Path(plan.data)) if plan.preprocess is None and plan.data \
+            and is_data_directory(Path(plan.data)) else None  # a data directory made before this recipe
         reference = [] if "ref" in values or "score" not in stages else \
-            [str(reference_file(plan.preprocess, plan.generate.split, plan.data))]
+            [str(reference_file(plan.preprocess, plan.generate.split, recorded))]
         target_lang = plan.preprocess.target_lang if plan.preprocess is not None else \
-            DatasetMeta.load(Path(plan.data)).target_lang if plan.data and is_data_directory(Path(plan.data)) else None
+            recorded.target_lang if recorded is not None else None
         language = {"language": target_lang} if target_lang else {}
         plan.score = build(ScoreOptions, {"system": plan.generate.output, "ref": reference, **language, **values},
                            "score", where)
@@ -231,9 +233,9 @@ def raw_text_paths(preprocess: PreprocessOptions | None) -> list[Path]:
             for path in text_file_names(prefix, language)]
 
 
-def reference_file(preprocess: PreprocessOptions | None, split: str, data: str | None = None) -> Path:
+def reference_file(preprocess: PreprocessOptions | None, split: str, recorded: DatasetMeta | None = None) -> Path:
     """The raw target-side text of a split named by preprocess (test, test1, valid, ...), else the one
-    the data directory's meta.json records for it (a recipe with `data:` and no preprocess section).
+    a data directory's meta.json (``recorded``) names for it (a recipe with `data:`, no preprocess section).
     Only that split's files are looked for: the training text may be gone once it is preprocessed."""
     if preprocess is not None:
         prefixes = {f"{kind}pref": getattr(preprocess, f"{kind}pref") if split.startswith(kind) else None
@@ -241,10 +243,9 @@ def reference_file(preprocess: PreprocessOptions | None, split: str, data: str |
         for files in find_splits(preprocess.source_lang, preprocess.target_lang, **prefixes):
             if files.name == split:
                 return files.target
-    elif data is not None and is_data_directory(Path(data)):
-        recorded = DatasetMeta.load(Path(data)).splits.get(split)
-        if recorded is not None and recorded.target_file and Path(recorded.target_file).is_file():
-            return Path(recorded.target_file)
+    elif recorded is not None and (entry := recorded.splits.get(split)) is not None \
+            and entry.target_file and Path(entry.target_file).is_file():
+        return Path(entry.target_file)
     raise NmtError(f"cannot find the raw reference of split {split!r}; give `score: {{ref: [FILE]}}`")
 
 
