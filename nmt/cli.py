@@ -17,7 +17,7 @@ from nmt.commands import Group, command, run_app, sub_app
 from nmt.data.preprocess import PreprocessOptions
 from nmt.export.options import ExportOptions
 from nmt.generation.options import GenerateOptions
-from nmt.log import logger, state
+from nmt.log import logger, state, stdout_console
 from nmt.options import build
 from nmt.plot.options import PlotAttentionOptions, PlotCurvesOptions
 from nmt.recipe import STAGES, parse_stages
@@ -82,7 +82,7 @@ def preprocess(given: dict) -> None:
 
     datadir = run_preprocess(build(PreprocessOptions, given, "preprocess"), show_progress=state["progress"])
     if logger.isEnabledFor(logging.INFO):
-        Console().print(summary_table(datadir))
+        stdout_console().print(summary_table(datadir))
 
 
 @command(app, ScoreOptions)

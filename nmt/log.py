@@ -17,6 +17,13 @@ from rich.text import Text
 
 logger = logging.getLogger("nmt")
 stderr_console = Console(stderr=True)
+UNBOUNDED_WIDTH = 10_000  # a table written to a file or a pipe keeps its natural width
+
+
+def stdout_console() -> Console:
+    """The console for a command's result (a table): a terminal's width, or, written to a file or a
+    pipe, no width limit, so that piped output is never cut to rich's default 80 columns."""
+    return Console() if sys.stdout.isatty() else Console(width=UNBOUNDED_WIDTH)
 
 # Set by setup_logging; read by the CLI: tracebacks on errors, progress bars, the log format.
 state = {"verbose": 0, "progress": True, "format": "text"}

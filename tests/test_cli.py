@@ -33,6 +33,16 @@ def test_archs_table_has_paper_models():
 
 
 @pytest.mark.slow
+def test_archs_table_is_whole_when_piped():
+    """Piped, rich would cut the table to 80 columns (d_mod…, hea…, no…)."""
+    result = run_nmt("archs")
+    assert result.returncode == 0
+    header = next(line for line in result.stdout.splitlines() if line.strip().startswith("arch "))
+    assert header.split() == ["arch", "params", "layers", "d_model", "ffn", "heads", "dropout", "norm"]
+    assert "…" not in result.stdout
+
+
+@pytest.mark.slow
 def test_bad_option_value_is_a_usage_error_without_traceback():
     result = run_nmt("archs", "--vocab-size", "many")
     assert result.returncode == 2

@@ -7,6 +7,7 @@ from rich.console import Console
 from rich.table import Table
 
 from nmt.data.vocabulary import PAD_ID
+from nmt.log import stdout_console
 from nmt.models.registry import ARCHS, build_model, count_parameters, get_arch
 
 
@@ -23,4 +24,4 @@ def print_arch_table(vocab_size: int, console: Console | None = None) -> None:
         table.add_row(name, f"{count_parameters(model) / 1e6:.1f}M", f"{c.encoder_layers}+{c.decoder_layers}",
                       str(c.d_model), str(c.ffn_dim), str(c.heads), str(c.dropout),
                       "pre" if c.normalize_before else "post")
-    (console or Console()).print(table)
+    (console or stdout_console()).print(table)
