@@ -269,6 +269,19 @@ def test_same_request_is_up_to_date_a_different_one_needs_force(corpus, tmp_path
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bin", "text"]  # the old one moved aside, then deleted
 
 
+def test_the_same_files_by_a_relative_path_are_the_same_dataset(corpus, tmp_path, monkeypatch):
+    options = make_options(corpus, tmp_path)
+    first = preprocess(options, show_progress=False)
+    meta_time = (first.path / "meta.json").stat().st_mtime_ns
+    monkeypatch.chdir(corpus.parent)
+    relative = dataclasses.replace(options, trainpref="text/train", validpref="./text/valid",
+                                   testpref="text/../text/test")
+    assert preprocess(relative, show_progress=False).meta == first.meta  # not "a different dataset"
+    assert (first.path / "meta.json").stat().st_mtime_ns == meta_time
+    with pytest.raises(NmtError, match=r"differs in: testpref"):  # other files are still another dataset
+        preprocess(dataclasses.replace(relative, testpref="text/valid"), show_progress=False)
+
+
 def test_an_interrupted_build_leaves_no_dataset_and_the_old_one_intact(corpus, tmp_path, monkeypatch):
     original = preprocess_module.binarize_split
     calls = []

@@ -113,7 +113,7 @@ def preprocess(options: PreprocessOptions, show_progress: bool = True, chunk_lin
     clean_workdirs_beside(destdir)
     recorded, inputs = recorded_options(options), fingerprints(splits, options.spm_model)
     texts = [path for split in splits for path in (split.source, split.target)]
-    if is_up_to_date(destdir, recorded, inputs, options.force, texts):
+    if is_up_to_date(destdir, recorded, inputs, options.force, texts, path_keys=PATH_OPTIONS):
         logger.info(f"{destdir} is up to date (same options and input files); nothing to do (--force rebuilds it)")
         return DataDir.open(destdir)
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -126,6 +126,9 @@ def preprocess(options: PreprocessOptions, show_progress: bool = True, chunk_lin
     except OSError as exc:  # disk full, permissions: the user's to fix, not a bug
         raise NmtError(f"cannot write the data directory {destdir}: {exc}") from exc
     return DataDir.open(destdir)
+
+
+PATH_OPTIONS = [f.name for f in dataclasses.fields(PreprocessOptions) if f.metadata.get("path")]
 
 
 def recorded_options(options: PreprocessOptions) -> dict[str, Any]:

@@ -4,7 +4,7 @@ input files of the same size and mtime) is kept; only a dataset is ever replaced
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 from nmt.data.corpus import SplitFiles
 from nmt.data.meta import META_FILE, DatasetMeta
@@ -25,12 +25,22 @@ def fingerprints(splits: list[SplitFiles], spm_model: str | None) -> dict[str, d
     return result
 
 
+def comparable(options: dict[str, Any], path_keys: Iterable[str]) -> dict[str, Any]:
+    """Options with their paths (comma-separated lists of them) made absolute: `data/train` given
+    here and `/home/me/data/train` before name the same files."""
+    result = dict(options)
+    for key in path_keys:
+        if result.get(key):
+            result[key] = ",".join(str(Path(p.strip()).resolve()) for p in str(result[key]).split(","))
+    return result
+
+
 def is_up_to_date(destdir: Path, options: dict[str, Any], inputs: dict[str, dict[str, int]], force: bool,
-                  texts: list[Path]) -> bool:
+                  texts: list[Path], path_keys: Iterable[str] = ()) -> bool:
     """True if destdir already holds this very dataset (``options`` and ``inputs`` as meta.json records
-    them). Only a dataset (another one with force) is ever replaced, and never one that holds the text
-    it is made from: replacing deletes the old directory (a --spm-model inside it is read before and
-    saved again)."""
+    them; the options named by ``path_keys`` are compared as absolute paths). Only a dataset (another
+    one with force) is ever replaced, and never one that holds the text it is made from: replacing
+    deletes the old directory (a --spm-model inside it is read before and saved again)."""
     if not destdir.exists():
         return False
     if not destdir.is_dir():
@@ -41,7 +51,8 @@ def is_up_to_date(destdir: Path, options: dict[str, Any], inputs: dict[str, dict
         raise NmtError(f"--destdir {destdir} already exists and is not a finished nmt dataset (no {META_FILE}); "
                        "choose another --destdir (--force only replaces a dataset)")
     meta = DatasetMeta.load(destdir)
-    changed = [key for key, value in options.items() if meta.options.get(key) != value]
+    recorded = comparable(meta.options, path_keys)
+    changed = [key for key, value in comparable(options, path_keys).items() if recorded.get(key) != value]
     if meta.inputs != inputs:
         changed.append("input files")
     if not changed and not force:
