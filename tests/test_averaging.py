@@ -5,6 +5,7 @@ import pytest
 import torch
 from conftest import run_nmt
 
+from nmt.checkpoint import averaging
 from nmt.checkpoint.averaging import average, average_checkpoints, last_checkpoints
 from nmt.checkpoint.format import Vocabularies, load_checkpoint, model_from_checkpoint, model_state, save_checkpoint
 from nmt.checkpoint.options import AverageOptions
@@ -156,6 +157,14 @@ def test_truncated_input_is_reported(tmp_path, vocab):
     with pytest.raises(NmtError, match=r"b\.pt is corrupt or not an nmt checkpoint"):
         average([tmp_path / "a.pt", tmp_path / "b.pt"], tmp_path / "out.pt")
     assert not (tmp_path / "out.pt").exists()
+
+
+def test_an_output_directory_fails_before_the_checkpoints_are_read(tmp_path, vocab, monkeypatch):
+    save_model(tmp_path / "a.pt", vocab, seed=0)
+    (tmp_path / "out").mkdir()
+    monkeypatch.setattr(averaging, "load_checkpoint", lambda *args, **kwargs: pytest.fail("read a checkpoint"))
+    with pytest.raises(NmtError, match=r"cannot write \S*out: it is a directory"):
+        average([tmp_path / "a.pt"], tmp_path / "out")
 
 
 def test_bad_input_combinations_are_clear_errors(tmp_path, vocab):

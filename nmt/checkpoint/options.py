@@ -34,8 +34,10 @@ class AverageOptions:
 def check_output_name(output: str | Path, inputs: list[str] | list[Path]) -> None:
     """The averaged model is model-only: in a save dir (one of the inputs, or a directory holding
     checkpoint_last.pt), under a training checkpoint's name, training would resume from it (losing
-    the optimizer and update count) or prune it."""
+    the optimizer and update count) or prune it. A directory fails here, before the checkpoints are read."""
     output = Path(output)
+    if output.is_dir():
+        raise NmtError(f"cannot write {output}: it is a directory")
     folder = os.path.realpath(output.parent)
     in_save_dir = (output.parent / LAST).exists() or any(os.path.realpath(path) == folder for path in inputs)
     if in_save_dir and is_training_checkpoint_name(output.name):
