@@ -14,6 +14,7 @@ import tempfile
 import threading
 import uuid
 import zlib
+from collections.abc import Hashable
 from pathlib import Path
 from typing import IO, Iterable, Iterator
 
@@ -383,12 +384,26 @@ def read_lines(path: str | os.PathLike) -> list[str]:
 
 
 def read_yaml_mapping(path: str | os.PathLike, what: str) -> dict:
-    """A YAML file that must hold a mapping (empty file: {}); ``what`` names it in errors ("recipe")."""
+    """A YAML file that must hold a mapping (empty file: {}); ``what`` names it in errors ("recipe").
+    A key given twice in one mapping is an error: YAML loaders keep the last one silently."""
     import yaml  # only the commands that read recipes pay for it
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+            seen = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                if not isinstance(key, Hashable):  # the loader itself refuses it
+                    continue
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(problem=f"{key!r} is given twice",
+                                                            problem_mark=key_node.start_mark)
+                seen.add(key)
+            return super().construct_mapping(node, deep)
 
     path = Path(path)
     try:
-        document = yaml.safe_load(path.read_text(encoding="utf-8"))
+        document = yaml.load(path.read_text(encoding="utf-8"), Loader=UniqueKeyLoader)
     except FileNotFoundError:
         raise NmtError(f"{what} not found: {path}") from None
     except (OSError, UnicodeDecodeError) as exc:

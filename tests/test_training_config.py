@@ -74,6 +74,8 @@ def test_written_config_reads_back_the_same(tmp_path, recipe):
     ("train: {data: d, label_smoothing: 1.5}", "--label-smoothing must be at least 0.0 and below 1.0"),
     ("arch: a\ntrain: {arch: b}", "both at the top level and in `train:`"),
     ("train: {max_tokens: 10\n", "not valid YAML at line"),
+    ("train:\n  lr: 0.1\n  max_tokens: 10\n  lr: 0.2\n", "at line 4: 'lr' is given twice"),
+    ("train: {data: d}\ngenerate: {beam: 4}\ntrain: {lr: 1}\n", "at line 3: 'train' is given twice"),
 ])
 def test_bad_recipes_are_one_line_errors(tmp_path, text, message):
     path = tmp_path / "bad.yaml"
