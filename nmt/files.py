@@ -44,7 +44,8 @@ def signals_held() -> Iterator[None]:
     For writes that a signal must not cut in half: torch.save's zip writer, stopped in its Python
     callback, writes its end to the closed file when it is collected and aborts the process.
     Only the main thread has signal handlers; elsewhere the block runs as is, and so does a signal
-    whose handler Python did not install (it could not be put back).
+    whose handler Python did not install (it could not be put back). A block that fails while a
+    signal waits logs its error first: the signal's handler (Ctrl-C: "interrupted") ends the command.
     """
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -54,6 +55,10 @@ def signals_held() -> Iterator[None]:
     previous = {signum: signal.signal(signum, lambda signum, frame: received.append(signum)) for signum in held}
     try:
         yield
+    except BaseException as exc:
+        if received:
+            logger.error("%s", exc)
+        raise
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)

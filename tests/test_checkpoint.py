@@ -144,3 +144,35 @@ def test_a_signal_during_the_write_acts_after_it(tmp_path, monkeypatch):
         signal.signal(signal.SIGINT, previous)
     assert [path.name for path in tmp_path.iterdir()] == ["checkpoint_last.pt"]  # whole, no temp file left
     assert torch.load(tmp_path / "checkpoint_last.pt", weights_only=True)["model"]["w"].tolist() == [1.0, 1.0, 1.0]
+
+
+def test_a_write_that_fails_while_a_signal_waits_says_why_before_the_signal_acts(tmp_path, monkeypatch, caplog):
+    """Disk full during a save with a Ctrl-C held: the error is logged, then the Ctrl-C ends the command
+    (it would otherwise hide the error behind "interrupted")."""
+    import errno
+    import os
+    import signal
+
+    import torch
+
+    from nmt.checkpoint.format import save_checkpoint
+    from nmt.errors import Stopped
+    from nmt.log import logger
+
+    def full_disk(obj, handle):
+        os.kill(os.getpid(), signal.SIGINT)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    def stop(signum, frame):
+        raise Stopped(signum, "stopped at once")
+
+    monkeypatch.setattr(torch, "save", full_disk)
+    monkeypatch.setattr(logger, "propagate", True)  # the CLI's logging set-up turns it off; caplog listens at root
+    previous = signal.signal(signal.SIGINT, stop)
+    try:
+        with pytest.raises(Stopped):
+            save_checkpoint(tmp_path / "checkpoint_last.pt", {"model": {"w": torch.ones(3)}})
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert "No space left on device" in caplog.text
+    assert list(tmp_path.iterdir()) == []  # no half-written checkpoint
