@@ -336,10 +336,7 @@ def fsync_dir(directory: str | os.PathLike) -> None:
 def open_binary(path: str | os.PathLike) -> IO[bytes]:
     """Open a plain or gzip-compressed file for reading bytes, with user-facing errors."""
     path = Path(path)
-    if not path.exists():
-        raise NmtError(f"file not found: {path}")
-    if path.is_dir():
-        raise NmtError(f"expected a file, got a directory: {path}")
+    check_readable_file(path)
     try:
         return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
     except OSError as exc:
@@ -371,14 +368,18 @@ def require_files(named: dict[str, str | None]) -> None:
     """Fail before any work on a file an option names that is not there, naming the option (--ban
     FILE): a missing input should not cost a model load first. None and "-" (stdin) pass."""
     for option, path in named.items():
-        if path is None or path == "-":
-            continue
-        given = Path(path)
-        if not given.exists():
-            where = "" if given.is_absolute() else f" (relative paths are read from the working directory {Path.cwd()})"
-            raise NmtError(f"{option} not found: {path}{where}")
-        if given.is_dir():
-            raise NmtError(f"{option} expects a file, got a directory: {path}")
+        if path is not None and path != "-":
+            check_readable_file(Path(path), option)
+
+
+def check_readable_file(path: Path, option: str | None = None) -> None:
+    """A path that should name a file: missing or a directory is an error naming the option, if any."""
+    if not path.exists():
+        where = "" if path.is_absolute() else f" (relative paths are read from the working directory {Path.cwd()})"
+        raise NmtError(f"{option} not found: {path}{where}" if option else f"file not found: {path}")
+    if path.is_dir():
+        raise NmtError(f"{option} expects a file, got a directory: {path}" if option
+                       else f"expected a file, got a directory: {path}")
 
 
 def read_lines(path: str | os.PathLike) -> list[str]:
