@@ -4,10 +4,16 @@ import pytest
 import torch
 
 from nmt.data.vocabulary import BOS_ID, PAD_ID
+from nmt.models import cpu_kernels
+from nmt.models.kv_cache import DecoderCache, IndexedDecoderCache
 from nmt.models.registry import build_model, count_parameters, get_arch, resolve_config
 from nmt.models.transformer import Transformer, TransformerConfig, sinusoidal_positions
 
 VOCAB = 50
+# Decoding's two caches: torch's kernel over a cache copied at every reorder, and nmt's C kernels
+# over a cache read through each row's history (where they could be built: nmt/models/cpu_kernels.py).
+CACHES = [DecoderCache, pytest.param(IndexedDecoderCache, marks=pytest.mark.skipif(
+    cpu_kernels.library() is None, reason="nmt's CPU kernels could not be built here (no C compiler?)"))]
 
 
 def make_model(seed: int = 0, **overrides) -> Transformer:
@@ -53,24 +59,26 @@ def test_decoder_is_causal():
 
 
 @pytest.mark.parametrize("normalize_before", [False, True])
-def test_incremental_decoding_equals_full_forward(normalize_before):
+@pytest.mark.parametrize("cache_type", CACHES)
+def test_incremental_decoding_equals_full_forward(normalize_before, cache_type):
     model = make_model(normalize_before=normalize_before)
     src = random_tokens(2, 7)
     src[1, 5:] = PAD_ID
     prev = torch.cat([torch.full((2, 1), BOS_ID), random_tokens(2, 5, seed=2)], dim=1)
     encoder_out = model.encode(src)
     full = model.decode(prev, encoder_out)
-    cache = model.new_cache()
+    cache = cache_type(len(model.decoder_layers))
     steps = [model.decode(prev[:, t:t + 1], encoder_out, cache) for t in range(prev.size(1))]
     torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=0, atol=1e-5)
 
 
-def test_cache_reorder_follows_beam_indices():
+@pytest.mark.parametrize("cache_type", CACHES)
+def test_cache_reorder_follows_beam_indices(cache_type):
     model = make_model()
     src = random_tokens(2, 5)
     prev = torch.cat([torch.full((2, 1), BOS_ID), random_tokens(2, 3, seed=3)], dim=1)
     encoder_out = model.encode(src)
-    cache = model.new_cache()
+    cache = cache_type(len(model.decoder_layers))
     with torch.no_grad():  # a cache is for inference
         model.decode(prev[:, :3], encoder_out, cache)
         order = torch.tensor([1, 1, 0])
@@ -81,7 +89,8 @@ def test_cache_reorder_follows_beam_indices():
     assert cache.length == 4
 
 
-def test_cache_follows_reorders_that_drop_rows_over_many_steps():
+@pytest.mark.parametrize("cache_type", CACHES)
+def test_cache_follows_reorders_that_drop_rows_over_many_steps(cache_type):
     """Rows leave (sentences finish) and positions grow past each buffer's room, with and without
     reorders in between: every step still equals decoding the rows' whole prefixes at once."""
     model = make_model()
@@ -89,7 +98,7 @@ def test_cache_follows_reorders_that_drop_rows_over_many_steps():
     prev = torch.cat([torch.full((6, 1), BOS_ID), random_tokens(6, 39, seed=5)], dim=1)
     encoder_out = model.encode(src)
     rows = torch.arange(6)  # which original row each cached row continues
-    cache = model.new_cache()
+    cache = cache_type(len(model.decoder_layers))
     with torch.no_grad():
         for t in range(prev.size(1)):
             step = model.decode(prev[rows, t:t + 1], model.reorder_encoder_out(encoder_out, rows), cache)
@@ -102,7 +111,8 @@ def test_cache_follows_reorders_that_drop_rows_over_many_steps():
     assert cache.length == 40 and len(rows) == 3
 
 
-def test_a_reserved_cache_never_replaces_its_buffers():
+@pytest.mark.parametrize("cache_type", CACHES)
+def test_a_reserved_cache_never_replaces_its_buffers(cache_type):
     """Search reserves room for its longest output on CPU: each layer's buffer and the spare are made
     once, however the rows change, and decoding is the same as with buffers that grow."""
     model = make_model()
@@ -111,7 +121,7 @@ def test_a_reserved_cache_never_replaces_its_buffers():
     encoder_out = model.reorder_encoder_out(model.encode(src), torch.tensor([0, 0, 1, 1, 2, 2]))
     outputs, storages = [], set()
     for reserve in (True, False):
-        cache = model.new_cache()
+        cache = cache_type(len(model.decoder_layers))
         if reserve:
             cache.reserve(prev.size(1), 6)
         with torch.no_grad():
@@ -122,13 +132,15 @@ def test_a_reserved_cache_never_replaces_its_buffers():
                 cache.reorder(order)
                 rows = rows[order]
                 if reserve:
-                    storages |= {layer.buffer.data_ptr() for layer in cache.layers} | {cache.spare.data_ptr()}
+                    storages |= {layer.buffer.data_ptr() for layer in cache.layers}
+                    storages |= {cache.spare.data_ptr()} if cache_type is DecoderCache else set()
         outputs.append(torch.cat([step[:4] for step in steps], dim=1))
-    assert len(storages) == len(model.decoder_layers) + 1
+    assert len(storages) == len(model.decoder_layers) + (cache_type is DecoderCache)
     torch.testing.assert_close(outputs[0], outputs[1], rtol=0, atol=0)
 
 
-def test_rows_grouped_per_sentence_read_their_own_source():
+@pytest.mark.parametrize("cache_type", CACHES)
+def test_rows_grouped_per_sentence_read_their_own_source(cache_type):
     """Beam search keeps one encoder row per sentence for its k beams (k consecutive decoder rows):
     that must equal decoding with each sentence's encoder output copied k times."""
     model = make_model()
@@ -138,7 +150,7 @@ def test_rows_grouped_per_sentence_read_their_own_source():
     encoder_out = model.encode(src)
     copied = model.reorder_encoder_out(encoder_out, torch.tensor([0, 0, 0, 1, 1, 1]))
     with torch.no_grad():
-        grouped, cache = [], model.new_cache()
+        grouped, cache = [], cache_type(len(model.decoder_layers))
         for t in range(prev.size(1)):
             grouped.append(model.decode(prev[:, t:t + 1], encoder_out, cache))
     torch.testing.assert_close(torch.cat(grouped, dim=1), model.decode(prev, copied), rtol=0, atol=1e-5)
@@ -241,7 +253,8 @@ def test_bf16_autocast_runs_on_cpu():
     assert torch.isfinite(logits.float()).all()
 
 
-def test_bf16_decoding_on_cpu_caches_and_attends_in_fp32():
+@pytest.mark.parametrize("cache_type", CACHES)
+def test_bf16_decoding_on_cpu_caches_and_attends_in_fp32(cache_type):
     """torch's CPU attention kernel is slow in bf16 for one query: the decoding steps keep their
     keys and values in fp32 and attend in fp32, while the projections stay bf16."""
     from nmt.device import autocast
@@ -251,7 +264,7 @@ def test_bf16_decoding_on_cpu_caches_and_attends_in_fp32():
     prev = torch.cat([torch.full((2, 1), BOS_ID), random_tokens(2, 4, seed=2)], dim=1)
     with torch.inference_mode(), autocast(torch.device("cpu"), "bf16"):
         encoder_out = model.encode(src)
-        cache = model.new_cache()
+        cache = cache_type(len(model.decoder_layers))
         steps = torch.cat([model.decode(prev[:, t:t + 1], encoder_out, cache) for t in range(prev.size(1))], dim=1)
     assert all(k.dtype == v.dtype == torch.float32 for k, v in encoder_out.memory)
     assert all(layer.buffer.dtype == torch.float32 for layer in cache.layers)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -53,6 +54,13 @@ class MultiHeadAttention(nn.Module):
                                                      dropout_p=dropout)
         batch, _, length, _ = out.shape
         return self.out_proj(out.transpose(1, 2).reshape(batch, length, -1))
+
+    def attend_with(self, query: Tensor, attend: Callable[[Tensor], Tensor]) -> Tensor:
+        """Like ``forward``, with the attention computed by ``attend`` from the projected queries
+        (B, T, H, D/H), which knows its keys and values: decoding's C kernels (nmt/models/cpu_kernels.py)."""
+        batch, length, dim = query.shape
+        q = self.q_proj(query).view(batch, length, self.heads, -1)
+        return self.out_proj(attend(q).reshape(batch, length, dim))
 
 
 def causal_mask(new: int, past: int, device: torch.device) -> Tensor:

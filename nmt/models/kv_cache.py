@@ -20,6 +20,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from nmt.models.cpu_kernels import self_attention
+
 GROWTH = 1.5  # a full buffer is replaced by one this many times the room needed
 
 
@@ -111,3 +113,92 @@ class DecoderCache:
         """Keep/duplicate rows: beam search calls this with the surviving beams' origins."""
         for layer in self.layers:
             self.spare = layer.reorder(indices, self.spare)
+
+
+class IndexedDecoderCache:
+    """Every decoder layer's keys and values on CPU, for nmt's C kernels (nmt/models/cpu_kernels.py),
+    which read them through ``history`` rather than have them moved.
+
+    A step writes its position of every row into slots 0..rows-1 of that position's block; a reorder
+    (surviving beams, sentences leaving) rewrites only ``history`` (positions, rows), the slot of each
+    row's ancestor at each position, which all layers share: no key or value is ever copied. A buffer
+    is (capacity, slots, 2, heads, head_dim), with room for what search reserves up front.
+    """
+
+    def __init__(self, num_layers: int):
+        self.layers = [IndexedKeyValueCache(self) for _ in range(num_layers)]
+        self.history: Tensor | None = None  # (capacity, rows) int32
+        self.positions = 0  # positions that history has
+        self.reserved = (0, 0)  # positions, rows
+
+    @property
+    def length(self) -> int:
+        return self.layers[0].length
+
+    def reserve(self, positions: int, rows: int) -> None:
+        self.reserved = (positions, rows)
+
+    def extend_history(self, positions: int, rows: int) -> None:
+        """Positions up to ``positions`` of ``rows`` rows each: a new position's row r is in slot r."""
+        if self.history is None:
+            self.history = torch.empty(max(positions, self.reserved[0]), rows, dtype=torch.int32)
+        elif self.history.size(1) != rows:
+            raise ValueError(f"{rows} rows appended to a cache reordered to {self.history.size(1)}")
+        elif self.history.size(0) < positions:
+            grown = torch.empty(int(GROWTH * positions), rows, dtype=torch.int32)
+            grown[:self.positions] = self.history[:self.positions]
+            self.history = grown
+        if self.positions < positions:
+            self.history[self.positions:positions] = torch.arange(rows, dtype=torch.int32)
+            self.positions = positions
+
+    def reorder(self, indices: Tensor) -> None:
+        """Row i becomes old row ``indices[i]``: its history is that row's."""
+        if self.history is None:
+            return
+        reordered = torch.empty(self.history.size(0), len(indices), dtype=torch.int32)
+        torch.index_select(self.history[:self.positions], 1, indices, out=reordered[:self.positions])
+        self.history = reordered
+
+
+class IndexedKeyValueCache:
+    """One layer's keys and values in an :class:`IndexedDecoderCache`."""
+
+    computes_attention = True  # the layer asks it for attention (attend), not for its keys and values
+
+    def __init__(self, owner: IndexedDecoderCache):
+        self.owner = owner
+        self.length = 0
+        self.buffer: Tensor | None = None  # (capacity, slots, 2, heads, head_dim) float32
+
+    def append(self, keys: Tensor, values: Tensor) -> None:
+        """Add new positions, given as (rows, heads, new, head_dim)."""
+        rows, heads, new, head_dim = keys.shape
+        end = self.length + new
+        if self.buffer is None or self.buffer.size(0) < end or self.buffer.size(1) < rows:
+            positions, slots = self.owner.reserved
+            if self.buffer is not None:  # earlier positions keep their slots
+                slots = max(slots, self.buffer.size(1))
+            grown = keys.new_empty(max(positions, int(GROWTH * end)), max(slots, rows), 2, heads, head_dim,
+                                   dtype=torch.float32)  # only what history points to is ever read
+            if self.buffer is not None:
+                grown[:self.length, :self.buffer.size(1)] = self.buffer[:self.length]
+            self.buffer = grown
+        self.buffer[self.length:end, :rows, 0] = keys.permute(2, 0, 1, 3)
+        self.buffer[self.length:end, :rows, 1] = values.permute(2, 0, 1, 3)
+        self.owner.extend_history(end, rows)
+        self.length = end
+
+    def attend(self, query: Tensor) -> Tensor:
+        """Attention of one query per row (rows, 1, heads, head_dim) over every position so far."""
+        rows, _, heads, head_dim = query.shape
+        out = self_attention(self.buffer, self.owner.history, self.length, query.view(rows, heads, head_dim))
+        return out.view(rows, 1, heads, head_dim)
+
+    def keys_values(self) -> tuple[Tensor, Tensor]:
+        """Every row's keys and values so far as (rows, heads, length, head_dim), gathered: for steps
+        of several new positions, which the kernel does not take."""
+        slots = self.owner.history[:self.length].long()  # (length, rows)
+        gathered = self.buffer[torch.arange(self.length).unsqueeze(1), slots]  # (length, rows, 2, heads, head_dim)
+        both = gathered.permute(2, 1, 3, 0, 4)
+        return both[0], both[1]

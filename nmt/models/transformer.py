@@ -19,7 +19,8 @@ from torch import Tensor, nn
 
 from nmt.errors import NmtError
 from nmt.models.attention import MultiHeadAttention, causal_mask
-from nmt.models.kv_cache import DecoderCache, KeyValueCache
+from nmt.models.cpu_kernels import grouped_attention, library
+from nmt.models.kv_cache import DecoderCache, IndexedDecoderCache, IndexedKeyValueCache, KeyValueCache
 from nmt.models.registry import register_arch, register_model
 
 
@@ -152,14 +153,19 @@ class DecoderLayer(nn.Module):
         self.ffn_block = Residual(c.d_model, c.dropout, c.normalize_before)
 
     def forward(self, x: Tensor, memory: tuple[Tensor, Tensor], memory_mask: Tensor,
-                cache: KeyValueCache | None) -> Tensor:
+                cache: KeyValueCache | IndexedKeyValueCache | None) -> Tensor:
         def self_attend(h: Tensor) -> Tensor:
             k, v = self.self_attn.project_kv(h)
-            past = 0
-            if cache is not None:
+            new, past = h.size(1), 0
+            if isinstance(cache, IndexedKeyValueCache):
+                cache.append(k, v)
+                if new == 1:
+                    return self.self_attn.attend_with(h, cache.attend)
+                past = cache.length - new
+                k, v = cache.keys_values()
+            elif cache is not None:
                 past = cache.length
                 k, v = cache.append(k, v)
-            new = h.size(1)
             if new == 1:
                 return self.self_attn(h, k, v)
             if past == 0:
@@ -172,6 +178,10 @@ class DecoderLayer(nn.Module):
             rows, new, dim = h.shape
             sentences = memory[0].size(0)
             grouped = h.reshape(sentences, rows // sentences * new, dim)
+            if isinstance(cache, IndexedKeyValueCache):  # decoding with nmt's CPU kernels
+                allowed = memory_mask.reshape(sentences, -1)
+                return self.cross_attn.attend_with(
+                    grouped, lambda q: grouped_attention(*memory, allowed, q)).view(rows, new, dim)
             return self.cross_attn(grouped, *memory, mask=memory_mask).view(rows, new, dim)
 
         x = self.self_block(x, self_attend)
@@ -258,7 +268,8 @@ class Transformer(nn.Module):
         states = self.encoder_norm(x)
         memory = tuple(layer.cross_attn.project_kv(states) for layer in self.decoder_layers)
         if not self.training and states.device.type == "cpu":  # decoding steps attend in fp32 on CPU (see
-            memory = tuple((k.float(), v.float()) for k, v in memory)  # cpu_attention_in_fp32): widen once
+            # cpu_attention_in_fp32): widen once, contiguous as nmt's CPU kernels read them
+            memory = tuple((k.float().contiguous(), v.float().contiguous()) for k, v in memory)
         return EncoderOut(states, padding_mask, memory, None if columns is None else self.column_projection(columns))
 
     def decode(self, prev_output_tokens: Tensor, encoder_out: EncoderOut, cache: DecoderCache | None = None,
@@ -288,7 +299,10 @@ class Transformer(nn.Module):
     def forward(self, src_tokens: Tensor, prev_output_tokens: Tensor, features_only: bool = False) -> Tensor:
         return self.decode(prev_output_tokens, self.encode(src_tokens), features_only=features_only)
 
-    def new_cache(self) -> DecoderCache:
+    def new_cache(self) -> DecoderCache | IndexedDecoderCache:
+        """On CPU, the cache that nmt's C kernels read (nmt/models/cpu_kernels.py) where they could be built."""
+        if self.positions.device.type == "cpu" and library() is not None:
+            return IndexedDecoderCache(len(self.decoder_layers))
         return DecoderCache(len(self.decoder_layers))
 
     @staticmethod

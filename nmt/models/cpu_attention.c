@@ -1,0 +1,95 @@
+/* One-query attention for decoding on CPU (see nmt/models/cpu_kernels.py, which compiles this file).
+ *
+ * torch's attention kernel spends most of a decoding step's attention time on per-(row, head)
+ * overhead for products of one query with a few dozen keys, and beam search copies the whole
+ * self-attention cache every step to follow the surviving beams. Here the cache is never moved:
+ * `history` says, per position, which slot of the cache holds a row's ancestor there, and the
+ * loops stream through each position's block of the cache once.
+ *
+ * Every tensor is float32 and contiguous; the scale is 1/sqrt(head_dim), as torch's default.
+ */
+#include <float.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+static float dot(const float *a, const float *b, int64_t n) {
+    float sum = 0.f;
+    for (int64_t i = 0; i < n; ++i) sum += a[i] * b[i];
+    return sum;
+}
+
+/* In place: weights[i] = exp(weights[i] - max) / sum, over the n entries that are allowed. */
+static void softmax(float *weights, const uint8_t *allowed, int64_t n) {
+    float max = -FLT_MAX, sum = 0.f;
+    for (int64_t i = 0; i < n; ++i)
+        if ((!allowed || allowed[i]) && weights[i] > max) max = weights[i];
+    for (int64_t i = 0; i < n; ++i) {
+        weights[i] = (!allowed || allowed[i]) ? expf(weights[i] - max) : 0.f;
+        sum += weights[i];
+    }
+    const float inverse = 1.f / sum;
+    for (int64_t i = 0; i < n; ++i) weights[i] *= inverse;
+}
+
+/* Self-attention of one new query per row over `length` cached positions.
+ * cache: (capacity, slots, 2, heads, head_dim), keys then values; history: (length, rows) int32, the
+ * slot of row r's ancestor at each position; query, out: (rows, heads, head_dim);
+ * scores: room for rows * heads * length floats. */
+void self_attention(const float *cache, int64_t slots, const int32_t *history, int64_t length, int64_t rows,
+                    int64_t heads, int64_t head_dim, const float *query, float *out, float *scores) {
+    const int64_t slot_size = 2 * heads * head_dim, position_size = slots * slot_size;
+    const float scale = 1.f / sqrtf((float)head_dim);
+    for (int64_t p = 0; p < length; ++p) {
+        const float *block = cache + p * position_size;
+        for (int64_t r = 0; r < rows; ++r) {
+            const float *keys = block + history[p * rows + r] * slot_size;
+            for (int64_t h = 0; h < heads; ++h)
+                scores[(r * heads + h) * length + p] =
+                    scale * dot(query + (r * heads + h) * head_dim, keys + h * head_dim, head_dim);
+        }
+    }
+    for (int64_t i = 0; i < rows * heads; ++i) softmax(scores + i * length, NULL, length);
+    memset(out, 0, sizeof(float) * rows * heads * head_dim);
+    for (int64_t p = 0; p < length; ++p) {
+        const float *block = cache + p * position_size + heads * head_dim;
+        for (int64_t r = 0; r < rows; ++r) {
+            const float *values = block + history[p * rows + r] * slot_size;
+            for (int64_t h = 0; h < heads; ++h) {
+                const float weight = scores[(r * heads + h) * length + p];
+                const float *value = values + h * head_dim;
+                float *o = out + (r * heads + h) * head_dim;
+                for (int64_t d = 0; d < head_dim; ++d) o[d] += weight * value[d];
+            }
+        }
+    }
+}
+
+/* Attention of `group` queries per sentence (its beams) to that sentence's keys and values.
+ * keys, values: (sentences, heads, length, head_dim); allowed: (sentences, length), 0 at padding;
+ * query, out: (sentences, group, heads, head_dim); scores: room for length floats. */
+void grouped_attention(const float *keys, const float *values, const uint8_t *allowed, int64_t sentences,
+                       int64_t group, int64_t heads, int64_t length, int64_t head_dim, const float *query,
+                       float *out, float *scores) {
+    const float scale = 1.f / sqrtf((float)head_dim);
+    for (int64_t s = 0; s < sentences; ++s) {
+        const uint8_t *mask = allowed + s * length;
+        for (int64_t h = 0; h < heads; ++h) {
+            const float *k = keys + (s * heads + h) * length * head_dim;
+            const float *v = values + (s * heads + h) * length * head_dim;
+            for (int64_t g = 0; g < group; ++g) {
+                const int64_t at = ((s * group + g) * heads + h) * head_dim;
+                for (int64_t p = 0; p < length; ++p)
+                    scores[p] = mask[p] ? scale * dot(query + at, k + p * head_dim, head_dim) : 0.f;
+                softmax(scores, mask, length);
+                float *o = out + at;
+                memset(o, 0, sizeof(float) * head_dim);
+                for (int64_t p = 0; p < length; ++p) {
+                    if (!mask[p]) continue;
+                    const float weight = scores[p];
+                    for (int64_t d = 0; d < head_dim; ++d) o[d] += weight * v[p * head_dim + d];
+                }
+            }
+        }
+    }
+}

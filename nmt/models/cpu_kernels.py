@@ -1,0 +1,130 @@
+"""Decoding's attention on CPU in C (nmt/models/cpu_attention.c), compiled on first use.
+
+One-query attention is a few dozen multiply-adds per (row, head); torch's kernel pays a fixed cost
+for each, and beam search with torch's operations copies the self-attention cache every step to
+follow the surviving beams. The C kernels read the cache through a table of each row's ancestors
+instead (nmt.models.kv_cache.IndexedDecoderCache). They are compiled for this CPU with the system's
+C compiler (``cc -O3 -march=native``) into a cache directory, once per source, compiler and CPU;
+without a compiler, or with ``NMT_CPU_KERNELS=0``, decoding uses torch's kernel and the copying
+cache, with the same results up to float rounding.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import sysconfig
+import tempfile
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from nmt.log import logger
+
+SOURCE = Path(__file__).with_name("cpu_attention.c")
+# -O3 vectorizes the loops; the math flags let it reorder float sums (as any SIMD dot product does)
+# without -ffast-math, which would also flush denormals for the whole process.
+FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fassociative-math",
+         "-fno-signed-zeros", "-shared", "-fPIC"]
+COMPILE_SECONDS = 120
+
+
+@functools.cache
+def library() -> ctypes.CDLL | None:
+    """The compiled kernels, or None (and one log line saying why) where they cannot be had."""
+    if os.environ.get("NMT_CPU_KERNELS", "1") == "0":
+        logger.info("decoding attention: torch's kernel (NMT_CPU_KERNELS=0)")
+        return None
+    compiler = os.environ.get("CC") or (sysconfig.get_config_var("CC") or "cc").split()[0]
+    if not shutil.which(compiler):
+        logger.info("decoding attention: torch's kernel (no C compiler %r to build nmt's, which decode "
+                    "faster; install gcc or set CC)", compiler)
+        return None
+    try:
+        return bind(ctypes.CDLL(str(compiled(compiler))))
+    except (OSError, subprocess.SubprocessError) as exc:
+        logger.info("decoding attention: torch's kernel (building nmt's failed: %s)", str(exc).strip()[:200])
+        return None
+
+
+def compiled(compiler: str) -> Path:
+    """The shared library for this source, compiler and CPU, built unless already in the cache."""
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
+    key = hashlib.sha256("\0".join([SOURCE.read_text(), compiler, version, " ".join(FLAGS), platform.machine(),
+                                    cpu_description()]).encode()).hexdigest()[:16]
+    target = cache_directory() / f"cpu_attention-{key}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as work:  # another process may build it at the same time
+        built = Path(work) / target.name
+        result = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(built), "-lm"], capture_output=True,
+                                text=True, timeout=COMPILE_SECONDS)
+        if result.returncode != 0:
+            raise OSError(result.stderr or f"{compiler} exited with {result.returncode}")
+        os.replace(built, target)
+    logger.info("decoding attention: built nmt's CPU kernels (%s -march=native) into %s", compiler, target)
+    return target
+
+
+def cpu_description() -> str:
+    """What -march=native compiles for: the CPU's model and flags (a cache shared by machines must not mix them)."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.processor()
+    return "\n".join(sorted({line for line in lines if line.split(":")[0].strip() in
+                             ("model name", "flags", "Features", "CPU part")}))
+
+
+def cache_directory() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    directory = Path(base) / "nmt" / "kernels"
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        if os.access(directory, os.W_OK):
+            return directory
+    except OSError:
+        pass
+    return Path(tempfile.gettempdir()) / f"nmt-kernels-{os.getuid()}"  # a read-only home
+
+
+def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
+    pointer, size = ctypes.c_void_p, ctypes.c_int64
+    lib.self_attention.argtypes = [pointer, size, pointer, size, size, size, size, pointer, pointer, pointer]
+    lib.grouped_attention.argtypes = [pointer, pointer, pointer, size, size, size, size, size, pointer, pointer,
+                                      pointer]
+    lib.self_attention.restype = lib.grouped_attention.restype = None
+    return lib
+
+
+def self_attention(cache: Tensor, history: Tensor, length: int, query: Tensor) -> Tensor:
+    """One query per row (rows, heads, head_dim) over the first ``length`` positions of ``cache``
+    (capacity, slots, 2, heads, head_dim), row r reading slot ``history[p, r]`` at position p."""
+    rows, heads, head_dim = query.shape
+    query32 = query.float().contiguous()
+    out = torch.empty_like(query32)
+    scores = torch.empty(rows * heads * length)
+    library().self_attention(cache.data_ptr(), cache.size(1), history.data_ptr(), length, rows, heads, head_dim,
+                             query32.data_ptr(), out.data_ptr(), scores.data_ptr())
+    return out.to(query.dtype)
+
+
+def grouped_attention(keys: Tensor, values: Tensor, allowed: Tensor, query: Tensor) -> Tensor:
+    """Queries (sentences, group, heads, head_dim), each group to its sentence's keys and values
+    (sentences, heads, length, head_dim) where ``allowed`` (sentences, length) is True."""
+    sentences, group, heads, head_dim = query.shape
+    keys, values = keys.float().contiguous(), values.float().contiguous()  # as encode gives them: no copy
+    allowed = allowed.to(torch.bool).contiguous()
+    query32 = query.float().contiguous()
+    out = torch.empty_like(query32)
+    scores = torch.empty(keys.size(2))
+    library().grouped_attention(keys.data_ptr(), values.data_ptr(), allowed.data_ptr(), sentences, group, heads,
+                                keys.size(2), head_dim, query32.data_ptr(), out.data_ptr(), scores.data_ptr())
+    return out.to(query.dtype)

@@ -1,0 +1,102 @@
+"""nmt's C kernels for decoding's attention on CPU (nmt/models/cpu_kernels.py) against torch's."""
+
+import logging
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from nmt.log import logger
+from nmt.models import cpu_kernels
+from nmt.models.kv_cache import DecoderCache, IndexedDecoderCache
+from nmt.models.registry import build_model, get_arch, resolve_config
+
+needs_kernels = pytest.mark.skipif(cpu_kernels.library() is None,
+                                   reason="nmt's CPU kernels could not be built here (no C compiler?)")
+
+
+@needs_kernels
+@pytest.mark.parametrize("rows, length", [(1, 1), (7, 5), (12, 33)])
+def test_self_attention_reads_each_rows_history(rows, length):
+    """Row r at position p reads the slot history[p, r] names: as attending to the gathered keys."""
+    g = torch.Generator().manual_seed(rows)
+    heads, head_dim, slots = 4, 16, rows + 3
+    cache = torch.randn(length + 2, slots, 2, heads, head_dim, generator=g)
+    history = torch.randint(0, slots, (length, rows), generator=g, dtype=torch.int32)
+    query = torch.randn(rows, heads, head_dim, generator=g)
+    gathered = cache[torch.arange(length).unsqueeze(1), history.long()]  # (length, rows, 2, heads, head_dim)
+    keys, values = gathered[:, :, 0].permute(1, 2, 0, 3), gathered[:, :, 1].permute(1, 2, 0, 3)
+    expected = F.scaled_dot_product_attention(query.unsqueeze(2), keys, values).squeeze(2)
+    out = cpu_kernels.self_attention(cache, history, length, query)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+
+
+@needs_kernels
+def test_grouped_attention_keeps_to_each_sentence_and_skips_padding():
+    g = torch.Generator().manual_seed(0)
+    sentences, group, heads, length, head_dim = 3, 4, 2, 9, 8
+    keys, values = (torch.randn(sentences, heads, length, head_dim, generator=g) for _ in range(2))
+    allowed = torch.ones(sentences, length, dtype=torch.bool)
+    allowed[1, 6:] = False
+    allowed[2, 1:] = False  # one real position: all weight on it
+    query = torch.randn(sentences, group, heads, head_dim, generator=g)
+    expected = F.scaled_dot_product_attention(query.transpose(1, 2), keys, values,
+                                              attn_mask=allowed[:, None, None, :]).transpose(1, 2)
+    out = cpu_kernels.grouped_attention(keys, values, allowed, query)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out[2], values[2, :, 0].unsqueeze(0).expand(group, -1, -1))
+    keys[1, :, 6:] = 1e4  # padding's keys and values are never read
+    values[1, :, 6:] = float("nan")
+    torch.testing.assert_close(cpu_kernels.grouped_attention(keys, values, allowed, query), out)
+
+
+@pytest.fixture
+def fresh_library(monkeypatch):
+    """library() is asked once per process: forget its answer before and after the test."""
+    cpu_kernels.library.cache_clear()
+    monkeypatch.setattr(logger, "propagate", True)  # the CLI's logging set-up turns it off; caplog listens at root
+    yield
+    cpu_kernels.library.cache_clear()
+
+
+def test_without_a_compiler_decoding_uses_torchs_kernel_and_says_so(fresh_library, monkeypatch, caplog):
+    caplog.set_level(logging.INFO, logger="nmt")
+    monkeypatch.setenv("CC", "/nonexistent/cc")
+    assert cpu_kernels.library() is None
+    assert "no C compiler '/nonexistent/cc'" in caplog.text
+    arch = get_arch("transformer_tiny")
+    model = build_model(arch.model_name, resolve_config(arch.config, {}), 20, 20, 0)
+    assert type(model.new_cache()) is DecoderCache
+
+
+def test_nmt_cpu_kernels_0_turns_them_off(fresh_library, monkeypatch, caplog):
+    caplog.set_level(logging.INFO, logger="nmt")
+    monkeypatch.setenv("NMT_CPU_KERNELS", "0")
+    assert cpu_kernels.library() is None and "NMT_CPU_KERNELS=0" in caplog.text
+
+
+@needs_kernels
+def test_a_build_is_cached_and_reused(fresh_library, monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert cpu_kernels.library() is not None
+    built = list((tmp_path / "nmt" / "kernels").iterdir())
+    assert len(built) == 1 and built[0].suffix == ".so"
+    stamp = built[0].stat().st_mtime_ns
+    real_run, builds = cpu_kernels.subprocess.run, []
+
+    def run(args, **kwargs):
+        builds.extend([args] if "-o" in args else [])
+        return real_run(args, **kwargs)
+
+    monkeypatch.setattr(cpu_kernels.subprocess, "run", run)
+    cpu_kernels.library.cache_clear()
+    assert cpu_kernels.library() is not None
+    assert builds == [] and list((tmp_path / "nmt" / "kernels").iterdir()) == built
+    assert built[0].stat().st_mtime_ns == stamp
+
+
+@needs_kernels
+def test_the_model_decodes_with_them_on_cpu():
+    arch = get_arch("transformer_tiny")
+    model = build_model(arch.model_name, resolve_config(arch.config, {}), 20, 20, 0)
+    assert type(model.new_cache()) is IndexedDecoderCache
