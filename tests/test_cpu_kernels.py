@@ -50,6 +50,22 @@ def test_grouped_attention_keeps_to_each_sentence_and_skips_padding():
     torch.testing.assert_close(cpu_kernels.grouped_attention(keys, values, allowed, query), out)
 
 
+@needs_kernels
+def test_log_softmax_keeps_each_row_to_its_sentences_columns():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(6, 300, generator=g) * 8  # 3 sentences, 2 rows each
+    logits[5, 7] = -float("inf")  # a column the model itself ruled out
+    banned = torch.zeros(3, 300)
+    banned[0, 100:] = -float("inf")
+    banned[2, ::2] = -float("inf")
+    expected = torch.log_softmax(logits.view(3, 2, 300) + banned.unsqueeze(1), dim=-1).view(6, 300)
+    out = cpu_kernels.log_softmax_(logits.clone(), banned)
+    assert torch.equal(out.isinf(), expected.isinf())
+    torch.testing.assert_close(out[expected.isfinite()], expected[expected.isfinite()], rtol=1e-6, atol=1e-5)
+    torch.testing.assert_close(cpu_kernels.log_softmax_(logits.clone()), torch.log_softmax(logits, dim=-1),
+                               rtol=1e-6, atol=1e-5)
+
+
 @pytest.fixture
 def fresh_library(monkeypatch):
     """library() is asked once per process: forget its answer before and after the test."""

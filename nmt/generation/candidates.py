@@ -28,14 +28,12 @@ class Candidates:
     columns: Tensor  # (columns,) the batch's candidates as full-vocabulary ids, ascending
     others: Tensor | None  # (sentences, columns): -inf at other sentences' candidates, else 0; None: all 0
 
-    def restrict(self, logits: Tensor, sentences: Tensor) -> Tensor:
-        """Ban, in place, each row's columns outside its sentence's candidates; ``logits`` has one
-        row per hypothesis, the same number for each of the batch's ``sentences`` (original indices).
-        (Adding -inf: 5x faster than a masked fill that broadcasts over the beams.)"""
-        if self.others is not None:
-            others = self.others if len(sentences) == len(self.others) else self.others[sentences]  # all still here
-            logits.view(len(sentences), -1, logits.size(-1)).add_(others.unsqueeze(1))
-        return logits
+    def banned(self, sentences: Tensor) -> Tensor | None:
+        """(sentences, columns): -inf at the columns the batch's ``sentences`` (original indices) may not
+        choose, 0 elsewhere; None when each may choose them all."""
+        if self.others is None or len(sentences) == len(self.others):  # all still here
+            return self.others
+        return self.others[sentences]
 
 
 def batch_candidates(shortlist: Shortlist, sources: list[np.ndarray], device: torch.device,

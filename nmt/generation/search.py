@@ -23,6 +23,7 @@ from nmt.errors import NmtError
 from nmt.generation.candidates import Candidates
 from nmt.generation.options import SearchOptions
 from nmt.generation.searchable import SearchableModel, SearchControls
+from nmt.models.cpu_kernels import log_softmax_
 
 NEG_INF = float("-inf")
 
@@ -196,9 +197,8 @@ def beam_search(model: SearchableModel, source: Tensor, options: SearchOptions,
         if should_stop is not None and should_stop():
             raise SearchStopped(f"stopped at step {step}")
         logits = model.decode(tokens[:, -1:], encoder_out, cache)[:, -1].float()
-        if candidates is not None:
-            candidates.restrict(logits, alive_ids)
-        logprobs = constrain(torch.log_softmax(logits, dim=-1, out=logits),  # in place: one (rows, vocab) tensor less
+        banned = candidates.banned(alive_ids) if candidates is not None else None
+        logprobs = constrain(log_softmax_(logits, banned),  # in place: one (rows, vocab) tensor less
                              tokens, step, limit[alive_ids].repeat_interleave(width), options.min_len,
                              options.no_repeat_ngram_size, columns)
         if controls is not None:

@@ -1,4 +1,4 @@
-"""Decoding's attention on CPU in C (nmt/models/cpu_attention.c), compiled on first use.
+"""Decoding's attention on CPU in C (nmt/models/cpu_kernels.c), compiled on first use.
 
 One-query attention is a few dozen multiply-adds per (row, head); torch's kernel pays a fixed cost
 for each, and beam search with torch's operations copies the self-attention cache every step to
@@ -27,7 +27,7 @@ from torch import Tensor
 
 from nmt.log import logger
 
-SOURCE = Path(__file__).with_name("cpu_attention.c")
+SOURCE = Path(__file__).with_suffix(".c")
 # -O3 vectorizes the loops; the math flags let it reorder float sums (as any SIMD dot product does)
 # without -ffast-math, which would also flush denormals for the whole process.
 FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fassociative-math",
@@ -58,7 +58,7 @@ def compiled(compiler: str) -> Path:
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
     key = hashlib.sha256("\0".join([SOURCE.read_text(), compiler, version, " ".join(FLAGS), platform.machine(),
                                     cpu_description()]).encode()).hexdigest()[:16]
-    target = cache_directory() / f"cpu_attention-{key}.so"
+    target = cache_directory() / f"cpu_kernels-{key}.so"
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -100,8 +100,20 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.self_attention.argtypes = [pointer, size, pointer, size, size, size, size, pointer, pointer, pointer]
     lib.grouped_attention.argtypes = [pointer, pointer, pointer, size, size, size, size, size, pointer, pointer,
                                       pointer]
-    lib.self_attention.restype = lib.grouped_attention.restype = None
+    lib.append_position.argtypes = [pointer, size, size, size, size, pointer, pointer]
+    lib.log_softmax_rows.argtypes = [pointer, size, size, pointer, size]
+    for kernel in (lib.self_attention, lib.grouped_attention, lib.append_position, lib.log_softmax_rows):
+        kernel.restype = None
     return lib
+
+
+def append_position(cache: Tensor, position: int, keys: Tensor, values: Tensor) -> None:
+    """Write keys and values (rows, heads, 1, head_dim) at ``position`` of slots 0..rows-1 of ``cache``
+    (capacity, slots, 2, heads, head_dim)."""
+    rows = keys.size(0)
+    keys, values = keys.float().contiguous(), values.float().contiguous()  # as projected: no copy
+    library().append_position(cache.data_ptr(), cache.size(1), position, rows, keys[0].numel(), keys.data_ptr(),
+                              values.data_ptr())
 
 
 def self_attention(cache: Tensor, history: Tensor, length: int, query: Tensor) -> Tensor:
@@ -128,3 +140,18 @@ def grouped_attention(keys: Tensor, values: Tensor, allowed: Tensor, query: Tens
     library().grouped_attention(keys.data_ptr(), values.data_ptr(), allowed.data_ptr(), sentences, group, heads,
                                 keys.size(2), head_dim, query32.data_ptr(), out.data_ptr(), scores.data_ptr())
     return out.to(query.dtype)
+
+
+def log_softmax_(logits: Tensor, banned: Tensor | None = None) -> Tensor:
+    """In place, each row of ``logits`` (rows, columns) to log-probabilities over the columns it may
+    choose: with ``banned`` (sentences, columns; 0 or -inf), rows come rows // sentences per sentence
+    and -inf columns are out. In C on CPU where the kernels could be built, else torch's operations."""
+    rows, columns = logits.shape
+    if logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.is_contiguous() and library():
+        banned = None if banned is None else banned.float().contiguous()
+        library().log_softmax_rows(logits.data_ptr(), rows, columns, None if banned is None else banned.data_ptr(),
+                                   1 if banned is None else rows // len(banned))
+        return logits
+    if banned is not None:
+        logits.view(len(banned), -1, columns).add_(banned.unsqueeze(1))
+    return torch.log_softmax(logits, dim=-1, out=logits)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from nmt.models.cpu_kernels import self_attention
+from nmt.models.cpu_kernels import append_position, self_attention
 
 GROWTH = 1.5  # a full buffer is replaced by one this many times the room needed
 
@@ -184,8 +184,11 @@ class IndexedKeyValueCache:
             if self.buffer is not None:
                 grown[:self.length, :self.buffer.size(1)] = self.buffer[:self.length]
             self.buffer = grown
-        self.buffer[self.length:end, :rows, 0] = keys.permute(2, 0, 1, 3)
-        self.buffer[self.length:end, :rows, 1] = values.permute(2, 0, 1, 3)
+        if new == 1:
+            append_position(self.buffer, self.length, keys, values)
+        else:
+            self.buffer[self.length:end, :rows, 0] = keys.permute(2, 0, 1, 3)
+            self.buffer[self.length:end, :rows, 1] = values.permute(2, 0, 1, 3)
         self.owner.extend_history(end, rows)
         self.length = end
 

@@ -1,4 +1,5 @@
-/* One-query attention for decoding on CPU (see nmt/models/cpu_kernels.py, which compiles this file).
+/* Decoding's kernels on CPU: one-query attention, the cache's writes and the search's
+ * log-probabilities (see nmt/models/cpu_kernels.py, which compiles this file).
  *
  * torch's attention kernel spends most of a decoding step's attention time on per-(row, head)
  * overhead for products of one query with a few dozen keys, and beam search copies the whole
@@ -13,6 +14,27 @@
 #include <stdint.h>
 #include <string.h>
 
+/* exp(x), vectorizable (libm's expf is not without -ffast-math): 2^n * p(r) with x = n ln2 + r,
+ * |r| <= ln2/2, Cephes' polynomial; within 1e-7 relative; 0 below -87.3, exp(-inf) included. */
+static inline float exp_fast(float x) {
+    const float too_small = -87.3f;
+    const float clamped = x < too_small ? too_small : (x > 88.3f ? 88.3f : x);
+    const float n = floorf(clamped * 1.44269504088896341f + 0.5f);
+    float r = fmaf(-n, 0.693359375f, clamped);  /* fmaf: the two-part ln2 must not be merged */
+    r = fmaf(n, 2.12194440e-4f, r);
+    float p = 1.9875691500e-4f;
+    p = fmaf(p, r, 1.3981999507e-3f);
+    p = fmaf(p, r, 8.3334519073e-3f);
+    p = fmaf(p, r, 4.1665795894e-2f);
+    p = fmaf(p, r, 1.6666665459e-1f);
+    p = fmaf(p, r, 5.0000001201e-1f);
+    p = fmaf(p, r * r, r) + 1.0f;
+    const int32_t bits = ((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    return x < too_small ? 0.f : p * scale;
+}
+
 static float dot(const float *a, const float *b, int64_t n) {
     float sum = 0.f;
     for (int64_t i = 0; i < n; ++i) sum += a[i] * b[i];
@@ -25,11 +47,22 @@ static void softmax(float *weights, const uint8_t *allowed, int64_t n) {
     for (int64_t i = 0; i < n; ++i)
         if ((!allowed || allowed[i]) && weights[i] > max) max = weights[i];
     for (int64_t i = 0; i < n; ++i) {
-        weights[i] = (!allowed || allowed[i]) ? expf(weights[i] - max) : 0.f;
+        weights[i] = (!allowed || allowed[i]) ? exp_fast(weights[i] - max) : 0.f;
         sum += weights[i];
     }
     const float inverse = 1.f / sum;
     for (int64_t i = 0; i < n; ++i) weights[i] *= inverse;
+}
+
+/* Writes position `position` of rows 0..rows-1 into the cache (capacity, slots, 2, width):
+ * keys and values (rows, width). */
+void append_position(float *cache, int64_t slots, int64_t position, int64_t rows, int64_t width,
+                     const float *keys, const float *values) {
+    float *block = cache + position * slots * 2 * width;
+    for (int64_t r = 0; r < rows; ++r) {
+        memcpy(block + 2 * r * width, keys + r * width, sizeof(float) * width);
+        memcpy(block + (2 * r + 1) * width, values + r * width, sizeof(float) * width);
+    }
 }
 
 /* Self-attention of one new query per row over `length` cached positions.
@@ -91,5 +124,24 @@ void grouped_attention(const float *keys, const float *values, const uint8_t *al
                 }
             }
         }
+    }
+}
+
+/* In place, row by row: logits (rows, columns) become log-probabilities over the columns a row may
+ * choose. Rows come `width` per sentence; banned (sentences, columns) is 0 where the sentence may
+ * choose a column and -inf where not, or NULL (every column). One pass over a row in cache where
+ * torch makes three over the whole matrix (add the ban, log_softmax's max and sums, its write). */
+void log_softmax_rows(float *logits, int64_t rows, int64_t columns, const float *banned, int64_t width) {
+    for (int64_t r = 0; r < rows; ++r) {
+        float *x = logits + r * columns;
+        if (banned) {
+            const float *ban = banned + (r / width) * columns;
+            for (int64_t c = 0; c < columns; ++c) x[c] += ban[c];
+        }
+        float max = -INFINITY, sum = 0.f;
+        for (int64_t c = 0; c < columns; ++c) max = x[c] > max ? x[c] : max;
+        for (int64_t c = 0; c < columns; ++c) sum += exp_fast(x[c] - max);
+        const float log_sum = max + logf(sum);
+        for (int64_t c = 0; c < columns; ++c) x[c] -= log_sum;
     }
 }
