@@ -315,3 +315,38 @@ def test_dropout_drops_p_and_rescales_the_rest(dtype):
     assert torch.equal(x.grad != 0, y != 0)  # the gradient flows through the kept positions only
     assert torch.equal(dropout.eval()(x), x)
     assert torch.equal(Dropout(0.0).train()(x), x)
+
+
+@pytest.mark.skipif(cpu_kernels.library() is None, reason="nmt's CPU kernels could not be built here")
+def test_the_next_batch_reuses_the_cache_buffers_and_live_caches_never_share():
+    """A collected cache gives its buffers back (their pages are already faulted in); two caches in
+    use at once (threads decoding) each have their own."""
+    import gc
+
+    from nmt.models.kv_cache import BUFFERS
+
+    model = make_model()
+    src = random_tokens(2, 5)
+    prev = torch.cat([torch.full((2, 1), BOS_ID), random_tokens(2, 6, seed=7)], dim=1)
+
+    def decode(cache):
+        with torch.no_grad():
+            encoder_out = model.encode(src)
+            cache.reserve(prev.size(1), 2)
+            return torch.cat([model.decode(prev[:, t:t + 1], encoder_out, cache) for t in range(prev.size(1))], dim=1)
+
+    BUFFERS.free.clear()
+    first = IndexedDecoderCache(len(model.decoder_layers))
+    expected = decode(first)
+    used = {layer.buffer.untyped_storage().data_ptr() for layer in first.layers}
+    second = IndexedDecoderCache(len(model.decoder_layers))
+    decode(second)
+    assert not used & {layer.buffer.untyped_storage().data_ptr() for layer in second.layers}  # both alive
+    del first, second
+    gc.collect()
+    assert len(BUFFERS.free) == 2 * len(model.decoder_layers)
+    pooled = {buffer.untyped_storage().data_ptr() for buffer in BUFFERS.free}
+    third = IndexedDecoderCache(len(model.decoder_layers))
+    torch.testing.assert_close(decode(third), expected, rtol=0, atol=0)  # what the buffers held before is never read
+    assert {layer.buffer.untyped_storage().data_ptr() for layer in third.layers} <= pooled
+    assert len(BUFFERS.free) == len(model.decoder_layers)

@@ -17,6 +17,10 @@ into existing storage.
 
 from __future__ import annotations
 
+import math
+import threading
+import weakref
+
 import torch
 from torch import Tensor
 
@@ -115,6 +119,36 @@ class DecoderCache:
             self.spare = layer.reorder(indices, self.spare)
 
 
+class BufferPool:
+    """Flat float32 buffers that the caches of one batch hand on to the next batch's.
+
+    A fresh buffer's pages are faulted in, and zeroed by the kernel, as positions are first written:
+    about a tenth of a CPU decoding's time (docs/performance.md). A reused buffer's pages are there
+    already. A cache takes a buffer for itself (threads decoding at once never share one) and gives
+    it back when it is collected; the pool keeps the largest ``keep`` buffers given back.
+    """
+
+    def __init__(self, keep: int = 16):
+        self.keep = keep
+        self.free: list[Tensor] = []
+        self.lock = threading.Lock()
+
+    def take(self, size: int) -> Tensor:
+        """A flat float32 buffer of at least ``size`` elements, reused where one is free."""
+        with self.lock:
+            fitting = [i for i, buffer in enumerate(self.free) if buffer.numel() >= size]
+            if fitting:  # the smallest that fits
+                return self.free.pop(min(fitting, key=lambda i: self.free[i].numel()))
+        return torch.empty(size)
+
+    def give_back(self, buffers: list[Tensor]) -> None:
+        with self.lock:
+            self.free = sorted(self.free + buffers, key=Tensor.numel, reverse=True)[:self.keep]
+
+
+BUFFERS = BufferPool()
+
+
 class IndexedDecoderCache:
     """Every decoder layer's keys and values on CPU, for nmt's C kernels (nmt/models/cpu_kernels.py),
     which read them through ``history`` rather than have them moved.
@@ -122,11 +156,14 @@ class IndexedDecoderCache:
     A step writes its position of every row into slots 0..rows-1 of that position's block; a reorder
     (surviving beams, sentences leaving) rewrites only ``history`` (positions, rows), the slot of each
     row's ancestor at each position, which all layers share: no key or value is ever copied. A buffer
-    is (capacity, slots, 2, heads, head_dim), with room for what search reserves up front.
+    is (capacity, slots, 2, heads, head_dim), with room for what search reserves up front, taken from
+    :data:`BUFFERS` and given back when the cache is collected.
     """
 
     def __init__(self, num_layers: int):
         self.layers = [IndexedKeyValueCache(self) for _ in range(num_layers)]
+        self.storage: list[Tensor] = []  # the layers' flat buffers, given back to BUFFERS at the end
+        weakref.finalize(self, BUFFERS.give_back, self.storage)
         self.history: Tensor | None = None  # (capacity, rows) int32
         self.positions = 0  # positions that history has
         self.reserved = (0, 0)  # positions, rows
@@ -179,10 +216,12 @@ class IndexedKeyValueCache:
             positions, slots = self.owner.reserved
             if self.buffer is not None:  # earlier positions keep their slots
                 slots = max(slots, self.buffer.size(1))
-            grown = keys.new_empty(max(positions, int(GROWTH * end)), max(slots, rows), 2, heads, head_dim,
-                                   dtype=torch.float32)  # only what history points to is ever read
+            shape = (max(positions, int(GROWTH * end)), max(slots, rows), 2, heads, head_dim)
+            flat = BUFFERS.take(math.prod(shape))  # only what history points to is ever read
+            grown = flat[:math.prod(shape)].view(shape)
             if self.buffer is not None:
                 grown[:self.length, :self.buffer.size(1)] = self.buffer[:self.length]
+            self.owner.storage.append(flat)
             self.buffer = grown
         if new == 1:
             append_position(self.buffer, self.length, keys, values)
