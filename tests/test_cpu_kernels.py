@@ -16,25 +16,28 @@ needs_kernels = pytest.mark.skipif(cpu_kernels.library() is None,
 
 
 @needs_kernels
-@pytest.mark.parametrize("rows, length", [(1, 1), (7, 5), (12, 33)])
-def test_self_attention_reads_each_rows_history(rows, length):
-    """Row r at position p reads the slot history[p, r] names: as attending to the gathered keys."""
+@pytest.mark.parametrize("rows, length, heads, head_dim", [(1, 1, 4, 16), (7, 5, 6, 8), (12, 33, 8, 64)])
+def test_self_attention_reads_each_rows_history(rows, length, heads, head_dim):
+    """Row r at position p reads slot starts[p] + history[p, r]: as attending to the gathered keys.
+    (Heads by four and one by one; the usual head size 64 has loops of its own.)"""
     g = torch.Generator().manual_seed(rows)
-    heads, head_dim, slots = 4, 16, rows + 3
-    cache = torch.randn(length + 2, slots, 2, heads, head_dim, generator=g)
-    history = torch.randint(0, slots, (length, rows), generator=g, dtype=torch.int32)
+    block_rows = torch.randint(rows, rows + 4, (length,), generator=g)  # a block per position, as wide as its step
+    starts = torch.cat([torch.zeros(1, dtype=torch.int64), block_rows.cumsum(0)])
+    cache = torch.randn(int(starts[-1]), 2, heads, head_dim, generator=g)
+    history = (torch.rand(length, rows, generator=g) * block_rows.unsqueeze(1)).int()
     query = torch.randn(rows, heads, head_dim, generator=g)
-    gathered = cache[torch.arange(length).unsqueeze(1), history.long()]  # (length, rows, 2, heads, head_dim)
+    gathered = cache[starts[:length].unsqueeze(1) + history]  # (length, rows, 2, heads, head_dim)
     keys, values = gathered[:, :, 0].permute(1, 2, 0, 3), gathered[:, :, 1].permute(1, 2, 0, 3)
     expected = F.scaled_dot_product_attention(query.unsqueeze(2), keys, values).squeeze(2)
-    out = cpu_kernels.self_attention(cache, history, length, query)
+    out = cpu_kernels.self_attention(cache, starts, history, length, query)
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
 
 
 @needs_kernels
-def test_grouped_attention_keeps_to_each_sentence_and_skips_padding():
+@pytest.mark.parametrize("head_dim", [8, 64])
+def test_grouped_attention_keeps_to_each_sentence_and_skips_padding(head_dim):
     g = torch.Generator().manual_seed(0)
-    sentences, group, heads, length, head_dim = 3, 4, 2, 9, 8
+    sentences, group, heads, length = 3, 4, 2, 9
     keys, values = (torch.randn(sentences, heads, length, head_dim, generator=g) for _ in range(2))
     allowed = torch.ones(sentences, length, dtype=torch.bool)
     allowed[1, 6:] = False
@@ -45,7 +48,7 @@ def test_grouped_attention_keeps_to_each_sentence_and_skips_padding():
     out = cpu_kernels.grouped_attention(keys, values, allowed, query)
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(out[2], values[2, :, 0].unsqueeze(0).expand(group, -1, -1))
-    keys[1, :, 6:] = 1e4  # padding's keys and values are never read
+    keys[1, :, 6:] = 1e4  # padding's keys and values count for nothing
     values[1, :, 6:] = float("nan")
     torch.testing.assert_close(cpu_kernels.grouped_attention(keys, values, allowed, query), out)
 

@@ -35,7 +35,7 @@ static inline float exp_fast(float x) {
     return x < too_small ? 0.f : p * scale;
 }
 
-static float dot(const float *a, const float *b, int64_t n) {
+static inline float dot(const float *a, const float *b, int64_t n) {
     float sum = 0.f;
     for (int64_t i = 0; i < n; ++i) sum += a[i] * b[i];
     return sum;
@@ -54,11 +54,11 @@ static void softmax(float *weights, const uint8_t *allowed, int64_t n) {
     for (int64_t i = 0; i < n; ++i) weights[i] *= inverse;
 }
 
-/* Writes position `position` of rows 0..rows-1 into the cache (capacity, slots, 2, width):
- * keys and values (rows, width). */
-void append_position(float *cache, int64_t slots, int64_t position, int64_t rows, int64_t width,
-                     const float *keys, const float *values) {
-    float *block = cache + position * slots * 2 * width;
+/* Writes rows 0..rows-1 of a new position into slots start..start+rows-1 of the cache (slots, 2,
+ * width): keys and values (rows, width). */
+void append_position(float *cache, int64_t start, int64_t rows, int64_t width, const float *keys,
+                     const float *values) {
+    float *block = cache + start * 2 * width;
     for (int64_t r = 0; r < rows; ++r) {
         memcpy(block + 2 * r * width, keys + r * width, sizeof(float) * width);
         memcpy(block + (2 * r + 1) * width, values + r * width, sizeof(float) * width);
@@ -66,26 +66,41 @@ void append_position(float *cache, int64_t slots, int64_t position, int64_t rows
 }
 
 /* Self-attention of one new query per row over `length` cached positions.
- * cache: (capacity, slots, 2, heads, head_dim), keys then values; history: (length, rows) int32, the
- * slot of row r's ancestor at each position; query, out: (rows, heads, head_dim);
- * scores: room for rows * heads * length floats. */
-void self_attention(const float *cache, int64_t slots, const int32_t *history, int64_t length, int64_t rows,
-                    int64_t heads, int64_t head_dim, const float *query, float *out, float *scores) {
-    const int64_t slot_size = 2 * heads * head_dim, position_size = slots * slot_size;
+ * cache: (slots, 2, heads, head_dim), keys then values; position p's block starts at slot starts[p];
+ * history: (length, rows) int32, the slot of row r's ancestor within each position's block;
+ * query, out: (rows, heads, head_dim); scores: room for rows * heads * length floats. */
+static inline void self_attention_of(const float *cache, const int64_t *starts, const int32_t *history,
+                                     int64_t length, int64_t rows, int64_t heads, int64_t head_dim,
+                                     const float *query, float *out, float *scores) {
+    const int64_t slot_size = 2 * heads * head_dim;
     const float scale = 1.f / sqrtf((float)head_dim);
     for (int64_t p = 0; p < length; ++p) {
-        const float *block = cache + p * position_size;
+        const float *block = cache + starts[p] * slot_size;
         for (int64_t r = 0; r < rows; ++r) {
-            const float *keys = block + history[p * rows + r] * slot_size;
-            for (int64_t h = 0; h < heads; ++h)
-                scores[(r * heads + h) * length + p] =
-                    scale * dot(query + (r * heads + h) * head_dim, keys + h * head_dim, head_dim);
+            const float *keys = block + history[p * rows + r] * slot_size, *q = query + r * heads * head_dim;
+            float *s = scores + r * heads * length + p;
+            int64_t h = 0;
+            for (; h + 4 <= heads; h += 4) {  /* four heads' sums at once: four independent chains */
+                const float *q0 = q + h * head_dim, *k0 = keys + h * head_dim;
+                float s0 = 0.f, s1 = 0.f, s2 = 0.f, s3 = 0.f;
+                for (int64_t d = 0; d < head_dim; ++d) {
+                    s0 += q0[d] * k0[d];
+                    s1 += q0[head_dim + d] * k0[head_dim + d];
+                    s2 += q0[2 * head_dim + d] * k0[2 * head_dim + d];
+                    s3 += q0[3 * head_dim + d] * k0[3 * head_dim + d];
+                }
+                s[h * length] = scale * s0;
+                s[(h + 1) * length] = scale * s1;
+                s[(h + 2) * length] = scale * s2;
+                s[(h + 3) * length] = scale * s3;
+            }
+            for (; h < heads; ++h) s[h * length] = scale * dot(q + h * head_dim, keys + h * head_dim, head_dim);
         }
     }
     for (int64_t i = 0; i < rows * heads; ++i) softmax(scores + i * length, NULL, length);
     memset(out, 0, sizeof(float) * rows * heads * head_dim);
     for (int64_t p = 0; p < length; ++p) {
-        const float *block = cache + p * position_size + heads * head_dim;
+        const float *block = cache + starts[p] * slot_size + heads * head_dim;
         for (int64_t r = 0; r < rows; ++r) {
             const float *values = block + history[p * rows + r] * slot_size;
             for (int64_t h = 0; h < heads; ++h) {
@@ -98,12 +113,20 @@ void self_attention(const float *cache, int64_t slots, const int32_t *history, i
     }
 }
 
+void self_attention(const float *cache, const int64_t *starts, const int32_t *history, int64_t length, int64_t rows,
+                    int64_t heads, int64_t head_dim, const float *query, float *out, float *scores) {
+    if (head_dim == 64)  /* the usual size, known to the compiler here: unrolled loops without remainders */
+        self_attention_of(cache, starts, history, length, rows, heads, 64, query, out, scores);
+    else
+        self_attention_of(cache, starts, history, length, rows, heads, head_dim, query, out, scores);
+}
+
 /* Attention of `group` queries per sentence (its beams) to that sentence's keys and values.
  * keys, values: (sentences, heads, length, head_dim); allowed: (sentences, length), 0 at padding;
  * query, out: (sentences, group, heads, head_dim); scores: room for length floats. */
-void grouped_attention(const float *keys, const float *values, const uint8_t *allowed, int64_t sentences,
-                       int64_t group, int64_t heads, int64_t length, int64_t head_dim, const float *query,
-                       float *out, float *scores) {
+static inline void grouped_attention_of(const float *keys, const float *values, const uint8_t *allowed,
+                                        int64_t sentences, int64_t group, int64_t heads, int64_t length,
+                                        int64_t head_dim, const float *query, float *out, float *scores) {
     const float scale = 1.f / sqrtf((float)head_dim);
     for (int64_t s = 0; s < sentences; ++s) {
         const uint8_t *mask = allowed + s * length;
@@ -112,12 +135,27 @@ void grouped_attention(const float *keys, const float *values, const uint8_t *al
             const float *v = values + (s * heads + h) * length * head_dim;
             for (int64_t g = 0; g < group; ++g) {
                 const int64_t at = ((s * group + g) * heads + h) * head_dim;
-                for (int64_t p = 0; p < length; ++p)
-                    scores[p] = mask[p] ? scale * dot(query + at, k + p * head_dim, head_dim) : 0.f;
-                softmax(scores, mask, length);
+                const float *q = query + at;
+                int64_t p = 0;
+                for (; p + 4 <= length; p += 4) {  /* four positions' sums at once */
+                    const float *k0 = k + p * head_dim;
+                    float s0 = 0.f, s1 = 0.f, s2 = 0.f, s3 = 0.f;
+                    for (int64_t d = 0; d < head_dim; ++d) {
+                        s0 += q[d] * k0[d];
+                        s1 += q[d] * k0[head_dim + d];
+                        s2 += q[d] * k0[2 * head_dim + d];
+                        s3 += q[d] * k0[3 * head_dim + d];
+                    }
+                    scores[p] = scale * s0;
+                    scores[p + 1] = scale * s1;
+                    scores[p + 2] = scale * s2;
+                    scores[p + 3] = scale * s3;
+                }
+                for (; p < length; ++p) scores[p] = scale * dot(q, k + p * head_dim, head_dim);
+                softmax(scores, mask, length);  /* padding's weights are 0 */
                 float *o = out + at;
                 memset(o, 0, sizeof(float) * head_dim);
-                for (int64_t p = 0; p < length; ++p) {
+                for (p = 0; p < length; ++p) {
                     if (!mask[p]) continue;
                     const float weight = scores[p];
                     for (int64_t d = 0; d < head_dim; ++d) o[d] += weight * v[p * head_dim + d];
@@ -125,6 +163,15 @@ void grouped_attention(const float *keys, const float *values, const uint8_t *al
             }
         }
     }
+}
+
+void grouped_attention(const float *keys, const float *values, const uint8_t *allowed, int64_t sentences,
+                       int64_t group, int64_t heads, int64_t length, int64_t head_dim, const float *query,
+                       float *out, float *scores) {
+    if (head_dim == 64)
+        grouped_attention_of(keys, values, allowed, sentences, group, heads, length, 64, query, out, scores);
+    else
+        grouped_attention_of(keys, values, allowed, sentences, group, heads, length, head_dim, query, out, scores);
 }
 
 /* In place, row by row: logits (rows, columns) become log-probabilities over the columns a row may

@@ -97,33 +97,32 @@ def cache_directory() -> Path:
 
 def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     pointer, size = ctypes.c_void_p, ctypes.c_int64
-    lib.self_attention.argtypes = [pointer, size, pointer, size, size, size, size, pointer, pointer, pointer]
+    lib.self_attention.argtypes = [pointer, pointer, pointer, size, size, size, size, pointer, pointer, pointer]
     lib.grouped_attention.argtypes = [pointer, pointer, pointer, size, size, size, size, size, pointer, pointer,
                                       pointer]
-    lib.append_position.argtypes = [pointer, size, size, size, size, pointer, pointer]
+    lib.append_position.argtypes = [pointer, size, size, size, pointer, pointer]
     lib.log_softmax_rows.argtypes = [pointer, size, size, pointer, size]
     for kernel in (lib.self_attention, lib.grouped_attention, lib.append_position, lib.log_softmax_rows):
         kernel.restype = None
     return lib
 
 
-def append_position(cache: Tensor, position: int, keys: Tensor, values: Tensor) -> None:
-    """Write keys and values (rows, heads, 1, head_dim) at ``position`` of slots 0..rows-1 of ``cache``
-    (capacity, slots, 2, heads, head_dim)."""
-    rows = keys.size(0)
+def append_position(cache: Tensor, start: int, keys: Tensor, values: Tensor) -> None:
+    """Write keys and values (rows, heads, 1, head_dim) into slots start..start+rows-1 of ``cache``
+    (slots, 2, heads, head_dim)."""
     keys, values = keys.float().contiguous(), values.float().contiguous()  # as projected: no copy
-    library().append_position(cache.data_ptr(), cache.size(1), position, rows, keys[0].numel(), keys.data_ptr(),
+    library().append_position(cache.data_ptr(), start, keys.size(0), keys[0].numel(), keys.data_ptr(),
                               values.data_ptr())
 
 
-def self_attention(cache: Tensor, history: Tensor, length: int, query: Tensor) -> Tensor:
+def self_attention(cache: Tensor, starts: Tensor, history: Tensor, length: int, query: Tensor) -> Tensor:
     """One query per row (rows, heads, head_dim) over the first ``length`` positions of ``cache``
-    (capacity, slots, 2, heads, head_dim), row r reading slot ``history[p, r]`` at position p."""
+    (slots, 2, heads, head_dim): row r reads slot ``starts[p] + history[p, r]`` at position p."""
     rows, heads, head_dim = query.shape
     query32 = query.float().contiguous()
     out = torch.empty_like(query32)
     scores = torch.empty(rows * heads * length)
-    library().self_attention(cache.data_ptr(), cache.size(1), history.data_ptr(), length, rows, heads, head_dim,
+    library().self_attention(cache.data_ptr(), starts.data_ptr(), history.data_ptr(), length, rows, heads, head_dim,
                              query32.data_ptr(), out.data_ptr(), scores.data_ptr())
     return out.to(query.dtype)
 

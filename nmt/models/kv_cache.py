@@ -17,7 +17,6 @@ into existing storage.
 
 from __future__ import annotations
 
-import math
 import threading
 import weakref
 
@@ -123,13 +122,14 @@ class BufferPool:
     """Flat float32 buffers that the caches of one batch hand on to the next batch's.
 
     A fresh buffer's pages are faulted in, and zeroed by the kernel, as positions are first written:
-    about a tenth of a CPU decoding's time (docs/performance.md). A reused buffer's pages are there
-    already. A cache takes a buffer for itself (threads decoding at once never share one) and gives
-    it back when it is collected; the pool keeps the largest ``keep`` buffers given back.
+    a tenth of a CPU decoding's time (docs/performance.md). A reused buffer's pages are there already,
+    and a batch only ever writes a prefix of it, so it holds no more memory than the largest batch
+    needed. A cache takes buffers for itself (threads decoding at once never share one) and gives
+    them back when it is collected; the pool keeps one cache's worth, and lets them all go when a
+    batch needs larger ones (so that old and new are never held together).
     """
 
-    def __init__(self, keep: int = 16):
-        self.keep = keep
+    def __init__(self) -> None:
         self.free: list[Tensor] = []
         self.lock = threading.Lock()
 
@@ -137,13 +137,15 @@ class BufferPool:
         """A flat float32 buffer of at least ``size`` elements, reused where one is free."""
         with self.lock:
             fitting = [i for i, buffer in enumerate(self.free) if buffer.numel() >= size]
-            if fitting:  # the smallest that fits
-                return self.free.pop(min(fitting, key=lambda i: self.free[i].numel()))
-        return torch.empty(size)
+            if not fitting:
+                self.free.clear()
+                with torch.inference_mode(False):  # a normal tensor: decoding under no_grad may reuse it too
+                    return torch.empty(size)
+            return self.free.pop(min(fitting, key=lambda i: self.free[i].numel()))  # the smallest that fits
 
     def give_back(self, buffers: list[Tensor]) -> None:
         with self.lock:
-            self.free = sorted(self.free + buffers, key=Tensor.numel, reverse=True)[:self.keep]
+            self.free = sorted(self.free + buffers, key=Tensor.numel, reverse=True)[:len(buffers)]
 
 
 BUFFERS = BufferPool()
@@ -151,96 +153,111 @@ BUFFERS = BufferPool()
 
 class IndexedDecoderCache:
     """Every decoder layer's keys and values on CPU, for nmt's C kernels (nmt/models/cpu_kernels.py),
-    which read them through ``history`` rather than have them moved.
+    which read them through the rows' histories (:class:`History`) rather than have them moved.
 
-    A step writes its position of every row into slots 0..rows-1 of that position's block; a reorder
-    (surviving beams, sentences leaving) rewrites only ``history`` (positions, rows), the slot of each
-    row's ancestor at each position, which all layers share: no key or value is ever copied. A buffer
-    is (capacity, slots, 2, heads, head_dim), with room for what search reserves up front, taken from
-    :data:`BUFFERS` and given back when the cache is collected.
+    A layer's buffer is a row of slots (slots, 2, heads, head_dim): a step appends a block of one
+    slot per row, and a reorder (surviving beams, sentences leaving) rewrites only the history, which
+    all layers share: no key or value is ever copied, and a block has as many slots as there were
+    rows at its step. Buffers come from :data:`BUFFERS`, with room for what search reserves up front,
+    and go back to it as soon as the cache is dropped (nothing here refers back to the cache).
     """
 
     def __init__(self, num_layers: int):
-        self.layers = [IndexedKeyValueCache(self) for _ in range(num_layers)]
-        self.storage: list[Tensor] = []  # the layers' flat buffers, given back to BUFFERS at the end
-        weakref.finalize(self, BUFFERS.give_back, self.storage)
-        self.history: Tensor | None = None  # (capacity, rows) int32
-        self.positions = 0  # positions that history has
-        self.reserved = (0, 0)  # positions, rows
+        self.history = History()
+        self.layers = [IndexedKeyValueCache(self.history) for _ in range(num_layers)]
+        weakref.finalize(self, BUFFERS.give_back, self.history.buffers)
 
     @property
     def length(self) -> int:
         return self.layers[0].length
 
     def reserve(self, positions: int, rows: int) -> None:
-        self.reserved = (positions, rows)
-
-    def extend_history(self, positions: int, rows: int) -> None:
-        """Positions up to ``positions`` of ``rows`` rows each: a new position's row r is in slot r."""
-        if self.history is None:
-            self.history = torch.empty(max(positions, self.reserved[0]), rows, dtype=torch.int32)
-        elif self.history.size(1) != rows:
-            raise ValueError(f"{rows} rows appended to a cache reordered to {self.history.size(1)}")
-        elif self.history.size(0) < positions:
-            grown = torch.empty(int(GROWTH * positions), rows, dtype=torch.int32)
-            grown[:self.positions] = self.history[:self.positions]
-            self.history = grown
-        if self.positions < positions:
-            self.history[self.positions:positions] = torch.arange(rows, dtype=torch.int32)
-            self.positions = positions
+        self.history.reserved = positions * rows
 
     def reorder(self, indices: Tensor) -> None:
         """Row i becomes old row ``indices[i]``: its history is that row's."""
-        if self.history is None:
+        self.history.reorder(indices)
+
+
+class History:
+    """Where each row's keys and values lie in every layer's buffer: position p's block begins at
+    slot ``starts[p]``, and ``slots[p, r]`` is row r's ancestor's slot within it."""
+
+    def __init__(self) -> None:
+        self.slots: Tensor | None = None  # (capacity, rows) int32
+        self.starts = torch.zeros(1, dtype=torch.int64)  # (capacity + 1,): block p is slots starts[p]..starts[p+1]
+        self.positions = 0  # positions that slots and starts have
+        self.reserved = 0  # slots a buffer has room for from the start
+        self.buffers: list[Tensor] = []  # the layers' flat buffers, given back to BUFFERS at the end
+
+    def add_positions(self, positions: int, rows: int) -> int:
+        """Blocks for positions up to ``positions``, of ``rows`` slots each (row r writes slot r);
+        returns the slots a buffer needs."""
+        if self.slots is None:
+            self.slots = torch.empty(max(positions, 1), rows, dtype=torch.int32)
+        elif self.slots.size(1) != rows:
+            raise ValueError(f"{rows} rows appended to a cache reordered to {self.slots.size(1)}")
+        if self.slots.size(0) < positions:
+            grown = torch.empty(int(GROWTH * positions), rows, dtype=torch.int32)
+            grown[:self.positions] = self.slots[:self.positions]
+            self.slots = grown
+        if self.starts.numel() <= positions:
+            self.starts = torch.cat([self.starts, self.starts.new_zeros(self.slots.size(0) + 1 - self.starts.numel())])
+        for p in range(self.positions, positions):
+            self.slots[p] = torch.arange(rows, dtype=torch.int32)
+            self.starts[p + 1] = self.starts[p] + rows
+        self.positions = max(self.positions, positions)
+        return int(self.starts[self.positions])
+
+    def reorder(self, indices: Tensor) -> None:
+        if self.slots is None:
             return
-        reordered = torch.empty(self.history.size(0), len(indices), dtype=torch.int32)
-        torch.index_select(self.history[:self.positions], 1, indices, out=reordered[:self.positions])
-        self.history = reordered
+        reordered = torch.empty(self.slots.size(0), len(indices), dtype=torch.int32)
+        torch.index_select(self.slots[:self.positions], 1, indices, out=reordered[:self.positions])
+        self.slots = reordered
 
 
 class IndexedKeyValueCache:
     """One layer's keys and values in an :class:`IndexedDecoderCache`."""
 
-    computes_attention = True  # the layer asks it for attention (attend), not for its keys and values
-
-    def __init__(self, owner: IndexedDecoderCache):
-        self.owner = owner
+    def __init__(self, history: History):
+        self.history = history
         self.length = 0
-        self.buffer: Tensor | None = None  # (capacity, slots, 2, heads, head_dim) float32
+        self.buffer: Tensor | None = None  # (slots, 2, heads, head_dim) float32
 
     def append(self, keys: Tensor, values: Tensor) -> None:
         """Add new positions, given as (rows, heads, new, head_dim)."""
         rows, heads, new, head_dim = keys.shape
-        end = self.length + new
-        if self.buffer is None or self.buffer.size(0) < end or self.buffer.size(1) < rows:
-            positions, slots = self.owner.reserved
-            if self.buffer is not None:  # earlier positions keep their slots
-                slots = max(slots, self.buffer.size(1))
-            shape = (max(positions, int(GROWTH * end)), max(slots, rows), 2, heads, head_dim)
-            flat = BUFFERS.take(math.prod(shape))  # only what history points to is ever read
-            grown = flat[:math.prod(shape)].view(shape)
+        first, end = self.length, self.length + new
+        needed = self.history.add_positions(end, rows)  # the first layer to get there adds them for all
+        starts = self.history.starts
+        if self.buffer is None or self.buffer.size(0) < needed:
+            slots = max(self.history.reserved, int(GROWTH * needed))
+            flat = BUFFERS.take(slots * 2 * heads * head_dim)  # only what the history points to is ever read
+            grown = flat[:slots * 2 * heads * head_dim].view(slots, 2, heads, head_dim)
             if self.buffer is not None:
-                grown[:self.length, :self.buffer.size(1)] = self.buffer[:self.length]
-            self.owner.storage.append(flat)
+                written = int(starts[first])
+                grown[:written] = self.buffer[:written]
+            self.history.buffers.append(flat)
             self.buffer = grown
         if new == 1:
-            append_position(self.buffer, self.length, keys, values)
+            append_position(self.buffer, int(starts[first]), keys, values)
         else:
-            self.buffer[self.length:end, :rows, 0] = keys.permute(2, 0, 1, 3)
-            self.buffer[self.length:end, :rows, 1] = values.permute(2, 0, 1, 3)
-        self.owner.extend_history(end, rows)
+            for p in range(first, end):
+                block = self.buffer[int(starts[p]):int(starts[p + 1])]
+                block[:, 0], block[:, 1] = keys[:, :, p - first], values[:, :, p - first]
         self.length = end
 
     def attend(self, query: Tensor) -> Tensor:
         """Attention of one query per row (rows, 1, heads, head_dim) over every position so far."""
         rows, _, heads, head_dim = query.shape
-        out = self_attention(self.buffer, self.owner.history, self.length, query.view(rows, heads, head_dim))
+        out = self_attention(self.buffer, self.history.starts, self.history.slots, self.length,
+                             query.view(rows, heads, head_dim))
         return out.view(rows, 1, heads, head_dim)
 
     def keys_values(self) -> tuple[Tensor, Tensor]:
         """Every row's keys and values so far as (rows, heads, length, head_dim), gathered: for steps
         of several new positions, which the kernel does not take."""
-        slots = self.owner.history[:self.length].long()  # (length, rows)
-        gathered = self.buffer[torch.arange(self.length).unsqueeze(1), slots]  # (length, rows, 2, heads, head_dim)
-        both = gathered.permute(2, 1, 3, 0, 4)
+        slots = self.history.starts[:self.length].unsqueeze(1) + self.history.slots[:self.length]  # (length, rows)
+        both = self.buffer[slots].permute(2, 1, 3, 0, 4)  # (2, rows, heads, length, head_dim)
         return both[0], both[1]
