@@ -39,6 +39,7 @@ from nmt.generation.options import BatchingOptions, SearchOptions, check_workers
 from nmt.generation.search import Hypothesis, beam_search, max_lengths, model_positions
 from nmt.generation.workers import forks_workers, map_in_workers, share_one_malloc_arena
 from nmt.log import logger
+from nmt.models.cpu_kernels import library as cpu_kernels_library
 
 Controls = list[SentenceControls | None]  # one per source
 # As translate_ids: sources, a progress bar, controls and the number of the first source in messages.
@@ -63,6 +64,8 @@ def prepare_model(checkpoint_path: str | Path | list[str], device: torch.device,
             its_vocabs.shortlist = None
         models.append(inference_model(model, quantize))
         vocabs = its_vocabs
+    if device.type == "cpu":
+        cpu_kernels_library()  # built or loaded once here, before any worker is forked, with its log line
     return (models[0] if len(models) == 1 else Ensemble(models)).to(device), vocabs
 
 

@@ -60,6 +60,7 @@ def compiled(compiler: str) -> Path:
                                     cpu_description()]).encode()).hexdigest()[:16]
     target = cache_directory() / f"cpu_kernels-{key}.so"
     if target.exists():
+        logger.debug("decoding attention: nmt's CPU kernels, built before (%s)", target)
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as work:  # another process may build it at the same time
