@@ -69,6 +69,26 @@ def test_log_softmax_keeps_each_row_to_its_sentences_columns():
                                rtol=1e-6, atol=1e-5)
 
 
+@needs_kernels
+@pytest.mark.parametrize("columns", [3, 64, 300])
+def test_select_top_chooses_as_torchs_operations(columns, monkeypatch):
+    """The best 2*beam continuations over a sentence's rows, in order; fewer columns than that (a tiny
+    vocabulary) are filled with dead (-inf) candidates, banned columns are never chosen over others."""
+    from nmt.generation import search
+
+    g = torch.Generator().manual_seed(columns)
+    scores = torch.randn(5, 4, generator=g) * 3
+    scores[1, 2] = -float("inf")  # a dead beam
+    logprobs = torch.log_softmax(torch.randn(20, columns, generator=g) * 4, dim=-1)
+    logprobs[:, ::3] = -float("inf")
+    chosen = cpu_kernels.select_top(scores, logprobs, 8)
+    monkeypatch.setattr(search, "select_top_in_c", lambda *args: None)
+    expected = search.select_top(scores, logprobs, 4)
+    torch.testing.assert_close(chosen[0], expected[0])
+    finite = expected[0].isfinite()
+    assert torch.equal(chosen[1][finite], expected[1][finite]) and torch.equal(chosen[2][finite], expected[2][finite])
+
+
 @pytest.fixture
 def fresh_library(monkeypatch):
     """library() is asked once per process: forget its answer before and after the test."""

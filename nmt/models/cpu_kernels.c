@@ -192,3 +192,39 @@ void log_softmax_rows(float *logits, int64_t rows, int64_t columns, const float 
         for (int64_t c = 0; c < columns; ++c) x[c] -= log_sum;
     }
 }
+
+/* Beam search's choice: per sentence, the `count` best continuations score + logprob over its `width`
+ * rows of logprobs (rows, columns), best first: out_scores, out_rows (row within the sentence) and
+ * out_columns (sentences, count). A block of 64 columns is looked into only when its maximum could
+ * enter the best so far. Fewer than `count` columns in all: the rest are -inf, row 0, column 0. */
+void select_top(const float *logprobs, const float *scores, int64_t sentences, int64_t width, int64_t columns,
+                int64_t count, float *out_scores, int64_t *out_rows, int64_t *out_columns) {
+    const int64_t block = 64;
+    for (int64_t s = 0; s < sentences; ++s) {
+        float *best = out_scores + s * count;
+        int64_t *rows = out_rows + s * count, *cols = out_columns + s * count;
+        int64_t kept = 0;
+        for (int64_t w = 0; w < width; ++w) {
+            const float score = scores[s * width + w];
+            const float *x = logprobs + (s * width + w) * columns;
+            for (int64_t start = 0; start < columns; start += block) {
+                const int64_t end = start + block < columns ? start + block : columns;
+                float max = -INFINITY;
+                for (int64_t c = start; c < end; ++c) max = x[c] > max ? x[c] : max;
+                if (kept == count && !(score + max > best[count - 1])) continue;
+                for (int64_t c = start; c < end; ++c) {
+                    const float value = score + x[c];
+                    if (kept == count && !(value > best[count - 1])) continue;
+                    int64_t i = kept < count ? kept++ : count - 1;  /* insertion into the sorted list */
+                    for (; i > 0 && value > best[i - 1]; --i) {
+                        best[i] = best[i - 1]; rows[i] = rows[i - 1]; cols[i] = cols[i - 1];
+                    }
+                    best[i] = value; rows[i] = w; cols[i] = c;
+                }
+            }
+        }
+        for (; kept < count; ++kept) {
+            best[kept] = -INFINITY; rows[kept] = 0; cols[kept] = 0;
+        }
+    }
+}

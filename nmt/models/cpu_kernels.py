@@ -103,7 +103,9 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
                                       pointer]
     lib.append_position.argtypes = [pointer, size, size, size, pointer, pointer]
     lib.log_softmax_rows.argtypes = [pointer, size, size, pointer, size]
-    for kernel in (lib.self_attention, lib.grouped_attention, lib.append_position, lib.log_softmax_rows):
+    lib.select_top.argtypes = [pointer, pointer, size, size, size, size, pointer, pointer, pointer]
+    for kernel in (lib.self_attention, lib.grouped_attention, lib.append_position, lib.log_softmax_rows,
+                   lib.select_top):
         kernel.restype = None
     return lib
 
@@ -155,3 +157,19 @@ def log_softmax_(logits: Tensor, banned: Tensor | None = None) -> Tensor:
     if banned is not None:
         logits.view(len(banned), -1, columns).add_(banned.unsqueeze(1))
     return torch.log_softmax(logits, dim=-1, out=logits)
+
+
+def select_top(scores: Tensor, logprobs: Tensor, count: int) -> tuple[Tensor, Tensor, Tensor] | None:
+    """The ``count`` best (score + log-probability, row, column) per sentence, best first, as
+    nmt.generation.search.select_top; None where the kernels cannot take these tensors."""
+    sentences, width = scores.shape
+    if logprobs.device.type != "cpu" or logprobs.dtype != torch.float32 or not logprobs.is_contiguous() or \
+            library() is None:
+        return None
+    scores = scores.float().contiguous()
+    best = torch.empty(sentences, count)
+    rows = torch.empty(sentences, count, dtype=torch.int64)
+    columns = torch.empty(sentences, count, dtype=torch.int64)
+    library().select_top(logprobs.data_ptr(), scores.data_ptr(), sentences, width, logprobs.size(1), count,
+                         best.data_ptr(), rows.data_ptr(), columns.data_ptr())
+    return best, rows, columns
