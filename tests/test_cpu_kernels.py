@@ -67,6 +67,10 @@ def test_log_softmax_keeps_each_row_to_its_sentences_columns():
     torch.testing.assert_close(out[expected.isfinite()], expected[expected.isfinite()], rtol=1e-6, atol=1e-5)
     torch.testing.assert_close(cpu_kernels.log_softmax_(logits.clone()), torch.log_softmax(logits, dim=-1),
                                rtol=1e-6, atol=1e-5)
+    left = torch.tensor([2, 0])  # sentence 1 has left the batch: rows 0-1 are sentence 2's, 2-3 sentence 0's
+    out = cpu_kernels.log_softmax_(logits[:4].clone(), banned, left)
+    expected = torch.log_softmax(logits[:4].view(2, 2, 300) + banned[left].unsqueeze(1), dim=-1).view(4, 300)
+    assert torch.equal(out.isinf(), expected.isinf())
 
 
 @needs_kernels

@@ -28,13 +28,6 @@ class Candidates:
     columns: Tensor  # (columns,) the batch's candidates as full-vocabulary ids, ascending
     others: Tensor | None  # (sentences, columns): -inf at other sentences' candidates, else 0; None: all 0
 
-    def banned(self, sentences: Tensor) -> Tensor | None:
-        """(sentences, columns): -inf at the columns the batch's ``sentences`` (original indices) may not
-        choose, 0 elsewhere; None when each may choose them all."""
-        if self.others is None or len(sentences) == len(self.others):  # all still here
-            return self.others
-        return self.others[sentences]
-
 
 def batch_candidates(shortlist: Shortlist, sources: list[np.ndarray], device: torch.device,
                      required: list[Iterable[int]] | None = None) -> Candidates:
@@ -46,5 +39,6 @@ def batch_candidates(shortlist: Shortlist, sources: list[np.ndarray], device: to
         chosen[row, list(needed)] = True
     columns = chosen.any(axis=0).nonzero()[0]
     own = chosen[:, columns]
-    others = None if own.all() else torch.from_numpy(np.where(own, 0.0, -np.inf).astype(np.float32)).to(device)
+    others = None if own.all() else torch.from_numpy(  # row-major: each step reads its sentences' rows
+        np.ascontiguousarray(np.where(own, 0.0, -np.inf), dtype=np.float32)).to(device)
     return Candidates(torch.from_numpy(columns).to(device), others)

@@ -201,8 +201,8 @@ def beam_search(model: SearchableModel, source: Tensor, options: SearchOptions,
         if should_stop is not None and should_stop():
             raise SearchStopped(f"stopped at step {step}")
         logits = model.decode(tokens[:, -1:], encoder_out, cache)[:, -1].float()
-        banned = candidates.banned(alive_ids) if candidates is not None else None
-        logprobs = constrain(log_softmax_(logits, banned),  # in place: one (rows, vocab) tensor less
+        banned = candidates.others if candidates is not None else None  # each sentence keeps to its own
+        logprobs = constrain(log_softmax_(logits, banned, alive_ids),  # in place: one (rows, vocab) tensor less
                              tokens, step, limit[alive_ids].repeat_interleave(width), options.min_len,
                              options.no_repeat_ngram_size, columns)
         if controls is not None:

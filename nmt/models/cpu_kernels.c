@@ -175,14 +175,16 @@ void grouped_attention(const float *keys, const float *values, const uint8_t *al
 }
 
 /* In place, row by row: logits (rows, columns) become log-probabilities over the columns a row may
- * choose. Rows come `width` per sentence; banned (sentences, columns) is 0 where the sentence may
- * choose a column and -inf where not, or NULL (every column). One pass over a row in cache where
- * torch makes three over the whole matrix (add the ban, log_softmax's max and sums, its write). */
-void log_softmax_rows(float *logits, int64_t rows, int64_t columns, const float *banned, int64_t width) {
+ * choose. Rows come `width` per sentence, sentence i being row which[i] of banned (sentences,
+ * columns): 0 where the sentence may choose a column and -inf where not; banned NULL: every column.
+ * One pass over a row in cache where torch makes three over the whole matrix (add the ban,
+ * log_softmax's max and sums, its write). */
+void log_softmax_rows(float *logits, int64_t rows, int64_t columns, const float *banned, const int64_t *which,
+                      int64_t width) {
     for (int64_t r = 0; r < rows; ++r) {
         float *x = logits + r * columns;
         if (banned) {
-            const float *ban = banned + (r / width) * columns;
+            const float *ban = banned + which[r / width] * columns;
             for (int64_t c = 0; c < columns; ++c) x[c] += ban[c];
         }
         float max = -INFINITY, sum = 0.f;

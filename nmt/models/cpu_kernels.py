@@ -102,7 +102,7 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.grouped_attention.argtypes = [pointer, pointer, pointer, size, size, size, size, size, pointer, pointer,
                                       pointer]
     lib.append_position.argtypes = [pointer, size, size, size, pointer, pointer]
-    lib.log_softmax_rows.argtypes = [pointer, size, size, pointer, size]
+    lib.log_softmax_rows.argtypes = [pointer, size, size, pointer, pointer, size]
     lib.select_top.argtypes = [pointer, pointer, size, size, size, size, pointer, pointer, pointer]
     for kernel in (lib.self_attention, lib.grouped_attention, lib.append_position, lib.log_softmax_rows,
                    lib.select_top):
@@ -144,18 +144,24 @@ def grouped_attention(keys: Tensor, values: Tensor, allowed: Tensor, query: Tens
     return out.to(query.dtype)
 
 
-def log_softmax_(logits: Tensor, banned: Tensor | None = None) -> Tensor:
+def log_softmax_(logits: Tensor, banned: Tensor | None = None, sentences: Tensor | None = None) -> Tensor:
     """In place, each row of ``logits`` (rows, columns) to log-probabilities over the columns it may
-    choose: with ``banned`` (sentences, columns; 0 or -inf), rows come rows // sentences per sentence
-    and -inf columns are out. In C on CPU where the kernels could be built, else torch's operations."""
+    choose: with ``banned`` (0 or -inf per column for each sentence of a batch), the rows belong to
+    ``sentences`` (rows of ``banned``), as many rows each, and lose their -inf columns. In C on CPU
+    where the kernels could be built, else torch's operations."""
     rows, columns = logits.shape
+    if banned is not None and sentences is None:
+        sentences = torch.arange(len(banned), device=banned.device)
     if logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.is_contiguous() and library():
-        banned = None if banned is None else banned.float().contiguous()
-        library().log_softmax_rows(logits.data_ptr(), rows, columns, None if banned is None else banned.data_ptr(),
-                                   1 if banned is None else rows // len(banned))
+        if banned is None:
+            library().log_softmax_rows(logits.data_ptr(), rows, columns, None, None, 1)
+        else:
+            banned, sentences = banned.float().contiguous(), sentences.long().contiguous()
+            library().log_softmax_rows(logits.data_ptr(), rows, columns, banned.data_ptr(), sentences.data_ptr(),
+                                       rows // len(sentences))
         return logits
     if banned is not None:
-        logits.view(len(banned), -1, columns).add_(banned.unsqueeze(1))
+        logits.view(len(sentences), -1, columns).add_(banned[sentences].unsqueeze(1))
     return torch.log_softmax(logits, dim=-1, out=logits)
 
 
