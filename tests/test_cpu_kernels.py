@@ -93,6 +93,21 @@ def test_select_top_chooses_as_torchs_operations(columns, monkeypatch):
     assert torch.equal(chosen[1][finite], expected[1][finite]) and torch.equal(chosen[2][finite], expected[2][finite])
 
 
+@needs_kernels
+def test_the_encoder_attends_the_same_with_them(monkeypatch):
+    from nmt.models import transformer
+
+    arch = get_arch("transformer_tiny")
+    model = build_model(arch.model_name, resolve_config(arch.config, {}), 20, 20, 0).eval()
+    src = torch.randint(4, 20, (3, 7), generator=torch.Generator().manual_seed(0))
+    src[1, 4:] = 0  # padding
+    with torch.no_grad():
+        with_kernels = model.encode(src)
+        monkeypatch.setattr(transformer, "decodes_with_cpu_kernels", lambda x: False)
+        expected = model.encode(src)
+    torch.testing.assert_close(with_kernels.states, expected.states, rtol=1e-5, atol=1e-5)
+
+
 @pytest.fixture
 def fresh_library(monkeypatch):
     """library() is asked once per process: forget its answer before and after the test."""

@@ -137,9 +137,17 @@ class EncoderLayer(nn.Module):
     def forward(self, x: Tensor, key_mask: Tensor) -> Tensor:
         def attend(h: Tensor) -> Tensor:
             k, v = self.self_attn.project_kv(h)
+            if decodes_with_cpu_kernels(h):  # a sentence's positions attend to its keys together: a group
+                allowed = key_mask.reshape(h.size(0), -1)
+                return self.self_attn.attend_with(h, lambda q: grouped_attention(k, v, allowed, q))
             return self.self_attn(h, k, v, mask=key_mask)
 
         return self.ffn_block(self.attn_block(x, attend), self.ffn)
+
+
+def decodes_with_cpu_kernels(x: Tensor) -> bool:
+    """Inference on CPU, where nmt's C kernels (nmt/models/cpu_kernels.py) could be built."""
+    return x.device.type == "cpu" and not torch.is_grad_enabled() and library() is not None
 
 
 class DecoderLayer(nn.Module):
