@@ -95,17 +95,19 @@ def test_select_top_chooses_as_torchs_operations(columns, monkeypatch):
 
 @needs_kernels
 def test_the_encoder_attends_the_same_with_them(monkeypatch):
-    from nmt.models import transformer
-
+    calls = []
+    real = cpu_kernels.grouped_attention
+    monkeypatch.setattr(cpu_kernels, "grouped_attention", lambda *args: calls.append(1) or real(*args))
     arch = get_arch("transformer_tiny")
     model = build_model(arch.model_name, resolve_config(arch.config, {}), 20, 20, 0).eval()
     src = torch.randint(4, 20, (3, 7), generator=torch.Generator().manual_seed(0))
     src[1, 4:] = 0  # padding
-    with torch.no_grad():
+    with torch.inference_mode():
         with_kernels = model.encode(src)
-        monkeypatch.setattr(transformer, "decodes_with_cpu_kernels", lambda x: False)
+    with torch.no_grad():  # training's validation: torch's kernel
         expected = model.encode(src)
     torch.testing.assert_close(with_kernels.states, expected.states, rtol=1e-5, atol=1e-5)
+    assert len(calls) == len(model.encoder_layers)  # the kernel did the encoder's attention, under inference_mode only
 
 
 @pytest.fixture

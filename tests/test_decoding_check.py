@@ -37,6 +37,7 @@ from nmt.generation.decoding_check import (
 from nmt.generation.generate import generate
 from nmt.generation.inference import inference_model, translate_ids
 from nmt.generation.options import GenerateOptions, SearchOptions
+from nmt.models.int8 import Int8Linear
 from nmt.options import build
 from nmt.scoring import MetricOptions, score
 from nmt.training.trainer import train
@@ -270,7 +271,7 @@ def test_the_api_takes_the_record_and_a_call_may_override_it(trained, tmp_path):
     translator = Translator.from_checkpoint(path, device="cpu")
     assert translator.decoding == DecodingSettings("int8", "finished", f"auto: {FAST.reason}")
     assert translator.precision == "fp32"
-    assert any(isinstance(m, torch.ao.nn.quantized.dynamic.Linear) for m in translator.model.modules())
+    assert any(isinstance(m, Int8Linear) for m in translator.model.modules())
     assert translator.options()[0].stop == "finished" and translator.options(stop="exact")[0].stop == "exact"
     plain = Translator.from_checkpoint(path, device="cpu", quantize="none")
     assert (plain.decoding.quantize, plain.decoding.stop) == ("none", "finished")
@@ -327,7 +328,7 @@ def test_the_check_decodes_each_setting_as_named(trained, tiny_data_dir, monkeyp
     decoded, real = [], decoding_check_module.translate_ids
 
     def spy(model, sources, search, *args, **kwargs):
-        int8 = any(isinstance(m, torch.ao.nn.quantized.dynamic.Linear) for m in model.modules())
+        int8 = any(isinstance(m, Int8Linear) for m in model.modules())
         decoded.append(("int8" if int8 else "none", search.stop))
         return real(model, sources, search, *args, **kwargs)
 

@@ -29,6 +29,7 @@ from nmt.generation.generate import generate
 from nmt.generation.inference import prepare_model, translate_ids
 from nmt.generation.options import GenerateOptions, check_workers, choose_workers
 from nmt.generation.workers import forks_workers, map_in_workers
+from nmt.models.int8 import Int8Linear
 from nmt.models.registry import build_model, get_arch, resolve_config
 from nmt.options import build
 from nmt.scoring import MetricOptions, score
@@ -439,7 +440,7 @@ def test_int8_quantization_runs_and_mostly_agrees(checkpoint, data_dir):
     fp32 = generate(options(checkpoint, data=str(data_dir), precision="fp32", output="/dev/null"))
     int8 = generate(options(checkpoint, data=str(data_dir), quantize="int8", output="/dev/null"))  # precision auto
     model, _ = prepare_model(checkpoint, torch.device("cpu"), "int8")
-    quantized = [m for m in model.modules() if isinstance(m, torch.ao.nn.quantized.dynamic.Linear)]
+    quantized = [m for m in model.modules() if isinstance(m, Int8Linear)]
     assert len(quantized) == 2 * (4 + 2) + 2 * (4 + 4 + 2) + 1  # every linear layer of both stacks
     assert model.output_layer in quantized  # the output projection too
     agree = sum(a == b for a, b in zip(best_tokens(fp32), best_tokens(int8)))

@@ -15,7 +15,6 @@ sorting and batching.
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable
@@ -39,6 +38,7 @@ from nmt.generation.options import BatchingOptions, SearchOptions, check_workers
 from nmt.generation.search import Hypothesis, beam_search, max_lengths, model_positions
 from nmt.generation.workers import forks_workers, map_in_workers, share_one_malloc_arena
 from nmt.log import logger
+from nmt.models import int8
 from nmt.models.cpu_kernels import library as cpu_kernels_library
 
 Controls = list[SentenceControls | None]  # one per source
@@ -78,9 +78,7 @@ def inference_model(model: nn.Module, quantize: str) -> nn.Module:
     bound_onednn_caches()
     if quantize == "int8":
         model.separate_output_layer()  # the largest product of every step; int8 only sees modules
-        with warnings.catch_warnings():  # torch.ao's eager quantization warns it will move to torchao
-            warnings.simplefilter("ignore")
-            model = torch.ao.quantization.quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8)
+        model = int8.quantize(model)
     return model
 
 

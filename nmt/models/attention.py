@@ -10,6 +10,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+import nmt.models.cpu_kernels as cpu_kernels
+
 # cuDNN's attention kernel builds an execution plan per input shape. Length-bucketed batches and
 # step-by-step decoding make nearly every call a new shape: with it, bf16 training ran 4x and bf16
 # beam search 15x slower than without it on an H100 (docs/performance.md). The others have no such cost.
@@ -42,8 +44,13 @@ class MultiHeadAttention(nn.Module):
                 is_causal: bool = False) -> Tensor:
         """query (B, T, D); key/value already projected and split: (B, H, S, D/H).
 
-        ``mask`` is boolean, broadcastable to (B, H, T, S), True where attention is allowed.
+        ``mask`` is boolean, broadcastable to (B, H, T, S), True where attention is allowed. A mask
+        of (B, 1, 1, S) (the source's padding) at inference on CPU: nmt's C kernel, where each
+        sentence's queries attend to its keys together (nmt/models/cpu_kernels.py).
         """
+        if mask is not None and mask.shape == (key.size(0), 1, 1, key.size(2)) and cpu_kernels.usable(query):
+            return self.attend_with(query, lambda q: cpu_kernels.grouped_attention(
+                key, value, mask.reshape(key.size(0), -1), q))
         q = self.split_heads(self.q_proj(query))
         dropout = self.dropout if self.training else 0.0
         if q.device.type == "cpu" and q.dtype == torch.bfloat16:

@@ -53,6 +53,12 @@ def library() -> ctypes.CDLL | None:
         return None
 
 
+def usable(x: Tensor) -> bool:
+    """Inference (``torch.inference_mode``: decoding, never training's validation) on CPU, where the
+    kernels could be built."""
+    return x.device.type == "cpu" and torch.is_inference_mode_enabled() and library() is not None
+
+
 def compiled(compiler: str) -> Path:
     """The shared library for this source, compiler and CPU, built unless already in the cache."""
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout

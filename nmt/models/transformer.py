@@ -19,7 +19,8 @@ from torch import Tensor, nn
 
 from nmt.errors import NmtError
 from nmt.models.attention import MultiHeadAttention, causal_mask
-from nmt.models.cpu_kernels import grouped_attention, library
+from nmt.models.cpu_kernels import library
+from nmt.models.int8 import Int8Linear
 from nmt.models.kv_cache import DecoderCache, IndexedDecoderCache, IndexedKeyValueCache, KeyValueCache
 from nmt.models.registry import register_arch, register_model
 
@@ -137,17 +138,9 @@ class EncoderLayer(nn.Module):
     def forward(self, x: Tensor, key_mask: Tensor) -> Tensor:
         def attend(h: Tensor) -> Tensor:
             k, v = self.self_attn.project_kv(h)
-            if decodes_with_cpu_kernels(h):  # a sentence's positions attend to its keys together: a group
-                allowed = key_mask.reshape(h.size(0), -1)
-                return self.self_attn.attend_with(h, lambda q: grouped_attention(k, v, allowed, q))
             return self.self_attn(h, k, v, mask=key_mask)
 
         return self.ffn_block(self.attn_block(x, attend), self.ffn)
-
-
-def decodes_with_cpu_kernels(x: Tensor) -> bool:
-    """Inference on CPU, where nmt's C kernels (nmt/models/cpu_kernels.py) could be built."""
-    return x.device.type == "cpu" and not torch.is_grad_enabled() and library() is not None
 
 
 class DecoderLayer(nn.Module):
@@ -186,10 +179,6 @@ class DecoderLayer(nn.Module):
             rows, new, dim = h.shape
             sentences = memory[0].size(0)
             grouped = h.reshape(sentences, rows // sentences * new, dim)
-            if isinstance(cache, IndexedKeyValueCache):  # decoding with nmt's CPU kernels
-                allowed = memory_mask.reshape(sentences, -1)
-                return self.cross_attn.attend_with(
-                    grouped, lambda q: grouped_attention(*memory, allowed, q)).view(rows, new, dim)
             return self.cross_attn(grouped, *memory, mask=memory_mask).view(rows, new, dim)
 
         x = self.self_block(x, self_attend)
@@ -223,7 +212,7 @@ class Transformer(nn.Module):
         self.embed_dropout = Dropout(config.dropout)
         # Computed once (not sin/cos at every decoding step), sliced per call; not saved.
         self.register_buffer("positions", sinusoidal_positions(config.max_positions, config.d_model), persistent=False)
-        self.output_layer: nn.Linear | None = None  # see separate_output_layer
+        self.output_layer: nn.Linear | Int8Linear | None = None  # see separate_output_layer
 
     def _embedding(self, vocab_size: int) -> nn.Embedding:
         embedding = nn.Embedding(vocab_size, self.config.d_model, padding_idx=self.pad_id)
@@ -250,11 +239,8 @@ class Transformer(nn.Module):
         made once per batch: the rows of the weight (int8 as quantized, bf16 as autocast would cast
         them), so that every step multiplies by a smaller matrix and casts nothing."""
         layer = self.output_layer
-        if layer is not None and not isinstance(layer, nn.Linear):  # int8 (see separate_output_layer)
-            weight = layer.weight()  # unpacked from the quantized kernel's layout: one unpack per batch
-            rows = type(layer)(layer.in_features, len(columns), bias_=False, dtype=weight.dtype)
-            rows.set_weight_bias(weight.index_select(0, columns), None)
-            return rows
+        if isinstance(layer, Int8Linear):  # int8 (see separate_output_layer)
+            return layer.rows(columns)
         weight = (layer.weight if layer is not None else self.output_weight()).index_select(0, columns)
         if torch.is_autocast_enabled(weight.device.type):
             weight = weight.to(torch.get_autocast_dtype(weight.device.type))
