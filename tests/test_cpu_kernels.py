@@ -1,6 +1,7 @@
 """nmt's C kernels for decoding's attention on CPU (nmt/models/cpu_kernels.py) against torch's."""
 
 import logging
+import shutil
 
 import pytest
 import torch
@@ -13,6 +14,34 @@ from nmt.models.registry import build_model, get_arch, resolve_config
 
 needs_kernels = pytest.mark.skipif(cpu_kernels.library() is None,
                                    reason="nmt's CPU kernels could not be built here (no C compiler?)")
+
+
+@pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None, reason="no C compiler here")
+def test_with_a_c_compiler_the_kernels_build():
+    """Else every test that needs them would be skipped, and a broken kernel source would pass."""
+    assert cpu_kernels.library() is not None
+
+
+@needs_kernels
+def test_beam_search_finds_what_torchs_operations_find(fresh_library, monkeypatch):
+    """Beams, sentences leaving, padding, the shortlist-free path: the same translations and scores."""
+    from nmt.generation.inference import translate_ids
+    from nmt.generation.options import BatchingOptions, SearchOptions
+
+    arch = get_arch("transformer_tiny")
+    torch.manual_seed(3)
+    model = build_model(arch.model_name, resolve_config(arch.config, {"dropout": 0.0}), 30, 30, 0).eval()
+    g = torch.Generator().manual_seed(4)
+    sources = [torch.cat([torch.randint(4, 30, (n,), generator=g), torch.tensor([3])]).numpy()
+               for n in (3, 9, 5, 12, 1, 7)]
+    search = SearchOptions(beam=4, nbest=2, max_len_b=8, stop="exact")
+    with_kernels = translate_ids(model, sources, search, BatchingOptions(batch_size=4, max_tokens=None))
+    monkeypatch.setenv("NMT_CPU_KERNELS", "0")
+    cpu_kernels.library.cache_clear()
+    with_torch = translate_ids(model, sources, search, BatchingOptions(batch_size=4, max_tokens=None))
+    assert [[h.tokens for h in hyps] for hyps in with_kernels] == [[h.tokens for h in hyps] for hyps in with_torch]
+    torch.testing.assert_close(torch.tensor([[h.score for h in hyps] for hyps in with_kernels]),
+                               torch.tensor([[h.score for h in hyps] for hyps in with_torch]), rtol=0, atol=1e-5)
 
 
 @needs_kernels
@@ -71,6 +100,7 @@ def test_log_softmax_keeps_each_row_to_its_sentences_columns():
     out = cpu_kernels.log_softmax_(logits[:4].clone(), banned, left)
     expected = torch.log_softmax(logits[:4].view(2, 2, 300) + banned[left].unsqueeze(1), dim=-1).view(4, 300)
     assert torch.equal(out.isinf(), expected.isinf())
+    torch.testing.assert_close(out[expected.isfinite()], expected[expected.isfinite()], rtol=1e-6, atol=1e-5)
 
 
 @needs_kernels
@@ -159,4 +189,6 @@ def test_a_build_is_cached_and_reused(fresh_library, monkeypatch, tmp_path):
 def test_the_model_decodes_with_them_on_cpu():
     arch = get_arch("transformer_tiny")
     model = build_model(arch.model_name, resolve_config(arch.config, {}), 20, 20, 0)
-    assert type(model.new_cache()) is IndexedDecoderCache
+    with torch.inference_mode():
+        assert type(model.new_cache()) is IndexedDecoderCache
+    assert type(model.new_cache()) is DecoderCache  # training, or a test under no_grad: torch's operations

@@ -48,7 +48,8 @@ class MultiHeadAttention(nn.Module):
         of (B, 1, 1, S) (the source's padding) at inference on CPU: nmt's C kernel, where each
         sentence's queries attend to its keys together (nmt/models/cpu_kernels.py).
         """
-        if mask is not None and mask.shape == (key.size(0), 1, 1, key.size(2)) and cpu_kernels.usable(query):
+        if mask is not None and mask.dtype == torch.bool and query.size(0) == key.size(0) and \
+                mask.shape == (key.size(0), 1, 1, key.size(2)) and cpu_kernels.usable(query):
             return self.attend_with(query, lambda q: cpu_kernels.grouped_attention(
                 key, value, mask.reshape(key.size(0), -1), q))
         q = self.split_heads(self.q_proj(query))

@@ -198,7 +198,8 @@ void log_softmax_rows(float *logits, int64_t rows, int64_t columns, const float 
 /* Beam search's choice: per sentence, the `count` best continuations score + logprob over its `width`
  * rows of logprobs (rows, columns), best first: out_scores, out_rows (row within the sentence) and
  * out_columns (sentences, count). A block of 64 columns is looked into only when its maximum could
- * enter the best so far. Fewer than `count` columns in all: the rest are -inf, row 0, column 0. */
+ * enter the best so far. Fewer than `count` columns in all: the rest are -inf, row 0, column 0. A NaN
+ * counts as -inf. */
 void select_top(const float *logprobs, const float *scores, int64_t sentences, int64_t width, int64_t columns,
                 int64_t count, float *out_scores, int64_t *out_rows, int64_t *out_columns) {
     const int64_t block = 64;
@@ -215,7 +216,8 @@ void select_top(const float *logprobs, const float *scores, int64_t sentences, i
                 for (int64_t c = start; c < end; ++c) max = x[c] > max ? x[c] : max;
                 if (kept == count && !(score + max > best[count - 1])) continue;
                 for (int64_t c = start; c < end; ++c) {
-                    const float value = score + x[c];
+                    float value = score + x[c];
+                    if (value != value) value = -INFINITY;  /* NaN: a dead candidate, never one in the way */
                     if (kept == count && !(value > best[count - 1])) continue;
                     int64_t i = kept < count ? kept++ : count - 1;  /* insertion into the sorted list */
                     for (; i > 0 && value > best[i - 1]; --i) {

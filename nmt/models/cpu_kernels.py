@@ -16,7 +16,9 @@ import functools
 import hashlib
 import os
 import platform
+import shlex
 import shutil
+import stat
 import subprocess
 import sysconfig
 import tempfile
@@ -41,14 +43,14 @@ def library() -> ctypes.CDLL | None:
     if os.environ.get("NMT_CPU_KERNELS", "1") == "0":
         logger.info("decoding attention: torch's kernel (NMT_CPU_KERNELS=0)")
         return None
-    compiler = os.environ.get("CC") or (sysconfig.get_config_var("CC") or "cc").split()[0]
-    if not shutil.which(compiler):
+    compiler = shlex.split(os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc")  # "ccache gcc" too
+    if not compiler or not shutil.which(compiler[0]):
         logger.info("decoding attention: torch's kernel (no C compiler %r to build nmt's, which decode "
-                    "faster; install gcc or set CC)", compiler)
+                    "faster; install gcc or set CC)", " ".join(compiler))
         return None
     try:
         return bind(ctypes.CDLL(str(compiled(compiler))))
-    except (OSError, subprocess.SubprocessError) as exc:
+    except Exception as exc:  # noqa: BLE001 - whatever stops the build (no home, a failed compile), torch's kernel does
         logger.info("decoding attention: torch's kernel (building nmt's failed: %s)", str(exc).strip()[:200])
         return None
 
@@ -59,10 +61,10 @@ def usable(x: Tensor) -> bool:
     return x.device.type == "cpu" and torch.is_inference_mode_enabled() and library() is not None
 
 
-def compiled(compiler: str) -> Path:
+def compiled(compiler: list[str]) -> Path:
     """The shared library for this source, compiler and CPU, built unless already in the cache."""
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), compiler, version, " ".join(FLAGS), platform.machine(),
+    version = subprocess.run([*compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
+    key = hashlib.sha256("\0".join([SOURCE.read_text(), *compiler, version, " ".join(FLAGS), platform.machine(),
                                     cpu_description()]).encode()).hexdigest()[:16]
     target = cache_directory() / f"cpu_kernels-{key}.so"
     if target.exists():
@@ -71,12 +73,12 @@ def compiled(compiler: str) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as work:  # another process may build it at the same time
         built = Path(work) / target.name
-        result = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(built), "-lm"], capture_output=True,
+        result = subprocess.run([*compiler, *FLAGS, str(SOURCE), "-o", str(built), "-lm"], capture_output=True,
                                 text=True, timeout=COMPILE_SECONDS)
         if result.returncode != 0:
-            raise OSError(result.stderr or f"{compiler} exited with {result.returncode}")
+            raise OSError(result.stderr or f"{' '.join(compiler)} exited with {result.returncode}")
         os.replace(built, target)
-    logger.info("decoding attention: built nmt's CPU kernels (%s -march=native) into %s", compiler, target)
+    logger.info("decoding attention: built nmt's CPU kernels (%s -march=native) into %s", " ".join(compiler), target)
     return target
 
 
@@ -91,15 +93,21 @@ def cpu_description() -> str:
 
 
 def cache_directory() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    directory = Path(base) / "nmt" / "kernels"
+    """Where built kernels are kept: the user's cache, or (a read-only home) a directory of the
+    temporary one that only this user owns and can write (a library there is loaded and run)."""
     try:
+        directory = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "nmt" / "kernels"
         directory.mkdir(parents=True, exist_ok=True)
         if os.access(directory, os.W_OK):
             return directory
-    except OSError:
+    except (OSError, RuntimeError):  # RuntimeError: no home directory at all
         pass
-    return Path(tempfile.gettempdir()) / f"nmt-kernels-{os.getuid()}"  # a read-only home
+    directory = Path(tempfile.gettempdir()) / f"nmt-kernels-{os.getuid()}"
+    directory.mkdir(mode=0o700, exist_ok=True)
+    info = directory.lstat()
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise OSError(f"{directory} is not a directory of this user's alone: not loading code from it")
+    return directory
 
 
 def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
@@ -130,7 +138,7 @@ def self_attention(cache: Tensor, starts: Tensor, history: Tensor, length: int, 
     rows, heads, head_dim = query.shape
     query32 = query.float().contiguous()
     out = torch.empty_like(query32)
-    scores = torch.empty(rows * heads * length)
+    scores = torch.empty(rows * heads * length, dtype=torch.float32)
     library().self_attention(cache.data_ptr(), starts.data_ptr(), history.data_ptr(), length, rows, heads, head_dim,
                              query32.data_ptr(), out.data_ptr(), scores.data_ptr())
     return out.to(query.dtype)
@@ -144,7 +152,7 @@ def grouped_attention(keys: Tensor, values: Tensor, allowed: Tensor, query: Tens
     allowed = allowed.to(torch.bool).contiguous()
     query32 = query.float().contiguous()
     out = torch.empty_like(query32)
-    scores = torch.empty(keys.size(2))
+    scores = torch.empty(keys.size(2), dtype=torch.float32)
     library().grouped_attention(keys.data_ptr(), values.data_ptr(), allowed.data_ptr(), sentences, group, heads,
                                 keys.size(2), head_dim, query32.data_ptr(), out.data_ptr(), scores.data_ptr())
     return out.to(query.dtype)
@@ -163,6 +171,8 @@ def log_softmax_(logits: Tensor, banned: Tensor | None = None, sentences: Tensor
             library().log_softmax_rows(logits.data_ptr(), rows, columns, None, None, 1)
         else:
             banned, sentences = banned.float().contiguous(), sentences.long().contiguous()
+            if banned.size(1) != columns or rows % len(sentences) or int(sentences.max()) >= len(banned):
+                raise ValueError(f"{rows} rows of {columns} columns for {len(sentences)} of {tuple(banned.shape)}")
             library().log_softmax_rows(logits.data_ptr(), rows, columns, banned.data_ptr(), sentences.data_ptr(),
                                        rows // len(sentences))
         return logits
@@ -178,8 +188,10 @@ def select_top(scores: Tensor, logprobs: Tensor, count: int) -> tuple[Tensor, Te
     if logprobs.device.type != "cpu" or logprobs.dtype != torch.float32 or not logprobs.is_contiguous() or \
             library() is None:
         return None
+    if logprobs.size(0) != sentences * width:
+        raise ValueError(f"{logprobs.size(0)} rows of log-probabilities for {sentences} x {width} scores")
     scores = scores.float().contiguous()
-    best = torch.empty(sentences, count)
+    best = torch.empty(sentences, count, dtype=torch.float32)
     rows = torch.empty(sentences, count, dtype=torch.int64)
     columns = torch.empty(sentences, count, dtype=torch.int64)
     library().select_top(logprobs.data_ptr(), scores.data_ptr(), sentences, width, logprobs.size(1), count,

@@ -131,21 +131,26 @@ class BufferPool:
 
     def __init__(self) -> None:
         self.free: list[Tensor] = []
+        self.returned: list[list[Tensor]] = []  # given back, not yet in free: see give_back
         self.lock = threading.Lock()
 
     def take(self, size: int) -> Tensor:
         """A flat float32 buffer of at least ``size`` elements, reused where one is free."""
         with self.lock:
+            while self.returned:  # a cache's buffers, as one list: keep the largest of them and free's
+                buffers = self.returned.pop()
+                self.free = sorted(self.free + buffers, key=Tensor.numel, reverse=True)[:len(buffers)]
             fitting = [i for i, buffer in enumerate(self.free) if buffer.numel() >= size]
             if not fitting:
                 self.free.clear()
                 with torch.inference_mode(False):  # a normal tensor: decoding under no_grad may reuse it too
-                    return torch.empty(size)
+                    return torch.empty(size, dtype=torch.float32)
             return self.free.pop(min(fitting, key=lambda i: self.free[i].numel()))  # the smallest that fits
 
     def give_back(self, buffers: list[Tensor]) -> None:
-        with self.lock:
-            self.free = sorted(self.free + buffers, key=Tensor.numel, reverse=True)[:len(buffers)]
+        """Called when a cache is collected, which the garbage collector may do in any thread, even
+        one inside ``take``: no lock here (appending to a list is atomic), take sorts them in."""
+        self.returned.append(buffers)
 
 
 BUFFERS = BufferPool()

@@ -294,8 +294,9 @@ class Transformer(nn.Module):
         return self.decode(prev_output_tokens, self.encode(src_tokens), features_only=features_only)
 
     def new_cache(self) -> DecoderCache | IndexedDecoderCache:
-        """On CPU, the cache that nmt's C kernels read (nmt/models/cpu_kernels.py) where they could be built."""
-        if self.positions.device.type == "cpu" and library() is not None:
+        """At inference on CPU, the cache that nmt's C kernels read (nmt/models/cpu_kernels.py) where
+        they could be built."""
+        if self.positions.device.type == "cpu" and torch.is_inference_mode_enabled() and library() is not None:
             return IndexedDecoderCache(len(self.decoder_layers))
         return DecoderCache(len(self.decoder_layers))
 
