@@ -1,7 +1,10 @@
 """nmt's C kernels for decoding's attention on CPU (nmt/models/cpu_kernels.py) against torch's."""
 
 import logging
+import os
 import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -183,6 +186,18 @@ def test_a_build_is_cached_and_reused(fresh_library, monkeypatch, tmp_path):
     assert cpu_kernels.library() is not None
     assert builds == [] and list((tmp_path / "nmt" / "kernels").iterdir()) == built
     assert built[0].stat().st_mtime_ns == stamp
+
+
+@needs_kernels
+def test_a_damaged_library_in_the_cache_is_built_again(tmp_path):
+    """In a new process (one that has the library loaded would keep using it)."""
+    environment = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}
+    loads = [sys.executable, "-c", "from nmt.models import cpu_kernels; print(cpu_kernels.library() is not None)"]
+    assert subprocess.run(loads, env=environment, capture_output=True, text=True).stdout.strip() == "True"
+    [built] = (tmp_path / "nmt" / "kernels").iterdir()
+    built.write_bytes(b"not a shared library")
+    assert subprocess.run(loads, env=environment, capture_output=True, text=True).stdout.strip() == "True"
+    assert built.stat().st_size > 1000  # built again, not torch's operations for good
 
 
 @needs_kernels

@@ -49,10 +49,20 @@ def library() -> ctypes.CDLL | None:
                     "faster; install gcc or set CC)", " ".join(compiler))
         return None
     try:
-        return bind(ctypes.CDLL(str(compiled(compiler))))
+        return bind(load(compiled(compiler), compiler))
     except Exception as exc:  # noqa: BLE001 - whatever stops the build (no home, a failed compile), torch's kernel does
         logger.info("decoding attention: torch's kernel (building nmt's failed: %s)", str(exc).strip()[:200])
         return None
+
+
+def load(path: Path, compiler: list[str]) -> ctypes.CDLL:
+    """The library at ``path``; one the loader refuses (a damaged file in the cache) is built again."""
+    try:
+        return ctypes.CDLL(str(path))
+    except OSError as exc:
+        logger.info("decoding attention: %s does not load (%s): building it again", path, str(exc).strip()[:200])
+        path.unlink(missing_ok=True)
+        return ctypes.CDLL(str(compiled(compiler)))
 
 
 def usable(x: Tensor) -> bool:
