@@ -5,6 +5,7 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -156,7 +157,7 @@ def test_without_a_compiler_decoding_uses_torchs_kernel_and_says_so(fresh_librar
     caplog.set_level(logging.INFO, logger="nmt")
     monkeypatch.setenv("CC", "/nonexistent/cc")
     assert cpu_kernels.library() is None
-    assert "no C compiler '/nonexistent/cc'" in caplog.text
+    assert "CC='/nonexistent/cc': /nonexistent/cc not found" in caplog.text
     arch = get_arch("transformer_tiny")
     model = build_model(arch.model_name, resolve_config(arch.config, {}), 20, 20, 0)
     assert type(model.new_cache()) is DecoderCache
@@ -172,8 +173,8 @@ def test_nmt_cpu_kernels_0_turns_them_off(fresh_library, monkeypatch, caplog):
 def test_a_build_is_cached_and_reused(fresh_library, monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert cpu_kernels.library() is not None
-    built = list((tmp_path / "nmt" / "kernels").iterdir())
-    assert len(built) == 1 and built[0].suffix == ".so"
+    built = sorted((tmp_path / "nmt" / "kernels").iterdir())
+    assert [path.suffix for path in built] == [".so", ".sha256"]
     stamp = built[0].stat().st_mtime_ns
     real_run, builds = cpu_kernels.subprocess.run, []
 
@@ -184,20 +185,24 @@ def test_a_build_is_cached_and_reused(fresh_library, monkeypatch, tmp_path):
     monkeypatch.setattr(cpu_kernels.subprocess, "run", run)
     cpu_kernels.library.cache_clear()
     assert cpu_kernels.library() is not None
-    assert builds == [] and list((tmp_path / "nmt" / "kernels").iterdir()) == built
+    assert builds == [] and sorted((tmp_path / "nmt" / "kernels").iterdir()) == built
     assert built[0].stat().st_mtime_ns == stamp
 
 
 @needs_kernels
-def test_a_damaged_library_in_the_cache_is_built_again(tmp_path):
-    """In a new process (one that has the library loaded would keep using it)."""
+@pytest.mark.parametrize("damage", ["truncated", "another library"])
+def test_a_damaged_library_in_the_cache_is_built_again(tmp_path, damage):
+    """Checked against the SHA-256 recorded beside it before it is loaded: loading a truncated one
+    crashed the process (SIGBUS), another library fell back to torch's operations for good."""
     environment = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}
     loads = [sys.executable, "-c", "from nmt.models import cpu_kernels; print(cpu_kernels.library() is not None)"]
     assert subprocess.run(loads, env=environment, capture_output=True, text=True).stdout.strip() == "True"
-    [built] = (tmp_path / "nmt" / "kernels").iterdir()
-    built.write_bytes(b"not a shared library")
-    assert subprocess.run(loads, env=environment, capture_output=True, text=True).stdout.strip() == "True"
-    assert built.stat().st_size > 1000  # built again, not torch's operations for good
+    [built] = (tmp_path / "nmt" / "kernels").glob("*.so")
+    whole = built.read_bytes()
+    built.write_bytes(whole[:4096] if damage == "truncated" else Path(sys.executable).read_bytes())
+    result = subprocess.run(loads, env=environment, capture_output=True, text=True)
+    assert result.returncode == 0 and result.stdout.strip() == "True", result.stderr
+    assert built.read_bytes() == whole  # built again, not torch's operations for good
 
 
 @needs_kernels

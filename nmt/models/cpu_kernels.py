@@ -37,32 +37,45 @@ FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fass
 COMPILE_SECONDS = 120
 
 
+OFF = {"0", "false", "no", "off"}  # NMT_CPU_KERNELS values that turn the kernels off
+
+
 @functools.cache
 def library() -> ctypes.CDLL | None:
-    """The compiled kernels, or None (and one log line saying why) where they cannot be had."""
-    if os.environ.get("NMT_CPU_KERNELS", "1") == "0":
-        logger.info("decoding attention: torch's kernel (NMT_CPU_KERNELS=0)")
-        return None
-    compiler = shlex.split(os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc")  # "ccache gcc" too
-    if not compiler or not shutil.which(compiler[0]):
-        logger.info("decoding attention: torch's kernel (no C compiler %r to build nmt's, which decode "
-                    "faster; install gcc or set CC)", " ".join(compiler))
+    """The compiled kernels, or None where they cannot be had; one log line says which and why."""
+    if os.environ.get("NMT_CPU_KERNELS", "").strip().lower() in OFF:
+        logger.info("decoding on CPU: torch's operations (NMT_CPU_KERNELS=%s)", os.environ["NMT_CPU_KERNELS"])
         return None
     try:
-        return bind(load(compiled(compiler), compiler))
-    except Exception as exc:  # noqa: BLE001 - whatever stops the build (no home, a failed compile), torch's kernel does
-        logger.info("decoding attention: torch's kernel (building nmt's failed: %s)", str(exc).strip()[:200])
+        compiler = find_compiler()
+        if compiler is None:
+            logger.info("decoding on CPU: torch's operations (no C compiler to build nmt's kernels, which decode "
+                        "faster: install gcc or clang, or set CC)")
+            return None
+        path = built(compiler)
+        return bind(ctypes.CDLL(str(path)))
+    except Exception as exc:  # noqa: BLE001 - whatever stops the build (a failed compile, no cache), torch's do
+        logger.info("decoding on CPU: torch's operations (nmt's kernels could not be built: %s)",
+                    " ".join(str(exc).split())[:300])
         return None
 
 
-def load(path: Path, compiler: list[str]) -> ctypes.CDLL:
-    """The library at ``path``; one the loader refuses (a damaged file in the cache) is built again."""
-    try:
-        return ctypes.CDLL(str(path))
-    except OSError as exc:
-        logger.info("decoding attention: %s does not load (%s): building it again", path, str(exc).strip()[:200])
-        path.unlink(missing_ok=True)
-        return ctypes.CDLL(str(compiled(compiler)))
+def find_compiler() -> list[str] | None:
+    """$CC (with its arguments: "ccache gcc"), else Python's own compiler, cc, gcc or clang: the
+    first whose program exists. A $CC that does not is an error (it was asked for)."""
+    if os.environ.get("CC"):
+        try:
+            compiler = shlex.split(os.environ["CC"])
+        except ValueError as exc:
+            raise OSError(f"CC={os.environ['CC']!r}: {exc}") from exc
+        if not compiler or not shutil.which(compiler[0]):
+            raise OSError(f"CC={os.environ['CC']!r}: {compiler[0] if compiler else 'nothing'} not found")
+        return compiler
+    for candidate in (sysconfig.get_config_var("CC") or "", "cc", "gcc", "clang"):
+        words = shlex.split(candidate) if candidate else []
+        if words and shutil.which(words[0]):
+            return words
+    return None
 
 
 def usable(x: Tensor) -> bool:
@@ -71,25 +84,44 @@ def usable(x: Tensor) -> bool:
     return x.device.type == "cpu" and torch.is_inference_mode_enabled() and library() is not None
 
 
-def compiled(compiler: list[str]) -> Path:
-    """The shared library for this source, compiler and CPU, built unless already in the cache."""
+def built(compiler: list[str]) -> Path:
+    """The shared library for this source, compiler and CPU: from the cache when it is there whole
+    (its SHA-256 as recorded beside it: loading a damaged one could crash the process), else built."""
     version = subprocess.run([*compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
     key = hashlib.sha256("\0".join([SOURCE.read_text(), *compiler, version, " ".join(FLAGS), platform.machine(),
                                     cpu_description()]).encode()).hexdigest()[:16]
-    target = cache_directory() / f"cpu_kernels-{key}.so"
-    if target.exists():
-        logger.debug("decoding attention: nmt's CPU kernels, built before (%s)", target)
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as work:  # another process may build it at the same time
-        built = Path(work) / target.name
-        result = subprocess.run([*compiler, *FLAGS, str(SOURCE), "-o", str(built), "-lm"], capture_output=True,
-                                text=True, timeout=COMPILE_SECONDS)
-        if result.returncode != 0:
-            raise OSError(result.stderr or f"{' '.join(compiler)} exited with {result.returncode}")
-        os.replace(built, target)
-    logger.info("decoding attention: built nmt's CPU kernels (%s -march=native) into %s", " ".join(compiler), target)
+    name = f"cpu_kernels-{key}.so"
+    for directory in cache_directories():
+        target = directory / name
+        if is_whole(target) and (directory != cache_directories()[-1] or is_private(directory)):
+            logger.debug("decoding on CPU: nmt's kernels (%s)", target)  # the usual case: said with -v
+            return target
+    directory = writable_cache_directory()
+    target = directory / name
+    logger.info("decoding on CPU: building nmt's kernels with %s (once per compiler and CPU) into %s",
+                " ".join(compiler), directory)
+    with tempfile.TemporaryDirectory(dir=directory) as work:  # another process may build it at the same time
+        library_file = Path(work) / name
+        result = subprocess.run([*compiler, *FLAGS, str(SOURCE), "-o", str(library_file), "-lm"],
+                                capture_output=True, text=True, timeout=COMPILE_SECONDS)
+        if result.returncode != 0 or not library_file.exists():
+            raise OSError(result.stderr or f"{' '.join(compiler)} exited with {result.returncode} and no library")
+        digest = Path(work) / (name + ".sha256")
+        digest.write_text(sha256_of(library_file))
+        os.replace(library_file, target)
+        os.replace(digest, target.with_name(name + ".sha256"))
     return target
+
+
+def sha256_of(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def is_whole(path: Path) -> bool:
+    try:
+        return path.with_name(path.name + ".sha256").read_text().strip() == sha256_of(path)
+    except OSError:
+        return False
 
 
 def cpu_description() -> str:
@@ -102,22 +134,40 @@ def cpu_description() -> str:
                              ("model name", "flags", "Features", "CPU part")}))
 
 
-def cache_directory() -> Path:
-    """Where built kernels are kept: the user's cache, or (a read-only home) a directory of the
-    temporary one that only this user owns and can write (a library there is loaded and run)."""
+def cache_directories() -> list[Path]:
+    """Where built kernels are looked for: the user's cache ($XDG_CACHE_HOME when absolute, else
+    ~/.cache), then a directory of the temporary one that only this user owns and can write
+    (for a read-only or missing home: a library there is loaded and run)."""
+    directories = []
+    base = os.environ.get("XDG_CACHE_HOME", "")
     try:
-        directory = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "nmt" / "kernels"
-        directory.mkdir(parents=True, exist_ok=True)
-        if os.access(directory, os.W_OK):
-            return directory
-    except (OSError, RuntimeError):  # RuntimeError: no home directory at all
+        directories.append((Path(base) if os.path.isabs(base) else Path.home() / ".cache") / "nmt" / "kernels")
+    except RuntimeError:  # no home directory at all
         pass
-    directory = Path(tempfile.gettempdir()) / f"nmt-kernels-{os.getuid()}"
-    directory.mkdir(mode=0o700, exist_ok=True)
+    directories.append(Path(tempfile.gettempdir()) / f"nmt-kernels-{os.getuid()}")
+    return directories
+
+
+def writable_cache_directory() -> Path:
+    first, private = cache_directories()[0], cache_directories()[-1]
+    if first != private:
+        try:
+            first.mkdir(parents=True, exist_ok=True)
+            if os.access(first, os.W_OK):
+                return first
+        except OSError:
+            pass
+    private.mkdir(mode=0o700, exist_ok=True)
+    if not is_private(private):
+        raise OSError(f"{private} is not a directory of this user's alone: not loading code from it")
+    return private
+
+
+def is_private(directory: Path) -> bool:
+    """A directory that this user owns and nobody else may write into."""
     info = directory.lstat()
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise OSError(f"{directory} is not a directory of this user's alone: not loading code from it")
-    return directory
+    shared = info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid() and not shared
 
 
 def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
