@@ -1,5 +1,5 @@
-/* Decoding's kernels on CPU: one-query attention, the cache's writes and the search's
- * log-probabilities (see nmt/models/cpu_kernels.py, which compiles this file).
+/* Decoding's kernels on CPU: one-query and grouped attention, the cache's writes, the search's
+ * log-probabilities and its top-k (see nmt/models/cpu_kernels.py, which compiles this file).
  *
  * torch's attention kernel spends most of a decoding step's attention time on per-(row, head)
  * overhead for products of one query with a few dozen keys, and beam search copies the whole

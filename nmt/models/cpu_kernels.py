@@ -1,12 +1,13 @@
-"""Decoding's attention on CPU in C (nmt/models/cpu_kernels.c), compiled on first use.
+"""Decoding's small operations on CPU in C (nmt/models/cpu_kernels.c), compiled on first use.
 
 One-query attention is a few dozen multiply-adds per (row, head); torch's kernel pays a fixed cost
 for each, and beam search with torch's operations copies the self-attention cache every step to
 follow the surviving beams. The C kernels read the cache through a table of each row's ancestors
-instead (nmt.models.kv_cache.IndexedDecoderCache). They are compiled for this CPU with the system's
-C compiler (``cc -O3 -march=native``) into a cache directory, once per source, compiler and CPU;
-without a compiler, or with ``NMT_CPU_KERNELS=0``, decoding uses torch's kernel and the copying
-cache, with the same results up to float rounding.
+instead (nmt.models.kv_cache.IndexedDecoderCache), and also take the grouped (cross and encoder)
+attention, the log-softmax under a shortlist and beam search's top-k. They are compiled for this
+CPU (``-O3 -march=native``) with $CC, else Python's compiler, cc, gcc or clang, into a cache
+directory, once per source, compiler and CPU; without a compiler, or with ``NMT_CPU_KERNELS=0``,
+decoding uses torch's operations and the copying cache, with the same results up to float rounding.
 """
 
 from __future__ import annotations
@@ -91,12 +92,13 @@ def built(compiler: list[str]) -> Path:
     key = hashlib.sha256("\0".join([SOURCE.read_text(), *compiler, version, " ".join(FLAGS), platform.machine(),
                                     cpu_description()]).encode()).hexdigest()[:16]
     name = f"cpu_kernels-{key}.so"
-    for directory in cache_directories():
+    directories = cache_directories()
+    for directory in directories:
         target = directory / name
-        if is_whole(target) and (directory != cache_directories()[-1] or is_private(directory)):
+        if is_whole(target) and (directory != directories[-1] or is_private(directory)):
             logger.debug("decoding on CPU: nmt's kernels (%s)", target)  # the usual case: said with -v
             return target
-    directory = writable_cache_directory()
+    directory = writable_cache_directory(directories)
     target = directory / name
     logger.info("decoding on CPU: building nmt's kernels with %s (once per compiler and CPU) into %s",
                 " ".join(compiler), directory)
@@ -148,8 +150,9 @@ def cache_directories() -> list[Path]:
     return directories
 
 
-def writable_cache_directory() -> Path:
-    first, private = cache_directories()[0], cache_directories()[-1]
+def writable_cache_directory(directories: list[Path]) -> Path:
+    """The first of ``directories`` (cache_directories) that can be written, the private one last."""
+    first, private = directories[0], directories[-1]
     if first != private:
         try:
             first.mkdir(parents=True, exist_ok=True)

@@ -12,7 +12,8 @@ longest output up front: pages never written cost no memory there, while buffers
 grow scatter freed blocks that the C allocator keeps (8-140 MiB of peak RSS on 1,000 sentences,
 docs/performance.md). Elsewhere, or without a reservation, a full buffer is replaced by one half
 as large again. It is for inference (``torch.no_grad``/``inference_mode``): reordering writes
-into existing storage.
+into existing storage. That is :class:`DecoderCache`, for torch's attention; at inference on a CPU
+where nmt's C kernels could be built, :class:`IndexedDecoderCache` moves nothing at a reorder.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 from nmt.errors import NmtError
 from nmt.models.attention import MultiHeadAttention, causal_mask
-from nmt.models.cpu_kernels import library
+from nmt.models.cpu_kernels import usable
 from nmt.models.int8 import Int8Linear
 from nmt.models.kv_cache import DecoderCache, IndexedDecoderCache, IndexedKeyValueCache, KeyValueCache
 from nmt.models.registry import register_arch, register_model
@@ -296,7 +296,7 @@ class Transformer(nn.Module):
     def new_cache(self) -> DecoderCache | IndexedDecoderCache:
         """At inference on CPU, the cache that nmt's C kernels read (nmt/models/cpu_kernels.py) where
         they could be built."""
-        if self.positions.device.type == "cpu" and torch.is_inference_mode_enabled() and library() is not None:
+        if usable(self.positions):
             return IndexedDecoderCache(len(self.decoder_layers))
         return DecoderCache(len(self.decoder_layers))
 
