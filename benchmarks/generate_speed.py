@@ -28,6 +28,10 @@ quantization and stop rule (the last two as the checkpoint's validation check re
 nmt/generation/decoding_check.py; `--stop` does not apply to it) and the shortlist; the ratio table
 sets it against CTranslate2's fastest setting.
 
+With --device cuda both engines decode on the GPU, nmt in the precision `auto` picks there (or the
+setting's), CTranslate2 in its GPU types too (ct2-float16, ct2-bfloat16, ct2-int8_float16); the threads
+are the host's. Seconds are then the figure to read (a GPU's time is no CPU time).
+
 Each row times a translator (a function from lines to token ids) that ``make_translator`` makes
 for its setting; another engine is one more translator factory beside ``nmt_translator``.
 """
@@ -56,7 +60,7 @@ from nmt.checkpoint.format import Vocabularies, load_checkpoint, model_state, sa
 from nmt.data.dataset import DataDir
 from nmt.data.shortlist import learn_shortlist
 from nmt.data.vocabulary import EOS_ID, PAD_ID, Vocabulary
-from nmt.device import inference_device
+from nmt.device import inference_device, resolve_device
 from nmt.files import read_lines
 from nmt.generation.decoding_check import decoding_settings
 from nmt.generation.inference import prepare_model, translate_ids
@@ -66,10 +70,11 @@ from nmt.options import build
 from nmt.scoring import score
 
 DEFAULT_DATA = Path(os.environ.get("NMT_MULTI30K", Path(__file__).resolve().parents[2] / "shared/data/multi30k"))
-SETTINGS = {"fp32": ("fp32", "none"), "bf16": ("bf16", "none"), "int8": ("fp32", "int8"),  # (precision, quantize)
-            "auto": ("auto", "none"), "shipped": ("auto", "auto")}
+SETTINGS = {"fp32": ("fp32", "none"), "bf16": ("bf16", "none"), "fp16": ("fp16", "none"),  # (precision, quantize)
+            "int8": ("fp32", "int8"), "auto": ("auto", "none"), "shipped": ("auto", "auto")}
 SHIPPED = "shipped"  # `nmt generate` without speed flags: auto precision, quantization and stop rule, the shortlist
-CT2_SETTINGS = {"ct2-float32": "float32", "ct2-int8": "int8"}  # the weight type the export stores
+CT2_SETTINGS = {"ct2-float32": "float32", "ct2-int8": "int8",  # the weight type the export stores
+                "ct2-float16": "float16", "ct2-bfloat16": "bfloat16", "ct2-int8_float16": "int8_float16"}  # GPUs
 SHORTLIST = "+shortlist"  # a setting's suffix: decode with the checkpoint's vocabulary shortlist
 HAVE_CT2 = importlib.util.find_spec("ctranslate2") is not None
 Translator = Callable[[list[str]], list[list[int]]]  # lines -> the best hypothesis's token ids (EOS included)
@@ -127,12 +132,12 @@ def source_ids(vocabs: Vocabularies, lines: list[str]) -> list[np.ndarray]:
 
 
 def nmt_translator(path: Path, options: GenerateOptions) -> Translator:
-    """nmt's own decoder, its device and precision chosen as `nmt generate` chooses them."""
-    model, vocabs = prepare_model(path, torch.device("cpu"), options.compute.quantize)
-    _, precision, _ = inference_device(dataclasses.replace(options.compute, device="cpu"))
+    """nmt's own decoder, its precision chosen as `nmt generate` chooses it on ``options.compute.device``."""
+    device, precision, _ = inference_device(options.compute)
+    model, vocabs = prepare_model(path, device, options.compute.quantize)
 
     def translate(lines: list[str]) -> list[list[int]]:
-        hypotheses = translate_ids(model, source_ids(vocabs, lines), options.search, options.batching,
+        hypotheses = translate_ids(model, source_ids(vocabs, lines), options.search, options.batching, device=device,
                                    precision=precision, shortlist=vocabs.shortlist, fork_workers=True)  # as generate
         return [hyps[0].tokens for hyps in hypotheses]
 
@@ -149,7 +154,8 @@ def ct2_translator(path: Path, options: GenerateOptions, quantization: str, work
     directory = workdir / f"ct2-{quantization}"
     if not directory.exists():
         export_ctranslate2(ExportOptions(str(path), str(directory), quantization))
-    translator, vocabs, max_positions = open_translator(directory, torch.device("cpu"), "default",  # the stored type
+    translator, vocabs, max_positions = open_translator(directory, resolve_device(options.compute.device),
+                                                        "default",  # the stored type
                                                         options.batching.workers)
     options = dataclasses.replace(options, search=dataclasses.replace(options.search, lenpen_style="fairseq"))
 
@@ -162,7 +168,7 @@ def ct2_translator(path: Path, options: GenerateOptions, quantization: str, work
 
 
 def make_translator(setting: str, path: Path, search: dict, workdir: Path) -> Translator:
-    """The translator a table row times; ``search`` holds beam, max_tokens and the length rule. A
+    """The translator a table row times; ``search`` holds beam, max_tokens, the length rule and the device. A
     setting ending in +shortlist uses the checkpoint's vocabulary shortlist (CTranslate2: its vocabulary
     map); the others score the whole vocabulary."""
     setting, shortlisted = setting.removesuffix(SHORTLIST), setting.endswith(SHORTLIST)
@@ -270,6 +276,8 @@ def main() -> None:
     parser.add_argument("--stop", choices=("exact", "finished"), default="exact",
                         help="nmt's stopping rule (generate --stop; finished is CTranslate2's)")
     parser.add_argument("--max-tokens", type=int, default=8000)
+    parser.add_argument("--device", default="cpu", help="where both engines decode: cpu, cuda or cuda:N (on a GPU "
+                        "the threads are the host's; the ct2-float16/-bfloat16/-int8_float16 settings are GPU types)")
     parser.add_argument("--threads", default="1,2", help="comma-separated torch thread counts")
     parser.add_argument("--workers", type=int, help="batches decoded at once, sharing the threads (generate "
                         "--workers; CTranslate2's inter_threads); default: each engine's own (nmt: one per thread)")
@@ -297,6 +305,8 @@ def main() -> None:
     lines = read_lines(test_file)[: args.limit or None]
     references = read_lines(args.reference)[: len(lines)] if args.reference else None
 
+    device = resolve_device(args.device)
+    gpu = f", {torch.cuda.get_device_name(device)}" if device.type == "cuda" else ""
     with tempfile.TemporaryDirectory() as tmp:
         path = args.path or random_checkpoint(args.data, args.vocab_size, Path(tmp))
         if args.shortlist_data:
@@ -307,7 +317,7 @@ def main() -> None:
                             f"{args.workers or 'default'} worker(s), "
                             f"Multi30k test_2016_flickr ({len(lines):,} sentences), "
                             f"{model_name}, max length {length_rule['max_len_a']:g}*src+{length_rule['max_len_b']}, "
-                            f"{describe_cpu()}, torch {torch.__version__}")
+                            f"{describe_cpu()}{gpu}, torch {torch.__version__}")
         columns = ["setting", "threads", "seconds", "CPU seconds", "sentences/s", "sentences/CPU-s", "tokens/s",
                    "vs first row (CPU)", "same output as fp32"]
         for column in columns + (["BLEU"] if references else []):
@@ -318,7 +328,8 @@ def main() -> None:
         for threads in (int(t) for t in args.threads.split(",")):
             torch.set_num_threads(threads)
             for name in settings:
-                search = dict(beam=args.beam, lenpen=args.lenpen, max_tokens=args.max_tokens, **length_rule)
+                search = dict(beam=args.beam, lenpen=args.lenpen, max_tokens=args.max_tokens, device=args.device,
+                              **length_rule)
                 if args.stop != "exact":  # older checkouts (--before) have no stop option
                     search["stop"] = args.stop
                 if args.workers is not None:  # nor workers

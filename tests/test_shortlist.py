@@ -20,7 +20,8 @@ from nmt.data.vocabulary import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Vocabularies
 from nmt.errors import NmtError
 from nmt.export.ctranslate2 import ExportOptions, export_ctranslate2
 from nmt.generation.candidates import batch_candidates
-from nmt.generation.inference import prepare_model, translate_ids
+from nmt.generation.generate import log_shortlist
+from nmt.generation.inference import prepare_model, translate_ids, uses_shortlist
 from nmt.generation.options import BatchingOptions, GenerateOptions, SearchOptions
 from nmt.models.registry import build_model, get_arch, resolve_config
 from nmt.options import build
@@ -229,6 +230,20 @@ def test_shortlist_none_and_sampling_score_the_whole_vocabulary(checkpoint, sour
     assert hypotheses(model, sources, vocabs.shortlist, shortlist="none") == without
     sampled = {"sampling": True, "beam": 2, "nbest": 1, "seed": 5}
     assert hypotheses(model, sources, vocabs.shortlist, **sampled) == hypotheses(model, sources, None, **sampled)
+
+
+def test_auto_uses_the_shortlist_on_the_cpu_only_and_says_so(checkpoint, caplog):
+    _, vocabs = prepare_model(checkpoint, torch.device("cpu"))
+    search = SearchOptions()
+    assert uses_shortlist(search, vocabs.shortlist, "cpu")
+    assert not uses_shortlist(search, vocabs.shortlist, "cuda")
+    assert not uses_shortlist(SearchOptions(shortlist="none"), vocabs.shortlist, "cpu")
+    with caplog.at_level("INFO", logger="nmt"):
+        log_shortlist(search, vocabs, torch.device("cuda"))
+        log_shortlist(search, vocabs, torch.device("cpu"))
+    assert [record.getMessage().split(",")[0] for record in caplog.records] == [
+        "vocabulary shortlist: not on cuda", "vocabulary shortlist: each sentence scores its own candidates (4 per "
+        "source piece"]
 
 
 def test_a_checkpoint_without_a_shortlist_decodes_as_before(vocabs, sources, tmp_path):

@@ -186,7 +186,7 @@ def decode_batch(translator: ctranslate2.Translator, vocabs: Vocabularies, batch
             sampling_topk=(options.search.topk or 0) if options.search.sampling else 1,
             sampling_topp=options.search.topp or 1.0,
             sampling_temperature=options.search.temperature,
-            use_vmap=uses_shortlist(options.search, vocabs.shortlist))
+            use_vmap=uses_shortlist(options.search, vocabs.shortlist, translator.device))
     except (RuntimeError, ValueError) as exc:  # e.g. a sentence longer than the exported position table
         raise NmtError(f"CTranslate2 failed: {str(exc).strip().splitlines()[0]}") from exc
     to_id = vocabs.target.processor.piece_to_id

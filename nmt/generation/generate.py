@@ -156,19 +156,24 @@ def load_engine(options: GenerateOptions, device: torch.device) -> Engine:
     """nmt's decoder (one model or an ensemble) or CTranslate2's, as --engine says."""
     if options.engine == "ctranslate2":
         translate, vocabs = load_ctranslate2(options, device)
-        log_shortlist(options.search, vocabs)
+        log_shortlist(options.search, vocabs, device)
         return Engine(translate, vocabs, None)
     model, vocabs = prepare_model(options.path, device, options.compute.quantize)
     generator = sampling_generator(options.search, device) if options.search.sampling else None  # one stream of draws
-    log_shortlist(options.search, vocabs)
+    log_shortlist(options.search, vocabs, device)
     return Engine(lambda sources, progress=None, controls=None, first_line=1: translate_ids(
         model, sources, options.search, options.batching, device, options.compute.precision, progress, generator,
         controls, first_line, shortlist=vocabs.shortlist, fork_workers=True), vocabs, model)  # see workers.py
 
 
-def log_shortlist(search: SearchOptions, vocabs: Vocabularies) -> None:
-    """Say that a shortlist is used, and how to do without."""
-    if uses_shortlist(search, vocabs.shortlist):
+def log_shortlist(search: SearchOptions, vocabs: Vocabularies, device: torch.device) -> None:
+    """Say that a shortlist is used, and how to do without; or why the checkpoint's is not used here."""
+    if not uses_shortlist(search, vocabs.shortlist, "cpu"):
+        return
+    if device.type != "cpu":
+        logger.info("vocabulary shortlist: not on %s, where scoring all %d pieces costs less than choosing candidates",
+                    device.type, len(vocabs.target))
+    else:
         logger.info("vocabulary shortlist: each sentence scores its own candidates (%d per source piece, %d frequent; "
                     "--shortlist none scores all %d pieces)", vocabs.shortlist.translations.shape[1],
                     len(vocabs.shortlist.frequent), len(vocabs.target))

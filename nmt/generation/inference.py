@@ -139,7 +139,7 @@ def translate_ids(model: nn.Module, sources: list[np.ndarray], search: SearchOpt
     if search.sampling and generator is None:
         generator = sampling_generator(search, device)
     work = plan_workload(sources, search, batching, progress, controls, workers)
-    shortlist = shortlist if uses_shortlist(search, shortlist) else None
+    shortlist = shortlist if uses_shortlist(search, shortlist, device.type) else None
 
     def search_batch(indices: np.ndarray) -> list[list[Hypothesis]]:
         with torch.inference_mode(), autocast(device, precision):  # both are per thread
@@ -163,9 +163,11 @@ def translate_ids(model: nn.Module, sources: list[np.ndarray], search: SearchOpt
     return work.results
 
 
-def uses_shortlist(search: SearchOptions, shortlist: Shortlist | None) -> bool:
-    """``--shortlist auto``: the checkpoint's, except for sampling (which draws from the whole distribution)."""
-    return shortlist is not None and search.shortlist == "auto" and not search.sampling
+def uses_shortlist(search: SearchOptions, shortlist: Shortlist | None, device_type: str) -> bool:
+    """``--shortlist auto``: the checkpoint's on the CPU, except for sampling (which draws from the whole
+    distribution). Not on a GPU, where scoring the whole vocabulary costs little and gathering each
+    sentence's candidates more: bf16 beam search ran at 0.75x with it on an H200 (docs/performance.md)."""
+    return shortlist is not None and search.shortlist == "auto" and not search.sampling and device_type == "cpu"
 
 
 def place_batches(results: list[list[Hypothesis]], batches: list[np.ndarray],
