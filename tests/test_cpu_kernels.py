@@ -67,6 +67,42 @@ def test_self_attention_reads_each_rows_history(rows, length, heads, head_dim):
 
 
 @needs_kernels
+@pytest.mark.parametrize("rows, length, heads, head_dim", [(3, 4, 4, 16), (9, 21, 8, 64), (5, 6, 3, 64)])
+def test_a_bf16_cache_holds_torchs_rounding_and_is_read_as_its_float32_widening(rows, length, heads, head_dim):
+    """Written: each key and value rounded to bf16 as torch rounds it. Read: what the float32 kernel
+    reads from the cache widened to float32 (the sums stay float32; the compiler may order them
+    otherwise)."""
+    g = torch.Generator().manual_seed(length)
+    starts = torch.arange(length + 1, dtype=torch.int64) * rows
+    cache = torch.zeros(length * rows, 2, heads, head_dim, dtype=torch.bfloat16)
+    keys, values = torch.randn(2, length, rows, heads, 1, head_dim, generator=g) * 3
+    for p in range(length):
+        cpu_kernels.append_position(cache, p * rows, keys[p], values[p])
+    torch.testing.assert_close(cache[:, 0], keys.reshape(-1, heads, head_dim).to(torch.bfloat16), rtol=0, atol=0)
+    torch.testing.assert_close(cache[:, 1], values.reshape(-1, heads, head_dim).to(torch.bfloat16), rtol=0, atol=0)
+    history = torch.randint(0, rows, (length, rows), dtype=torch.int32, generator=g)
+    query = torch.randn(rows, heads, head_dim, generator=g)
+    out = cpu_kernels.self_attention(cache, starts, history, length, query)
+    widened = cpu_kernels.self_attention(cache.float(), starts, history, length, query)
+    torch.testing.assert_close(out, widened, rtol=1e-6, atol=1e-6)
+
+
+@needs_kernels
+def test_int8_and_bf16_decoding_keep_a_bf16_cache_and_fp32_a_float32_one():
+    """bf16 only where the keys and values were no more exact than that already."""
+    from nmt.device import autocast
+    from nmt.models.int8 import quantize
+
+    arch = get_arch("transformer_tiny")
+    model = build_model(arch.model_name, resolve_config(arch.config, {}), 20, 20, 0).eval()
+    with torch.inference_mode():
+        assert {layer.dtype for layer in model.new_cache().layers} == {torch.float32}
+        assert {layer.dtype for layer in quantize(model).new_cache().layers} == {torch.bfloat16}
+        with autocast(torch.device("cpu"), "bf16"):
+            assert {layer.dtype for layer in model.new_cache().layers} == {torch.bfloat16}
+
+
+@needs_kernels
 @pytest.mark.parametrize("head_dim", [8, 64])
 def test_grouped_attention_keeps_to_each_sentence_and_skips_padding(head_dim):
     g = torch.Generator().manual_seed(0)

@@ -255,8 +255,9 @@ def test_bf16_autocast_runs_on_cpu():
 
 @pytest.mark.parametrize("cache_type", CACHES)
 def test_bf16_decoding_on_cpu_caches_and_attends_in_fp32(cache_type):
-    """torch's CPU attention kernel is slow in bf16 for one query: the decoding steps keep their
-    keys and values in fp32 and attend in fp32, while the projections stay bf16."""
+    """torch's CPU attention kernel is slow in bf16 for one query: the decoding steps attend in fp32,
+    while the projections stay bf16; torch's cache keeps keys and values in fp32 (nmt's kernels, given
+    the cache model.new_cache makes, in bf16: see test_cpu_kernels.py)."""
     from nmt.device import autocast
 
     model = make_model()
@@ -272,6 +273,32 @@ def test_bf16_decoding_on_cpu_caches_and_attends_in_fp32(cache_type):
     with torch.inference_mode():
         exact = model.decode(prev, model.encode(src))
     torch.testing.assert_close(steps.float(), exact, rtol=0, atol=0.1)
+
+
+def test_decoding_on_cpu_encodes_a_few_sentences_at_a_time_with_the_same_result(monkeypatch):
+    """The chunks' states and cross-attention keys and values are the batch's (fp32), each sentence
+    with its padding; training's forward pass and attention maps still see the batch at once."""
+    from nmt.models import transformer
+    from nmt.models.attention_maps import attention_maps
+
+    model = make_model()
+    src = random_tokens(5, 7)
+    src[2, 4:] = PAD_ID
+    with torch.inference_mode():
+        whole = model.encode(src)
+        monkeypatch.setattr(transformer, "ENCODE_CHUNK", 14)  # two sentences a chunk
+        encoded = []
+        monkeypatch.setattr(model, "encode_sentences", lambda chunk, original=model.encode_sentences:
+                            encoded.append(len(chunk)) or original(chunk))
+        chunked = model.encode(src)
+    assert encoded == [2, 2, 1]
+    torch.testing.assert_close(chunked.states, whole.states, rtol=0, atol=1e-6)
+    assert torch.equal(chunked.padding_mask, whole.padding_mask)
+    for (keys, values), (whole_keys, whole_values) in zip(chunked.memory, whole.memory):
+        torch.testing.assert_close(keys, whole_keys, rtol=0, atol=1e-6)
+        torch.testing.assert_close(values, whole_values, rtol=0, atol=1e-6)
+    maps = attention_maps(model, src, torch.full((5, 1), BOS_ID))
+    assert encoded == [2, 2, 1, 5] and len(maps.encoder) == len(model.encoder_layers)
 
 
 def test_bf16_training_on_cpu_attends_in_fp32(monkeypatch):

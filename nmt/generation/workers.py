@@ -112,7 +112,11 @@ _fork_lock = threading.Lock()  # one function at a time between setting it and f
 
 def run_forked(item: Item) -> Result:
     assert _forked_function is not None, "a decoding worker that was not forked by map_in_processes"
-    return _forked_function(item)
+    try:
+        return _forked_function(item)
+    finally:
+        if os.environ.get("TRIMX"):
+            release_freed_memory()
 
 
 PR_SET_PDEATHSIG = 1  # Linux prctl option: the signal a process gets when its parent ends

@@ -7,7 +7,8 @@
  * `history` says, per position, which slot of the cache holds a row's ancestor there, and the
  * loops stream through each position's block of the cache once.
  *
- * Every tensor is float32 and contiguous; the scale is 1/sqrt(head_dim), as torch's default.
+ * Every tensor is float32 (the self-attention cache float32 or bf16) and contiguous; the scale is
+ * 1/sqrt(head_dim), as torch's default.
  */
 #include <float.h>
 #include <math.h>
@@ -54,6 +55,27 @@ static void softmax(float *weights, const uint8_t *allowed, int64_t n) {
     for (int64_t i = 0; i < n; ++i) weights[i] *= inverse;
 }
 
+/* bf16, as a bf16 self-attention cache stores keys and values: the upper half of a float32's bits
+ * (rounded to nearest even on the way in), widened back by a shift. */
+static inline uint16_t to_bf16(float x) {
+    uint32_t bits;
+    memcpy(&bits, &x, sizeof bits);
+    bits += 0x7FFFu + ((bits >> 16) & 1u);
+    return (uint16_t)(bits >> 16);
+}
+
+static inline float from_bf16(uint16_t x) {
+    const uint32_t bits = (uint32_t)x << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* Element i of a cache of float32 or (bf16 != 0) bf16 entries. */
+static inline __attribute__((always_inline)) float cached(const void *cache, int64_t i, int bf16) {
+    return bf16 ? from_bf16(((const uint16_t *)cache)[i]) : ((const float *)cache)[i];
+}
+
 /* Writes rows 0..rows-1 of a new position into slots start..start+rows-1 of the cache (slots, 2,
  * width): keys and values (rows, width). */
 void append_position(float *cache, int64_t start, int64_t rows, int64_t width, const float *keys,
@@ -65,49 +87,66 @@ void append_position(float *cache, int64_t start, int64_t rows, int64_t width, c
     }
 }
 
+void append_position_bf16(uint16_t *cache, int64_t start, int64_t rows, int64_t width, const float *keys,
+                          const float *values) {
+    uint16_t *block = cache + start * 2 * width;
+    for (int64_t r = 0; r < rows; ++r)
+        for (int64_t i = 0; i < width; ++i) {
+            block[2 * r * width + i] = to_bf16(keys[r * width + i]);
+            block[(2 * r + 1) * width + i] = to_bf16(values[r * width + i]);
+        }
+}
+
 /* Self-attention of one new query per row over `length` cached positions.
- * cache: (slots, 2, heads, head_dim), keys then values; position p's block starts at slot starts[p];
- * history: (length, rows) int32, the slot of row r's ancestor within each position's block;
- * query, out: (rows, heads, head_dim); scores: room for rows * heads * length floats. */
-static inline void self_attention_of(const float *cache, const int64_t *starts, const int32_t *history,
-                                     int64_t length, int64_t rows, int64_t heads, int64_t head_dim,
-                                     const float *query, float *out, float *scores) {
+ * cache: (slots, 2, heads, head_dim), keys then values, float32 or (bf16) bf16; position p's block
+ * starts at slot starts[p]; history: (length, rows) int32, the slot of row r's ancestor within each
+ * position's block; query, out: (rows, heads, head_dim); scores: room for rows * heads * length floats.
+ * Inlined into each caller with constant head_dim and bf16, which the compiler specializes. */
+static inline __attribute__((always_inline)) void self_attention_of(
+        const void *cache, int bf16, const int64_t *starts, const int32_t *history, int64_t length, int64_t rows,
+        int64_t heads, int64_t head_dim, const float *query, float *out, float *scores) {
     const int64_t slot_size = 2 * heads * head_dim;
     const float scale = 1.f / sqrtf((float)head_dim);
     for (int64_t p = 0; p < length; ++p) {
-        const float *block = cache + starts[p] * slot_size;
+        const int64_t block = starts[p] * slot_size;
         for (int64_t r = 0; r < rows; ++r) {
-            const float *keys = block + history[p * rows + r] * slot_size, *q = query + r * heads * head_dim;
+            const int64_t keys = block + history[p * rows + r] * slot_size;
+            const float *q = query + r * heads * head_dim;
             float *s = scores + r * heads * length + p;
             int64_t h = 0;
             for (; h + 4 <= heads; h += 4) {  /* four heads' sums at once: four independent chains */
-                const float *q0 = q + h * head_dim, *k0 = keys + h * head_dim;
+                const float *q0 = q + h * head_dim;
+                const int64_t k0 = keys + h * head_dim;
                 float s0 = 0.f, s1 = 0.f, s2 = 0.f, s3 = 0.f;
                 for (int64_t d = 0; d < head_dim; ++d) {
-                    s0 += q0[d] * k0[d];
-                    s1 += q0[head_dim + d] * k0[head_dim + d];
-                    s2 += q0[2 * head_dim + d] * k0[2 * head_dim + d];
-                    s3 += q0[3 * head_dim + d] * k0[3 * head_dim + d];
+                    s0 += q0[d] * cached(cache, k0 + d, bf16);
+                    s1 += q0[head_dim + d] * cached(cache, k0 + head_dim + d, bf16);
+                    s2 += q0[2 * head_dim + d] * cached(cache, k0 + 2 * head_dim + d, bf16);
+                    s3 += q0[3 * head_dim + d] * cached(cache, k0 + 3 * head_dim + d, bf16);
                 }
                 s[h * length] = scale * s0;
                 s[(h + 1) * length] = scale * s1;
                 s[(h + 2) * length] = scale * s2;
                 s[(h + 3) * length] = scale * s3;
             }
-            for (; h < heads; ++h) s[h * length] = scale * dot(q + h * head_dim, keys + h * head_dim, head_dim);
+            for (; h < heads; ++h) {
+                float sum = 0.f;
+                for (int64_t d = 0; d < head_dim; ++d) sum += q[h * head_dim + d] * cached(cache, keys + h * head_dim + d, bf16);
+                s[h * length] = scale * sum;
+            }
         }
     }
     for (int64_t i = 0; i < rows * heads; ++i) softmax(scores + i * length, NULL, length);
     memset(out, 0, sizeof(float) * rows * heads * head_dim);
     for (int64_t p = 0; p < length; ++p) {
-        const float *block = cache + starts[p] * slot_size + heads * head_dim;
+        const int64_t block = starts[p] * slot_size + heads * head_dim;
         for (int64_t r = 0; r < rows; ++r) {
-            const float *values = block + history[p * rows + r] * slot_size;
+            const int64_t values = block + history[p * rows + r] * slot_size;
             for (int64_t h = 0; h < heads; ++h) {
                 const float weight = scores[(r * heads + h) * length + p];
-                const float *value = values + h * head_dim;
+                const int64_t value = values + h * head_dim;
                 float *o = out + (r * heads + h) * head_dim;
-                for (int64_t d = 0; d < head_dim; ++d) o[d] += weight * value[d];
+                for (int64_t d = 0; d < head_dim; ++d) o[d] += weight * cached(cache, value + d, bf16);
             }
         }
     }
@@ -116,9 +155,18 @@ static inline void self_attention_of(const float *cache, const int64_t *starts, 
 void self_attention(const float *cache, const int64_t *starts, const int32_t *history, int64_t length, int64_t rows,
                     int64_t heads, int64_t head_dim, const float *query, float *out, float *scores) {
     if (head_dim == 64)  /* the usual size, known to the compiler here: unrolled loops without remainders */
-        self_attention_of(cache, starts, history, length, rows, heads, 64, query, out, scores);
+        self_attention_of(cache, 0, starts, history, length, rows, heads, 64, query, out, scores);
     else
-        self_attention_of(cache, starts, history, length, rows, heads, head_dim, query, out, scores);
+        self_attention_of(cache, 0, starts, history, length, rows, heads, head_dim, query, out, scores);
+}
+
+void self_attention_bf16(const uint16_t *cache, const int64_t *starts, const int32_t *history, int64_t length,
+                         int64_t rows, int64_t heads, int64_t head_dim, const float *query, float *out,
+                         float *scores) {
+    if (head_dim == 64)
+        self_attention_of(cache, 1, starts, history, length, rows, heads, 64, query, out, scores);
+    else
+        self_attention_of(cache, 1, starts, history, length, rows, heads, head_dim, query, out, scores);
 }
 
 /* Attention of `group` queries per sentence (its beams) to that sentence's keys and values.

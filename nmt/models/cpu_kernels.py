@@ -178,32 +178,36 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.self_attention.argtypes = [pointer, pointer, pointer, size, size, size, size, pointer, pointer, pointer]
     lib.grouped_attention.argtypes = [pointer, pointer, pointer, size, size, size, size, size, pointer, pointer,
                                       pointer]
+    lib.self_attention_bf16.argtypes = lib.self_attention.argtypes
     lib.append_position.argtypes = [pointer, size, size, size, pointer, pointer]
+    lib.append_position_bf16.argtypes = lib.append_position.argtypes
     lib.log_softmax_rows.argtypes = [pointer, size, size, pointer, pointer, size]
     lib.select_top.argtypes = [pointer, pointer, size, size, size, size, pointer, pointer, pointer]
-    for kernel in (lib.self_attention, lib.grouped_attention, lib.append_position, lib.log_softmax_rows,
-                   lib.select_top):
+    for kernel in (lib.self_attention, lib.self_attention_bf16, lib.grouped_attention, lib.append_position,
+                   lib.append_position_bf16, lib.log_softmax_rows, lib.select_top):
         kernel.restype = None
     return lib
 
 
 def append_position(cache: Tensor, start: int, keys: Tensor, values: Tensor) -> None:
     """Write keys and values (rows, heads, 1, head_dim) into slots start..start+rows-1 of ``cache``
-    (slots, 2, heads, head_dim)."""
+    (slots, 2, heads, head_dim), float32 or bf16 (rounded to nearest even, as torch rounds)."""
     keys, values = keys.float().contiguous(), values.float().contiguous()  # as projected: no copy
-    library().append_position(cache.data_ptr(), start, keys.size(0), keys[0].numel(), keys.data_ptr(),
-                              values.data_ptr())
+    kernel = library().append_position_bf16 if cache.dtype == torch.bfloat16 else library().append_position
+    kernel(cache.data_ptr(), start, keys.size(0), keys[0].numel(), keys.data_ptr(), values.data_ptr())
 
 
 def self_attention(cache: Tensor, starts: Tensor, history: Tensor, length: int, query: Tensor) -> Tensor:
     """One query per row (rows, heads, head_dim) over the first ``length`` positions of ``cache``
-    (slots, 2, heads, head_dim): row r reads slot ``starts[p] + history[p, r]`` at position p."""
+    (slots, 2, heads, head_dim), float32 or bf16: row r reads slot ``starts[p] + history[p, r]`` at
+    position p; the sums are float32's either way."""
     rows, heads, head_dim = query.shape
     query32 = query.float().contiguous()
     out = torch.empty_like(query32)
     scores = torch.empty(rows * heads * length, dtype=torch.float32)
-    library().self_attention(cache.data_ptr(), starts.data_ptr(), history.data_ptr(), length, rows, heads, head_dim,
-                             query32.data_ptr(), out.data_ptr(), scores.data_ptr())
+    kernel = library().self_attention_bf16 if cache.dtype == torch.bfloat16 else library().self_attention
+    kernel(cache.data_ptr(), starts.data_ptr(), history.data_ptr(), length, rows, heads, head_dim, query32.data_ptr(),
+           out.data_ptr(), scores.data_ptr())
     return out.to(query.dtype)
 
 

@@ -168,9 +168,9 @@ class IndexedDecoderCache:
     and go back to it as soon as the cache is dropped (nothing here refers back to the cache).
     """
 
-    def __init__(self, num_layers: int):
+    def __init__(self, num_layers: int, dtype: torch.dtype = torch.float32):
         self.history = History()
-        self.layers = [IndexedKeyValueCache(self.history) for _ in range(num_layers)]
+        self.layers = [IndexedKeyValueCache(self.history, dtype) for _ in range(num_layers)]
         weakref.finalize(self, BUFFERS.give_back, self.history.buffers)
 
     @property
@@ -226,10 +226,11 @@ class History:
 class IndexedKeyValueCache:
     """One layer's keys and values in an :class:`IndexedDecoderCache`."""
 
-    def __init__(self, history: History):
+    def __init__(self, history: History, dtype: torch.dtype = torch.float32):
         self.history = history
+        self.dtype = dtype  # of the keys and values stored: float32, or bf16 (in float32 buffers, 2 per float)
         self.length = 0
-        self.buffer: Tensor | None = None  # (slots, 2, heads, head_dim) float32
+        self.buffer: Tensor | None = None  # (slots, 2, heads, head_dim) of dtype
 
     def append(self, keys: Tensor, values: Tensor) -> None:
         """Add new positions, given as (rows, heads, new, head_dim)."""
@@ -239,8 +240,10 @@ class IndexedKeyValueCache:
         starts = self.history.starts
         if self.buffer is None or self.buffer.size(0) < needed:
             slots = max(self.history.reserved, int(GROWTH * needed))
-            flat = BUFFERS.take(slots * 2 * heads * head_dim)  # only what the history points to is ever read
-            grown = flat[:slots * 2 * heads * head_dim].view(slots, 2, heads, head_dim)
+            per_float = 4 // self.dtype.itemsize  # bf16: two to each float32 of the pool's buffers
+            flat = BUFFERS.take(-(-slots * 2 * heads * head_dim // per_float))
+            # only what the history points to is ever read
+            grown = flat.view(self.dtype)[:slots * 2 * heads * head_dim].view(slots, 2, heads, head_dim)
             if self.buffer is not None:
                 written = int(starts[first])
                 grown[:written] = self.buffer[:written]
@@ -265,5 +268,5 @@ class IndexedKeyValueCache:
         """Every row's keys and values so far as (rows, heads, length, head_dim), gathered: for steps
         of several new positions, which the kernel does not take."""
         slots = self.history.starts[:self.length].unsqueeze(1) + self.history.slots[:self.length]  # (length, rows)
-        both = self.buffer[slots].permute(2, 1, 3, 0, 4)  # (2, rows, heads, length, head_dim)
+        both = self.buffer[slots].float().permute(2, 1, 3, 0, 4)  # (2, rows, heads, length, head_dim)
         return both[0], both[1]

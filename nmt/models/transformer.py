@@ -24,6 +24,8 @@ from nmt.models.int8 import Int8Linear
 from nmt.models.kv_cache import DecoderCache, IndexedDecoderCache, IndexedKeyValueCache, KeyValueCache
 from nmt.models.registry import register_arch, register_model
 
+ENCODE_CHUNK = 256  # source tokens (padding included) encoded at once when decoding on CPU: see encode
+
 
 @dataclass(frozen=True)
 class TransformerConfig:
@@ -253,7 +255,24 @@ class Transformer(nn.Module):
         return self.embed_dropout(embedding(tokens) * self.embed_scale + self.positions[offset:end])
 
     def encode(self, src_tokens: Tensor, columns: Tensor | None = None) -> EncoderOut:
-        """With ``columns`` (vocabulary ids), ``decode`` gives logits for those entries only."""
+        """With ``columns`` (vocabulary ids), ``decode`` gives logits for those entries only.
+
+        Decoding on CPU encodes a batch's sentences a few at a time (``ENCODE_CHUNK`` tokens): the
+        layers' temporaries are then a chunk's, not the batch's, which lowered decoding's peak
+        memory at no cost in time (docs/performance.md). Each sentence keeps its padding."""
+        if torch.is_inference_mode_enabled() and src_tokens.device.type == "cpu" and src_tokens.numel() > ENCODE_CHUNK:
+            sentences = max(1, ENCODE_CHUNK // src_tokens.size(1))
+            chunks = [self.encode_sentences(chunk) for chunk in src_tokens.split(sentences)]
+            states = torch.cat([chunk[0] for chunk in chunks])
+            padding_mask = torch.cat([chunk[1] for chunk in chunks])
+            memory = tuple(tuple(torch.cat([chunk[2][layer][i] for chunk in chunks]) for i in (0, 1))
+                           for layer in range(len(self.decoder_layers)))
+        else:
+            states, padding_mask, memory = self.encode_sentences(src_tokens)
+        return EncoderOut(states, padding_mask, memory, None if columns is None else self.column_projection(columns))
+
+    def encode_sentences(self, src_tokens: Tensor) -> tuple[Tensor, Tensor, tuple[tuple[Tensor, Tensor], ...]]:
+        """The encoder's states, the padding mask and each decoder layer's cross-attention keys and values."""
         padding_mask = src_tokens.eq(self.pad_id)
         key_mask = ~padding_mask[:, None, None, :]
         x = self._embed(self.src_embed, src_tokens)
@@ -264,7 +283,7 @@ class Transformer(nn.Module):
         if not self.training and states.device.type == "cpu":  # decoding steps attend in fp32 on CPU (see
             # cpu_attention_in_fp32): widen once, contiguous as nmt's CPU kernels read them
             memory = tuple((k.float().contiguous(), v.float().contiguous()) for k, v in memory)
-        return EncoderOut(states, padding_mask, memory, None if columns is None else self.column_projection(columns))
+        return states, padding_mask, memory
 
     def decode(self, prev_output_tokens: Tensor, encoder_out: EncoderOut, cache: DecoderCache | None = None,
                features_only: bool = False) -> Tensor:
@@ -291,14 +310,25 @@ class Transformer(nn.Module):
         return self.output_layer(x) if self.output_layer is not None else F.linear(x, self.output_weight())
 
     def forward(self, src_tokens: Tensor, prev_output_tokens: Tensor, features_only: bool = False) -> Tensor:
-        return self.decode(prev_output_tokens, self.encode(src_tokens), features_only=features_only)
+        """Training's (and attention maps') teacher-forced pass: the whole batch encoded at once."""
+        encoder_out = EncoderOut(*self.encode_sentences(src_tokens))
+        return self.decode(prev_output_tokens, encoder_out, features_only=features_only)
 
     def new_cache(self) -> DecoderCache | IndexedDecoderCache:
         """At inference on CPU, the cache that nmt's C kernels read (nmt/models/cpu_kernels.py) where
         they could be built."""
         if usable(self.positions):
-            return IndexedDecoderCache(len(self.decoder_layers))
+            return IndexedDecoderCache(len(self.decoder_layers), self.cache_dtype())
         return DecoderCache(len(self.decoder_layers))
+
+    def cache_dtype(self) -> torch.dtype:
+        """bf16 where the keys and values are no more exact than that already: projected by int8
+        layers (whose error is larger than bf16's rounding, 2^-9) or under bf16 autocast. It halves
+        the cache's memory, and the kernel that reads it runs faster (docs/performance.md); fp32
+        otherwise."""
+        int8 = isinstance(self.decoder_layers[0].self_attn.k_proj, Int8Linear)
+        bf16 = torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+        return torch.bfloat16 if int8 or bf16 else torch.float32
 
     @staticmethod
     def reorder_encoder_out(encoder_out: EncoderOut, indices: Tensor) -> EncoderOut:
