@@ -61,6 +61,7 @@ from nmt.data.dataset import DataDir
 from nmt.data.shortlist import learn_shortlist
 from nmt.data.vocabulary import EOS_ID, PAD_ID, Vocabulary
 from nmt.device import inference_device, resolve_device
+from nmt.errors import NmtError
 from nmt.files import read_lines
 from nmt.generation.decoding_check import decoding_settings
 from nmt.generation.inference import prepare_model, translate_ids
@@ -74,7 +75,8 @@ SETTINGS = {"fp32": ("fp32", "none"), "bf16": ("bf16", "none"), "fp16": ("fp16",
             "int8": ("fp32", "int8"), "auto": ("auto", "none"), "shipped": ("auto", "auto")}
 SHIPPED = "shipped"  # `nmt generate` without speed flags: auto precision, quantization and stop rule, the shortlist
 CT2_SETTINGS = {"ct2-float32": "float32", "ct2-int8": "int8",  # the weight type the export stores
-                "ct2-float16": "float16", "ct2-bfloat16": "bfloat16", "ct2-int8_float16": "int8_float16"}  # GPUs
+                "ct2-float16": "float16", "ct2-bfloat16": "bfloat16", "ct2-int8_float16": "int8_float16"}
+GPU_SETTINGS = ("fp16", "ct2-float16", "ct2-int8_float16")  # types a CPU does not compute
 SHORTLIST = "+shortlist"  # a setting's suffix: decode with the checkpoint's vocabulary shortlist
 HAVE_CT2 = importlib.util.find_spec("ctranslate2") is not None
 Translator = Callable[[list[str]], list[list[int]]]  # lines -> the best hypothesis's token ids (EOS included)
@@ -298,6 +300,18 @@ def main() -> None:
     test_file = args.data / "test_2016_flickr.en.gz"
     if not test_file.exists():
         raise SystemExit(f"Multi30k not found in {args.data} (set --data or NMT_MULTI30K)")
+    try:
+        device = resolve_device(args.device)
+    except NmtError as exc:
+        raise SystemExit(f"error: {exc}") from None
+    cpu_only = [name for name in settings if name.endswith(SHORTLIST) or name.removesuffix(SHORTLIST) == "int8"]
+    if device.type != "cpu" and cpu_only:
+        raise SystemExit(f"{cpu_only[0]} on {args.device}: a GPU decodes without the shortlist, and int8 on the CPU")
+    gpu_only = [name for name in settings if name.removesuffix(SHORTLIST) in GPU_SETTINGS]
+    if device.type == "cpu" and gpu_only:
+        raise SystemExit(f"{gpu_only[0]} is for a GPU (--device cuda)")
+    if args.limit < 0:
+        raise SystemExit(f"--limit must be 0 (all) or more, got {args.limit}")
     if args.before and args.workers is not None:
         raise SystemExit("--before times older checkouts, which have no --workers: give one or the other")
     if args.reference and not args.path:
@@ -305,7 +319,6 @@ def main() -> None:
     lines = read_lines(test_file)[: args.limit or None]
     references = read_lines(args.reference)[: len(lines)] if args.reference else None
 
-    device = resolve_device(args.device)
     gpu = f", {torch.cuda.get_device_name(device)}" if device.type == "cuda" else ""
     with tempfile.TemporaryDirectory() as tmp:
         path = args.path or random_checkpoint(args.data, args.vocab_size, Path(tmp))

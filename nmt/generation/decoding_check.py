@@ -109,7 +109,7 @@ def check_decoding(checkpoint: dict[str, Any] | str | Path, sources: Sequence[np
     """Decode the first CHECK_SENTENCES sources (token ids ending in EOS) with the reference setting
     (fp32, exact search) and the faster candidates, fastest first, and choose by corpus BLEU against
     ``references`` (both sides detokenized by the target vocabulary). The search and the shortlist
-    are `nmt generate`'s defaults; int8 is tried on the CPU only."""
+    are `nmt generate`'s defaults on ``device`` (on a GPU: no shortlist); int8 is tried on the CPU only."""
     checkpoint = checkpoint if isinstance(checkpoint, dict) else load_checkpoint(checkpoint)
     sources, references = list(sources[:CHECK_SENTENCES]), list(references[:CHECK_SENTENCES])
     if not sources or len(sources) != len(references):

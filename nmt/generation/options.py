@@ -40,8 +40,8 @@ class SearchOptions:
     shortlist: Literal["auto", "none"] = field(default="auto", metadata={
         "help": "Vocabulary shortlist. auto: where the checkpoint has one (learned by `nmt preprocess`), score "
                 "only each sentence's candidate target pieces (its source pieces' likely translations and the "
-                "frequent pieces), not the whole vocabulary: faster on a CPU; not on a GPU (slower there) nor with "
-                "--sampling, which draws from the whole distribution. none: always the whole vocabulary."})
+                "frequent pieces), not the whole vocabulary: faster on a CPU. Never on a GPU, where it is slower, nor "
+                "with --sampling, which draws from the whole distribution. none: always the whole vocabulary."})
     sampling: bool = field(default=False, metadata={"help": "Sample instead of searching."})
     temperature: float = field(default=1.0, metadata={"help": "Sampling temperature.", "above": 0.0})
     topk: int = field(default=0, metadata={"help": "Sample from the k likeliest tokens (0 = all).", "min": 0})

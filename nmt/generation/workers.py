@@ -112,11 +112,7 @@ _fork_lock = threading.Lock()  # one function at a time between setting it and f
 
 def run_forked(item: Item) -> Result:
     assert _forked_function is not None, "a decoding worker that was not forked by map_in_processes"
-    try:
-        return _forked_function(item)
-    finally:
-        if os.environ.get("TRIMX"):
-            release_freed_memory()
+    return _forked_function(item)
 
 
 PR_SET_PDEATHSIG = 1  # Linux prctl option: the signal a process gets when its parent ends

@@ -60,6 +60,7 @@ static void softmax(float *weights, const uint8_t *allowed, int64_t n) {
 static inline uint16_t to_bf16(float x) {
     uint32_t bits;
     memcpy(&bits, &x, sizeof bits);
+    if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((bits >> 16) | 0x40u);  /* NaN stays NaN */
     bits += 0x7FFFu + ((bits >> 16) & 1u);
     return (uint16_t)(bits >> 16);
 }

@@ -39,7 +39,7 @@ from nmt.checkpoint.names import split_paths
 from nmt.data.vocabulary import EOS_ID
 from nmt.errors import NmtError
 from nmt.generation.control_input import controls_from_lists
-from nmt.generation.inference import check_controls, check_lengths, encode_sources, translate_ids
+from nmt.generation.inference import check_controls, check_lengths, encode_sources, translate_ids, uses_shortlist
 from nmt.generation.options import BatchingOptions, SearchOptions
 from nmt.generation.search import max_lengths, model_positions
 from nmt.generation.translator import Translator
@@ -334,7 +334,7 @@ def server_info(translator: Translator, options: ServeOptions, memory: dict[str,
         "arch": [load_checkpoint(path, mmap=True)["arch"] for path in split_paths(translator.path)],
         "languages": {"source": vocabs.source_lang, "target": vocabs.target_lang},
         "vocab": {"source": len(vocabs.source), "target": len(vocabs.target), "joint": vocabs.joint,
-                  "shortlist": vocabs.shortlist is not None},
+                  "shortlist": uses_shortlist(SearchOptions(), vocabs.shortlist, translator.device.type)},
         "device": str(translator.device), "precision": translator.precision, "quantize": translator.decoding.quantize,
         "stop": translator.decoding.stop,
         "limits": {"max_sentences": options.max_sentences, "max_characters": options.max_characters,
