@@ -256,6 +256,8 @@ CASES = [
                                         "--save-dir", "t1", "-q"], "more than --max-tokens 5", NO_SETUP),
     ("train-fp16-on-cpu", [*TRAIN, "--precision", "fp16", "--device", "cpu", "--save-dir", "t1"], "fp16", NO_SETUP),
     ("train-no-such-valid-split", [*TRAIN, "--valid-subset", "dev", "--save-dir", "t1"], "no split 'dev'", NO_SETUP),
+    ("train-eval-bleu-without-validation", [*TRAIN, "--valid-subset", "none", "--eval-bleu", "--save-dir", "t1"],
+     "--eval-bleu needs validation", NO_SETUP),
     ("train-restore-file-missing", [*TRAIN, "--restore-file", "missing.pt", "--save-dir", "t1"],
      "--restore-file not found", NO_SETUP),
     ("train-finetune-model-missing", [*TRAIN, "--finetune-from-model", "missing.pt", "--save-dir", "t1"],

@@ -114,3 +114,20 @@ def test_durations():
 def test_nan_is_refused_where_it_would_pass_every_bound(option):
     with pytest.raises(NmtError, match="must be a finite number, got nan"):
         load_train_config({"data": "d", option: "nan"})
+
+
+@pytest.mark.parametrize("option", [{"eval_bleu": True}, {"patience": 2}, {"validate_interval_updates": 5}])
+def test_an_option_that_acts_at_validation_needs_validation(tmp_path, option):
+    """Without validation it would do nothing, silently: an error before any work."""
+    from conftest import make_data_dir, numbers_pairs, tiny_config
+
+    from nmt.training.trainer import train
+
+    with pytest.raises(NmtError, match=f"--{next(iter(option)).replace('_', '-')} needs validation, and "
+                                       "--valid-subset is none"):
+        TrainConfig(data="data", valid_subset=None, **option)
+    data = make_data_dir(tmp_path / "data", {"train": numbers_pairs(30, seed=1)})  # no valid split
+    with pytest.raises(NmtError, match="has no 'valid' split, and --.* needs validation"):
+        train(tiny_config(data, tmp_path / "run", **option))
+    assert not (tmp_path / "run").exists()
+    TrainConfig(data="data", valid_subset=None)  # no such option: training without validation is fine

@@ -151,6 +151,8 @@ class TrainConfig:
         check_values(self)
         if self.best_checkpoint_metric == "bleu" and not self.eval_bleu:
             raise NmtError("--best-checkpoint-metric bleu needs --eval-bleu")
+        if not self.valid_subsets and (needs := self.needs_validation()):
+            raise NmtError(f"{needs} needs validation, and --valid-subset is none")
         if self.max_tokens is None and self.max_sentences is None:
             raise NmtError("give --max-tokens or --max-sentences")
         self.max_time_seconds  # noqa: B018  (parses, or raises a clear error)
@@ -160,6 +162,12 @@ class TrainConfig:
         if self.lr_schedule != "inverse_sqrt" and not self.max_update and self.max_time is None:
             raise NmtError(f"--lr-schedule {self.lr_schedule} decays to 0 at the end of the budget: give "
                            "--max-update or --max-time")
+
+    def needs_validation(self) -> str | None:
+        """The first option given that only acts at validation (it would silently do nothing without)."""
+        given = [flag for flag, value in (("--eval-bleu", self.eval_bleu), ("--patience", self.patience),
+                                          ("--validate-interval-updates", self.validate_interval_updates)) if value]
+        return given[0] if given else None
 
     @property
     def valid_subsets(self) -> list[str]:

@@ -62,7 +62,9 @@ def check_inputs(config: TrainConfig, device: torch.device, world_size: int = 1)
                        f"{world_size} processes; lower --max-tokens or use fewer processes")
     valid = []
     for name in config.valid_subsets:
-        if name not in data.splits and config.valid_subsets == ["valid"]:
+        if name not in data.splits and config.valid_subsets == ["valid"] and (needs := config.needs_validation()):
+            raise NmtError(f"{config.data} has no 'valid' split, and {needs} needs validation")
+        elif name not in data.splits and config.valid_subsets == ["valid"]:
             logger.warning("%s has no 'valid' split: training without validation (and without %s)",
                            config.data, BEST)
         elif name not in data.splits:
