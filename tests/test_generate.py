@@ -27,7 +27,7 @@ from nmt.device_options import InferenceDeviceOptions
 from nmt.errors import NmtError
 from nmt.generation.generate import generate
 from nmt.generation.inference import prepare_model, translate_ids
-from nmt.generation.options import GenerateOptions, check_workers, choose_workers
+from nmt.generation.options import BatchingOptions, GenerateOptions, SearchOptions, check_workers, choose_workers
 from nmt.generation.workers import forks_workers, map_in_workers
 from nmt.models.int8 import Int8Linear
 from nmt.models.registry import build_model, get_arch, resolve_config
@@ -568,3 +568,18 @@ def test_empty_input_gives_empty_output_and_success(checkpoint, tmp_path, monkey
 def test_the_log_counts_one_sentence_in_the_singular(checkpoint, monkeypatch, capsys):
     code, out, err = run_cli(monkeypatch, capsys, "generate", "-i", "-", "--path", str(checkpoint), stdin="one\n")
     assert code == 0 and "translated 1 sentence in" in err
+
+
+def test_max_tokens_0_sizes_batches_for_the_device():
+    """8,000 source tokens x beam on a CPU, 32,000 on a GPU; a given budget is kept on both; None
+    (the server's, with --batch-size) sets no token limit."""
+    from nmt.generation.inference import plan_workload
+
+    sources = [np.arange(5, 12) for _ in range(10)]
+    search = SearchOptions(beam=4)
+    budgets = {device: plan_workload(sources, search, BatchingOptions(), None, device_type=device).max_tokens
+               for device in ("cpu", "cuda")}
+    assert budgets == {"cpu": 8000 // 4, "cuda": 32000 // 4}
+    assert plan_workload(sources, search, BatchingOptions(max_tokens=400), None, workers=2,
+                         device_type="cuda").max_tokens == 400 // (4 * 2)
+    assert plan_workload(sources, search, BatchingOptions(max_tokens=None, batch_size=3), None).max_tokens is None

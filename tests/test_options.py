@@ -102,7 +102,7 @@ def test_coerce_refuses_with_one_line(value, kind, message):
     (lambda: SearchOptions(sampling=True, topk=-1), "--topk must be at least 0"),
     (lambda: SearchOptions(lenpen_style="other"), "--lenpen-style must be one of gnmt, fairseq"),
     (lambda: BatchingOptions(batch_size=0), "--batch-size must be at least 1, got 0"),
-    (lambda: BatchingOptions(max_tokens=-5), "--max-tokens must be at least 1, got -5"),
+    (lambda: BatchingOptions(max_tokens=-5), "--max-tokens must be at least 0, got -5"),
     (lambda: BatchingOptions(max_tokens=None), "give --max-tokens or --batch-size"),
     (lambda: InferenceDeviceOptions(quantize="int4"), "--quantize must be one of auto, none, int8"),
     (lambda: TrainConfig(warmup_updates=0), "--warmup-updates must be at least 1, got 0"),
@@ -168,7 +168,7 @@ def test_batch_size_zero_is_an_error_not_a_hang():
 @pytest.mark.parametrize("args,message", [
     (["--beam", "0"], "--beam must be at least 1, got 0"),
     (["--lenpen", "-9"], "--lenpen must be between -5.0 and 5.0"),
-    (["--max-tokens", "0"], "--max-tokens must be at least 1, got 0"),
+    (["--max-tokens", "-1"], "--max-tokens must be at least 0, got -1"),
     (["--topp", "0.5"], "--topk/--topp only apply with --sampling"),
 ])
 def test_generate_bounds_on_the_command_line(monkeypatch, capsys, args, message):

@@ -143,7 +143,7 @@ def test_dry_run_prints_every_stage_resolved_and_runs_nothing(recipe, tmp_path, 
     assert plan["train"]["model"]["d_model"] == 32 and plan["train"]["model"]["heads"] == 4  # arch + overrides
     assert plan["average"]["inputs"] == [checkpoints]
     assert plan["generate"]["path"] == [plan["average"]["output"]] == [f"{checkpoints}/averaged.pt"]
-    assert plan["generate"]["beam"] == 2 and plan["generate"]["max_tokens"] == 8000  # flat: search and batching
+    assert plan["generate"]["beam"] == 2 and plan["generate"]["max_tokens"] == 0  # flat: search and batching
     assert plan["score"]["system"] == plan["generate"]["output"] == f"{checkpoints}/test.hyp"
     assert plan["score"]["ref"] == [str(tmp_path / "raw" / "test.de")]
     assert not (tmp_path / "data-bin").exists() and not (tmp_path / "checkpoints").exists()

@@ -144,7 +144,7 @@ def translate_ids_ctranslate2(translator: ctranslate2.Translator, vocabs: Vocabu
     if controls is not None:
         controls = check_controls(sources, controls, options.search, max_positions, first_line)
     workers = options.batching.workers or 1
-    work = plan_workload(sources, options.search, options.batching, progress, controls, workers)
+    work = plan_workload(sources, options.search, options.batching, progress, controls, workers, translator.device)
     limits = max_lengths(torch.as_tensor(work.lengths - 1), options.search.max_len_a, options.search.max_len_b,
                          max_positions).numpy()
     batches = []  # (source indices, their max length): one translate_batch call each

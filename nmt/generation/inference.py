@@ -98,17 +98,18 @@ class Workload:
 
 
 def plan_workload(sources: list[np.ndarray], search: SearchOptions, batching: BatchingOptions,
-                  progress: Progress | None, controls: Controls | None = None, workers: int = 1) -> Workload:
+                  progress: Progress | None, controls: Controls | None = None, workers: int = 1,
+                  device_type: str = "cpu") -> Workload:
     """Answer the empty sources at once (unless a prefix or constraints ask for output) and size the
-    batches of the others (``workers`` at a time)."""
+    batches of the others (``workers`` at a time, on ``device_type``)."""
     asks = [bool(c and (c.prefix or c.constraints)) for c in controls] if controls else [False] * len(sources)
     todo = np.asarray([i for i, s in enumerate(sources) if len(s) > 1 or asks[i]], dtype=np.int64)
     results = [[] if len(s) > 1 or asks[i] else empty_hypotheses(search.nbest) for i, s in enumerate(sources)]
     lengths = np.fromiter((len(sources[i]) for i in todo), dtype=np.int64, count=len(todo))
     # A sentence's beams take about beam * (source length + some output) rows of work; the
     # workers' batches share the budget, so that more workers do not hold more memory.
-    max_tokens = None if batching.max_tokens is None else max(batching.max_tokens // (search.beam * workers),
-                                                              int(lengths.max(initial=1)))
+    budget = batching.tokens_for(device_type)
+    max_tokens = None if budget is None else max(budget // (search.beam * workers), int(lengths.max(initial=1)))
     task = progress.add_task("translating", total=len(sources), completed=len(sources) - len(todo)) \
         if progress else None
     return Workload(results, todo, lengths, max_tokens, task)
@@ -138,7 +139,7 @@ def translate_ids(model: nn.Module, sources: list[np.ndarray], search: SearchOpt
     workers = choose_workers(search, batching, device.type, torch.get_num_threads(), len(sources))
     if search.sampling and generator is None:
         generator = sampling_generator(search, device)
-    work = plan_workload(sources, search, batching, progress, controls, workers)
+    work = plan_workload(sources, search, batching, progress, controls, workers, device.type)
     shortlist = shortlist if uses_shortlist(search, shortlist, device.type) else None
 
     def search_batch(indices: np.ndarray) -> list[list[Hypothesis]]:
