@@ -277,7 +277,8 @@ def main() -> None:
                         "fairseq's for CTranslate2)")
     parser.add_argument("--stop", choices=("exact", "finished"), default="exact",
                         help="nmt's stopping rule (generate --stop; finished is CTranslate2's)")
-    parser.add_argument("--max-tokens", type=int, default=8000)
+    parser.add_argument("--max-tokens", type=int, help="generate --max-tokens for every row (default: generate's, "
+                        "by device: 8,000 on a CPU, 32,000 on a GPU; older checkouts' own with --before)")
     parser.add_argument("--device", default="cpu", help="where both engines decode: cpu, cuda or cuda:N (on a GPU "
                         "the threads are the host's; the ct2-float16/-bfloat16/-int8_float16 settings are GPU types)")
     parser.add_argument("--threads", default="1,2", help="comma-separated torch thread counts")
@@ -327,6 +328,7 @@ def main() -> None:
         model_name = str(args.path) if args.path else f"random transformer_small, vocab {args.vocab_size}"
         length_rule = dict(max_len_a=1.0, max_len_b=50) if args.path else dict(max_len_a=1.0, max_len_b=2)
         table = Table(title=f"nmt generate, beam {args.beam}, lenpen {args.lenpen:g}, stop {args.stop}, "
+                            f"max tokens {args.max_tokens or 'by device'}, "
                             f"{args.workers or 'default'} worker(s), "
                             f"Multi30k test_2016_flickr ({len(lines):,} sentences), "
                             f"{model_name}, max length {length_rule['max_len_a']:g}*src+{length_rule['max_len_b']}, "
@@ -341,8 +343,9 @@ def main() -> None:
         for threads in (int(t) for t in args.threads.split(",")):
             torch.set_num_threads(threads)
             for name in settings:
-                search = dict(beam=args.beam, lenpen=args.lenpen, max_tokens=args.max_tokens, device=args.device,
-                              **length_rule)
+                search = dict(beam=args.beam, lenpen=args.lenpen, device=args.device, **length_rule)
+                if args.max_tokens is not None:
+                    search["max_tokens"] = args.max_tokens
                 if args.stop != "exact":  # older checkouts (--before) have no stop option
                     search["stop"] = args.stop
                 if args.workers is not None:  # nor workers

@@ -12,6 +12,7 @@ import pytest
 import yaml
 from conftest import assert_one_line_error, make_data_dir, numbers_pairs, run_cli, run_nmt
 
+from nmt.errors import NmtError
 from nmt.pipeline import plan_recipe
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
@@ -153,6 +154,16 @@ def test_dry_run_prints_every_stage_resolved_and_runs_nothing(recipe, tmp_path, 
 def test_shipped_recipes_are_valid(path):
     plan = plan_recipe(path, ("train", "average", "generate"))  # preprocess and score need the raw corpus
     assert plan.train.data == plan.preprocess.destdir == plan.generate.data  # the data dir is named once
+
+
+def test_a_recipe_without_validation_cannot_ask_for_patience(recipe):
+    """Found when the recipe is read, not after preprocessing."""
+    path = recipe("preprocess", "validpref", None)
+    document = yaml.safe_load(path.read_text(encoding="utf-8"))
+    document["train"]["patience"] = 3
+    path.write_text(yaml.safe_dump(document), encoding="utf-8")
+    with pytest.raises(NmtError, match="`train:` gives patience, which needs validation: give `preprocess: validpref`"):
+        plan_recipe(path)
 
 
 def test_a_recipe_without_validation_cannot_generate_from_the_best_checkpoint(recipe, monkeypatch, capsys):

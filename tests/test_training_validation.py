@@ -57,6 +57,12 @@ def test_checkpoint_best_holds_the_best_bleu(tiny_data_dir, tmp_path, messages):
     assert shown == [max(bleus[:n]) for n in (1, 2, 3)]  # the metric that decides, not the loss
 
 
+def test_bleu_with_batches_of_sentences_only(tiny_data_dir, tmp_path, messages):  # noqa: F811
+    """--max-sentences without --max-tokens: validation BLEU decodes batches of that many sentences."""
+    train(tiny_config(tiny_data_dir, tmp_path, max_epoch=1, eval_bleu=True, max_tokens=None, max_sentences=16))
+    assert [m for m in messages if m.startswith("valid on") and "| bleu " in m]
+
+
 def test_a_valid_pair_over_the_models_positions_fails_before_training(tmp_path):
     pairs = numbers_pairs(60, seed=3)
     long_pair = (" ".join(source for source, _ in pairs[:8]), " ".join(target for _, target in pairs[:8]))

@@ -66,7 +66,8 @@ def validation_bleu(model: nn.Module, split: ValidationSplit, vocabs: Vocabulari
     mine = split.pairs[context.rank::context.world_size].tolist()
     search = SearchOptions(beam=config.eval_bleu_beam, stop="exact")  # a figure of the model, not of a fast setting
     hypotheses = translate_ids(model, [dataset.source[i] for i in mine], search,
-                               BatchingOptions(max_tokens=config.max_tokens), device, config.compute.precision)
+                               BatchingOptions(max_tokens=config.max_tokens, batch_size=config.max_sentences), device,
+                               config.compute.precision)
     pairs = [(vocabs.target.decode(hyps[0].tokens), vocabs.target.decode(dataset.target[i]))
              for hyps, i in zip(hypotheses, mine)]
     if context.is_distributed:
