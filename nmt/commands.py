@@ -145,7 +145,7 @@ def run_app(app: typer.Typer) -> None:
     except NoArgsIsHelpError as exc:  # typer has printed the help already
         sys.exit(exc.exit_code)
     except ClickException as exc:  # a bad option or value, found by the parser: one line, not a box
-        last_line(f"error: {exc.format_message()}")
+        last_line(f"error: {exc.format_message().replace('Value error, ', '')}")  # typer's validator prefix
         sys.exit(exc.exit_code)
     except NmtError as exc:
         if state["verbose"]:

@@ -177,6 +177,12 @@ def test_generate_bounds_on_the_command_line(monkeypatch, capsys, args, message)
     assert_one_line_error(err, message)
 
 
+def test_a_choice_outside_its_list_names_the_choices(monkeypatch, capsys):
+    code, out, err = run_cli(monkeypatch, capsys, "generate", "-i", "-", "--shortlist", "bogus")
+    assert code == 2 and out == ""
+    assert_one_line_error(err, "Invalid value for '--shortlist': 'bogus' is not one of 'auto', 'none'.")
+
+
 def test_set_reaches_the_model_overrides(monkeypatch, capsys, tiny_data_dir, tmp_path):
     code, _, err = run_cli(monkeypatch, capsys, "train", tiny_data_dir, "--save-dir", tmp_path / "run",
                            "--arch", "transformer_tiny", "--set", "dropuot=0.2")
