@@ -102,8 +102,7 @@ def plan_recipe(path: str | Path, stages: tuple[str, ...] = STAGES, allow_outsid
                            "destdir")
         plan.train, plan.model = train, model
         if (needs := train.needs_validation()) and not validates(train, plan.preprocess):
-            raise NmtError(f"{where}: `train:` gives {needs.removeprefix('--').replace('-', '_')}, which needs "
-                           "validation: give `preprocess: validpref`")
+            raise NmtError(f"{where}: `train:` gives {needs}, which needs validation: give `preprocess: validpref`")
     save_dir = Path(train.save_dir)
     model_path = save_dir / BEST
     if (values := section(document, "average")) is not None:

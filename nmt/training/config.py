@@ -29,7 +29,7 @@ import yaml
 from nmt.device_options import DeviceOptions
 from nmt.errors import NmtError
 from nmt.files import atomic_write
-from nmt.options import build, check_values, flat_values, merge
+from nmt.options import build, check_values, flag, flat_values, merge
 from nmt.recipe import read_document, train_values
 from nmt.scoring import AUTO, LOWERCASE_HELP, TOKENIZE_HELP, BleuTokenizer
 
@@ -152,7 +152,7 @@ class TrainConfig:
         if self.best_checkpoint_metric == "bleu" and not self.eval_bleu:
             raise NmtError("--best-checkpoint-metric bleu needs --eval-bleu")
         if not self.valid_subsets and (needs := self.needs_validation()):
-            raise NmtError(f"{needs} needs validation, and --valid-subset is none")
+            raise NmtError(f"{flag(needs)} needs validation, and --valid-subset is none")
         if self.max_tokens is None and self.max_sentences is None:
             raise NmtError("give --max-tokens or --max-sentences")
         self.max_time_seconds  # noqa: B018  (parses, or raises a clear error)
@@ -164,10 +164,10 @@ class TrainConfig:
                            "--max-update or --max-time")
 
     def needs_validation(self) -> str | None:
-        """The first option given that only acts at validation (it would silently do nothing without)."""
-        given = [flag for flag, value in (("--eval-bleu", self.eval_bleu), ("--patience", self.patience),
-                                          ("--validate-interval-updates", self.validate_interval_updates)) if value]
-        return given[0] if given else None
+        """The name of the first option given that only acts at validation (it would silently do
+        nothing without)."""
+        return next((name for name in ("eval_bleu", "patience", "validate_interval_updates") if getattr(self, name)),
+                    None)
 
     @property
     def valid_subsets(self) -> list[str]:

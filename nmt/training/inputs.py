@@ -16,6 +16,7 @@ from nmt.device import autocast
 from nmt.errors import NmtError
 from nmt.log import logger
 from nmt.models.registry import get_arch, resolve_config
+from nmt.options import flag
 from nmt.scoring import MetricOptions, bleu_metric
 from nmt.training.config import TrainConfig
 from nmt.training.iterator import TrainingBatches, check_positions, make_batches
@@ -62,9 +63,9 @@ def check_inputs(config: TrainConfig, device: torch.device, world_size: int = 1)
                        f"{world_size} processes; lower --max-tokens or use fewer processes")
     valid = []
     for name in config.valid_subsets:
-        if name not in data.splits and config.valid_subsets == ["valid"] and (needs := config.needs_validation()):
-            raise NmtError(f"{config.data} has no 'valid' split, and {needs} needs validation")
-        elif name not in data.splits and config.valid_subsets == ["valid"]:
+        if name not in data.splits and config.valid_subsets == ["valid"]:
+            if needs := config.needs_validation():
+                raise NmtError(f"{config.data} has no 'valid' split, and {flag(needs)} needs validation")
             logger.warning("%s has no 'valid' split: training without validation (and without %s)",
                            config.data, BEST)
         elif name not in data.splits:
