@@ -158,18 +158,21 @@ def test_eos_waits_for_the_constraints_until_the_max_length():
     assert torch.isfinite(logprobs[0, EOS_ID])
 
 
-def test_restrict_works_in_the_columns_of_a_shortlist():
-    columns = torch.tensor([0, 1, 2, 3, 5, 6])  # token 4 is not in the shortlist
+def test_restrict_works_in_each_sentences_columns_of_a_shortlist():
+    columns = torch.tensor([[0, 1, 2, 3, 5, 6, 6], [0, 1, 2, 3, 4, 5, 6]])  # the first has no token 4
     controls = SentenceControls(prefix=[6], bans=[[5]], constraints=[[5, 6]])
     assert controls.required_tokens() == {5, 6}
-    batch = BatchControls([controls], CPU)
-    batch.begin(torch.tensor([10]), columns)
-    logprobs = torch.zeros(1, len(columns))
-    batch.restrict(logprobs, torch.tensor([[2]]), 0)
-    assert logprobs[0].tolist() == [NEG_INF] * 5 + [0.0]  # only column 5 (token 6), the prefix
-    logprobs = torch.zeros(1, len(columns))
-    batch.restrict(logprobs, torch.tensor([[2, 6]]), 1)
-    assert torch.isinf(logprobs[0, [3, 4]]).all() and torch.isfinite(logprobs[0, [0, 1, 2, 5]]).all()  # EOS, ban
+    batch = BatchControls([controls, controls], CPU)
+    batch.begin(torch.tensor([10, 10]), columns)
+    logprobs = torch.zeros(2, 7)
+    batch.restrict(logprobs, torch.tensor([[2], [2]]), 0)
+    assert logprobs.tolist() == [[NEG_INF] * 5 + [0.0, NEG_INF], [NEG_INF] * 6 + [0.0]]  # token 6, the prefix
+    logprobs = torch.zeros(2, 7)
+    batch.restrict(logprobs, torch.tensor([[2, 6], [2, 6]]), 1)
+    # EOS (column 3) waits for the constraints; the banned token 5 is column 4 of the first, 5 of the second
+    assert torch.isinf(logprobs[0, [3, 4]]).all() and torch.isfinite(logprobs[0, [0, 1, 2, 5, 6]]).all()
+    assert torch.isinf(logprobs[1, [3, 5]]).all() and torch.isfinite(logprobs[1, [0, 1, 2, 4, 6]]).all()
+    assert batch.column(torch.tensor([[4], [4]])).tolist() == [[-1], [4]]  # outside the first's shortlist
 
 
 # --- the whole search ----------------------------------------------------------------------------

@@ -1,7 +1,9 @@
 """nmt's C kernels for decoding's attention on CPU (nmt/models/cpu_kernels.py) against torch's."""
 
+import ctypes
 import logging
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -248,3 +250,54 @@ def test_the_model_decodes_with_them_on_cpu():
     with torch.inference_mode():
         assert type(model.new_cache()) is IndexedDecoderCache
     assert type(model.new_cache()) is DecoderCache  # training, or a test under no_grad: torch's operations
+
+
+def int8_projection_case(dim: int, group: int, seed: int = 0):
+    """Rows of 3 sentences (``group`` each), an int8 weight of 50 rows, each sentence's own columns
+    (ascending, the shorter lists repeating their last) and the expected logits: each row quantized
+    with a scale of its own, max |x| / 127, the products exact in integers."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(3 * group, dim, generator=g)
+    x[0] = 0.0  # a row of zeros: scale 0, logits 0
+    weight = torch.randint(-127, 128, (50, dim), generator=g, dtype=torch.int8)
+    columns = torch.tensor([[0, 3, 4, 9, 49, 49], [1, 2, 5, 7, 8, 20], [6, 6, 6, 6, 6, 6]])
+    counts = torch.tensor([5, 6, 1], dtype=torch.int32)
+    sums = weight.sum(dim=1, dtype=torch.int32)[columns]
+    scale = x.abs().amax(dim=1, keepdim=True) / 127
+    q = torch.round(x / scale.clamp(min=1e-30))
+    exact = torch.einsum("sgk,swk->sgw", q.view(3, group, dim).double(), weight[columns].double())
+    expected = (exact * (scale.view(3, group, 1).double() * 0.01)).float().view(3 * group, 6)
+    expected[torch.arange(6)[None, :].expand(3 * group, 6) >= counts.repeat_interleave(group)[:, None]] = -float("inf")
+    return x, weight, columns, sums, counts, expected
+
+
+@needs_kernels
+@pytest.mark.parametrize("dim", [32, 64, 100, 256])
+@pytest.mark.parametrize("group", [1, 4])
+def test_the_int8_projection_gives_each_row_its_sentences_columns(dim, group):
+    x, weight, columns, sums, counts, expected = int8_projection_case(dim, group)
+    out = cpu_kernels.project_columns_int8(x, weight, 0.01, columns, sums, counts)
+    assert torch.equal(out.isinf(), expected.isinf())
+    torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-6)
+    assert (out[0, :5] == 0).all()  # a row of zeros: its logits are 0
+    x[1, 3] = float("nan")
+    assert cpu_kernels.project_columns_int8(x, weight, 0.01, columns, sums, counts)[1, :5].isnan().all()
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64") or cpu_kernels.find_compiler() is None,
+                    reason="needs x86 and a C compiler")
+def test_the_int8_projections_plain_loops_give_what_its_vnni_path_gives(tmp_path):
+    """Built for a CPU without AVX512-VNNI (x86-64-v3: AVX2), the kernel takes its plain loops; their
+    integer sums are the same, and so are the logits, to the bit."""
+    library = tmp_path / "plain.so"
+    flags = [flag if flag != "-march=native" else "-march=x86-64-v3" for flag in cpu_kernels.FLAGS]
+    subprocess.run([*cpu_kernels.find_compiler(), *flags, str(cpu_kernels.SOURCE), "-o", str(library), "-lm"],
+                   check=True, timeout=120)
+    plain = cpu_kernels.bind(ctypes.CDLL(str(library)))
+    x, weight, columns, sums, counts, expected = int8_projection_case(100, 4, seed=1)
+    out, quantized = torch.empty(12, 6), torch.empty(12 * 128, dtype=torch.uint8)
+    plain.project_columns_int8(x.data_ptr(), 3, 4, 100, weight.data_ptr(), 0.01, columns.data_ptr(), sums.data_ptr(),
+                               counts.data_ptr(), 6, out.data_ptr(), quantized.data_ptr())
+    torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-6)
+    if cpu_kernels.library() is not None:
+        assert torch.equal(out, cpu_kernels.project_columns_int8(x, weight, 0.01, columns, sums, counts))

@@ -23,6 +23,8 @@ from nmt.generation.candidates import batch_candidates
 from nmt.generation.generate import log_shortlist
 from nmt.generation.inference import prepare_model, translate_ids, uses_shortlist
 from nmt.generation.options import BatchingOptions, GenerateOptions, SearchOptions
+from nmt.models import cpu_kernels
+from nmt.models.int8 import Int8Columns, Int8Linear
 from nmt.models.registry import build_model, get_arch, resolve_config
 from nmt.options import build
 from nmt.training.trainer import train
@@ -100,10 +102,19 @@ def test_batch_candidates_keep_each_sentence_to_its_own():
     shortlist = Shortlist(translations, np.asarray([4], dtype=np.uint16), 10)
     found = batch_candidates(shortlist, [np.asarray([5, EOS_ID]), np.asarray([6, EOS_ID])], torch.device("cpu"),
                              required=[(), [5]])
-    columns = found.columns.tolist()
-    assert columns == [PAD_ID, UNK_ID, BOS_ID, EOS_ID, 4, 5, 7, 8, 9]  # ascending, specials first
-    own = [{columns[c] for c in row.eq(0).nonzero().flatten().tolist()} for row in found.others]
-    assert own == [{0, 1, 2, 3, 4, 7, 8}, {0, 1, 2, 3, 4, 5, 9}]  # the second requires 5 (a prefix, say)
+    # ascending, specials first; the second requires 5 (a prefix, say)
+    assert found.columns.tolist() == [[PAD_ID, UNK_ID, BOS_ID, EOS_ID, 4, 7, 8], [PAD_ID, UNK_ID, BOS_ID, EOS_ID, 4, 5, 9]]
+    assert found.padding is None
+
+
+def test_a_sentence_with_fewer_candidates_repeats_its_last_and_bans_the_repeats():
+    translations = np.zeros((10, 2), dtype=np.uint16)
+    translations[5], translations[6] = (7, 8), (9, 0)
+    shortlist = Shortlist(translations, np.asarray([4], dtype=np.uint16), 10)
+    found = batch_candidates(shortlist, [np.asarray([6, EOS_ID]), np.asarray([5, 6, EOS_ID])], torch.device("cpu"))
+    assert found.columns.tolist() == [[0, 1, 2, 3, 4, 9, 9, 9], [0, 1, 2, 3, 4, 7, 8, 9]]
+    inf = float("inf")
+    assert found.padding.tolist() == [[0, 0, 0, 0, 0, 0, -inf, -inf], [0] * 8]
 
 
 def test_preprocess_learns_it_and_training_carries_it_into_checkpoints(tmp_path):
@@ -179,11 +190,38 @@ def hypotheses(model, sources, given: Shortlist | None, precision="fp32", **sear
 
 
 @pytest.mark.parametrize("quantize,precision", [("none", "fp32"), ("int8", "fp32"), ("none", "bf16")])
-def test_a_shortlist_of_the_whole_vocabulary_changes_nothing(checkpoint, sources, quantize, precision):
+def test_a_shortlist_of_the_whole_vocabulary_changes_nothing(checkpoint, sources, quantize, precision, monkeypatch):
+    """int8 through torch's products here; nmt's C projection quantizes each row on its own (below)."""
+    monkeypatch.setattr(Int8Linear, "columns", lambda self, columns: None)
     model, vocabs = prepare_model(checkpoint, torch.device("cpu"), quantize)
     everything = whole_vocabulary(len(vocabs.target))
     assert hypotheses(model, sources, everything, precision, no_repeat_ngram_size=2) == \
         hypotheses(model, sources, None, precision, no_repeat_ngram_size=2)
+
+
+@pytest.mark.skipif(cpu_kernels.library() is None, reason="nmt's CPU kernels could not be built here")
+def test_int8_on_cpu_projects_each_sentences_rows_onto_its_own_columns_in_c(checkpoint, vocabs, sources):
+    model, _ = prepare_model(checkpoint, torch.device("cpu"), "int8")
+    chosen = sources[:5]
+    batch = torch.nn.utils.rnn.pad_sequence([torch.from_numpy(s.astype(np.int64)) for s in chosen],
+                                            batch_first=True, padding_value=PAD_ID)
+    candidates = batch_candidates(vocabs.shortlist, chosen, torch.device("cpu"))
+    assert candidates.padding is not None  # the sentences hold different numbers of candidates
+    prefix = torch.tensor([[BOS_ID, 5, 6]] * 10)  # two rows per sentence
+    with torch.inference_mode():
+        encoded = model.encode(batch, candidates.columns)
+        assert isinstance(encoded.output, Int8Columns)
+        logits = model.decode(prefix, encoded)
+        whole = model.decode(prefix, model.encode(batch))
+        states = model.decode(prefix, encoded, features_only=True)
+        left = torch.tensor([3, 0])  # the others have left the batch
+        kept = model.reorder_encoder_out(encoded, left).output(states.view(5, 2, 3, -1)[left].view(4, 3, -1))
+    own = candidates.padding.repeat_interleave(2, dim=0)[:, None, :].expand_as(logits) == 0
+    assert torch.equal(logits.isfinite(), own)
+    expected = whole.gather(2, candidates.columns.repeat_interleave(2, dim=0)[:, None, :].expand_as(logits))
+    assert (logits - expected)[own].abs().max() < 0.02 * expected.abs().max()  # within int8's error
+    # Each row quantized on its own: its logits do not depend on the batch's other rows.
+    assert torch.equal(kept, logits.view(5, 2, 3, -1)[left].view(4, 3, -1))
 
 
 @pytest.mark.parametrize("quantize,precision", [("none", "fp32"), ("int8", "fp32"), ("none", "bf16")])

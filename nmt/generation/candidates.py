@@ -1,10 +1,12 @@
-"""A batch's output columns under a vocabulary shortlist (nmt/data/shortlist.py).
+"""Each sentence's output columns under a vocabulary shortlist (nmt/data/shortlist.py).
 
-The model projects onto the union of the batch's candidates only (``columns``: full-vocabulary
-ids, sorted, the special tokens first, so that a special token's column is its id); search then
-works in that column space (see nmt/generation/search.py). Each sentence keeps to its own
-candidates, whatever else its batch holds (``others`` bans the rest): its translation does not
-depend on its neighbours, as without a shortlist.
+A sentence scores only its own candidates: the search's log-probabilities have one row per
+hypothesis and one column per candidate of the hypothesis's sentence (``columns``: full-vocabulary
+ids, ascending, the special tokens first, so that a special token's column is its id). A batch's
+sentences hold different numbers of candidates; the shorter lists repeat their last id, and those
+columns are banned (``padding``). A sentence's translation does not depend on its neighbours, as
+without a shortlist, and each step works on a few hundred columns rather than the union of the
+batch's (thousands: docs/performance.md).
 """
 
 from __future__ import annotations
@@ -25,8 +27,8 @@ assert (SPECIALS == np.arange(len(SPECIALS))).all(), "search relies on a special
 
 @dataclass
 class Candidates:
-    columns: Tensor  # (columns,) the batch's candidates as full-vocabulary ids, ascending
-    others: Tensor | None  # (sentences, columns): -inf at other sentences' candidates, else 0; None: all 0
+    columns: Tensor  # (sentences, width) long: each sentence's candidates, ascending; a shorter list repeats its last
+    padding: Tensor | None  # (sentences, width): -inf at the repeats, else 0; None: no sentence has any
 
 
 def batch_candidates(shortlist: Shortlist, sources: list[np.ndarray], device: torch.device,
@@ -37,8 +39,13 @@ def batch_candidates(shortlist: Shortlist, sources: list[np.ndarray], device: to
     chosen[:, SPECIALS] = True
     for row, needed in enumerate(required or ()):
         chosen[row, list(needed)] = True
-    columns = chosen.any(axis=0).nonzero()[0]
-    own = chosen[:, columns]
-    others = None if own.all() else torch.from_numpy(  # row-major: each step reads its sentences' rows
-        np.ascontiguousarray(np.where(own, 0.0, -np.inf), dtype=np.float32)).to(device)
-    return Candidates(torch.from_numpy(columns).to(device), others)
+    counts = chosen.sum(axis=1)
+    width = int(counts.max())
+    rows, ids = chosen.nonzero()  # row by row, ascending ids within a row
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    slots = np.arange(len(ids)) - starts[rows]
+    columns = np.repeat(ids[starts + counts - 1][:, None], width, axis=1)  # each row's last id everywhere
+    columns[rows, slots] = ids
+    padding = None if (counts == width).all() else torch.from_numpy(
+        np.where(np.arange(width) < counts[:, None], 0.0, -np.inf).astype(np.float32)).to(device)
+    return Candidates(torch.from_numpy(columns.astype(np.int64)).to(device), padding)

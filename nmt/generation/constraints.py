@@ -20,7 +20,7 @@ their state while beam search runs (nmt/generation/search.py calls them through 
   end only when no hypothesis of its sentence that has met them ever could.
 
 Tokens are full-vocabulary ids; with a vocabulary shortlist, the search's log-probabilities have
-one column per entry of ``columns`` (issue 27), and the controls look tokens up there.
+one column per candidate of the row's sentence (``columns``), and the controls look tokens up there.
 """
 
 from __future__ import annotations
@@ -154,25 +154,26 @@ class BatchControls:
         return cls(controls, device) if any(controls) else None
 
     def begin(self, limit: Tensor, columns: Tensor | None = None) -> None:
-        """The sentences' max output lengths, and the full-vocabulary id of each log-probability column
-        (None: column c is token c)."""
+        """The sentences' max output lengths, and the full-vocabulary id of each of a sentence's
+        log-probability columns (sentences, width), ascending (None: column c is token c)."""
         self.limit, self.columns = limit, columns
-        self.prefix_columns, self.piece_columns, self.ban_columns, eos = (
-            self.column(t) for t in (self.prefix, self.pieces, self.ban_last, torch.tensor(EOS_ID, device=self.device)))
-        self.eos = int(eos)
+        self.prefix_columns, self.piece_columns, self.ban_columns = (
+            self.column(t) for t in (self.prefix, self.pieces, self.ban_last))
+        self.eos = EOS_ID  # a special token's column is its id
 
     def column(self, tokens: Tensor) -> Tensor:
-        """The column of each token (-1 for -1, and for a token outside the shortlist)."""
-        if self.columns is None:
+        """The column of each token of each sentence (tokens: sentences, ...): -1 for -1, and for a
+        token outside its sentence's shortlist."""
+        if self.columns is None or tokens.numel() == 0:
             return tokens
-        lookup = torch.full((int(self.columns.max()) + 1,), -1, dtype=torch.long, device=self.device)
-        lookup[self.columns] = torch.arange(len(self.columns), device=self.device)
-        inside = (tokens >= 0) & (tokens < len(lookup))
-        return torch.where(inside, lookup[tokens.clamp(0, len(lookup) - 1)], -1)
+        flat = tokens.reshape(len(tokens), -1)
+        where = torch.searchsorted(self.columns, flat.clamp(min=0)).clamp(max=self.columns.size(1) - 1)
+        found = (self.columns.gather(1, where) == flat) & (flat >= 0)
+        return torch.where(found, where, -1).view_as(tokens)
 
-    def token(self, columns: Tensor) -> Tensor:
-        """The full-vocabulary id of each column."""
-        return columns if self.columns is None else self.columns[columns]
+    def token(self, columns: Tensor, sentences: Tensor) -> Tensor:
+        """The full-vocabulary id of each column of the given (alive) sentences' rows."""
+        return columns if self.columns is None else self.columns[sentences, columns]
 
     def sentence_of_rows(self, rows: int) -> Tensor:
         sentences = len(self.limit)
@@ -227,7 +228,7 @@ class BatchControls:
         rows = (beams + (torch.arange(sentences, device=self.device) * width)[:, None]).view(-1)
         owner = rows // width
         matched, met = advance(self.pieces[owner], self.table[owner], self.lengths[owner], self.matched[rows],
-                               self.met[rows], self.token(columns.view(-1)))
+                               self.met[rows], self.token(columns.view(-1), owner))
         bank = progress(matched, met, self.lengths[owner]).view(sentences, -1)
         done = met.all(dim=1).view(sentences, -1)
         alive = torch.isfinite(values)
@@ -259,6 +260,8 @@ class BatchControls:
         for name in ("prefix", "prefix_columns", "prefix_lengths", "pieces", "piece_columns", "lengths", "table",
                      "constrained", "ended_with_all", "ban_context", "ban_last", "ban_columns", "limit"):
             setattr(self, name, getattr(self, name)[still])
+        if self.columns is not None:
+            self.columns = self.columns[still]
 
     def reorder(self, rows: Tensor, tokens: Tensor) -> None:
         """Row i becomes old row ``rows[i]`` with ``tokens[i]`` (a full-vocabulary id) appended."""

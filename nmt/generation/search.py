@@ -68,8 +68,8 @@ def constrain(logprobs: Tensor, tokens: Tensor, step: int, max_len: Tensor, min_
     """Ban tokens in place: specials never; EOS before min_len; only EOS at max_len; n-gram repeats.
 
     ``tokens`` (rows, step + 1) is each hypothesis so far, BOS first; ``max_len`` is per row.
-    With ``columns`` (a shortlist), ``logprobs`` has a column per entry of it (a special token's
-    column is its id).
+    With ``columns`` (a shortlist: rows, width, each row's vocabulary ids, ascending), ``logprobs``
+    has a column per entry of its row's (a special token's column is its id).
     """
     logprobs[:, PAD_ID] = NEG_INF
     logprobs[:, BOS_ID] = NEG_INF
@@ -89,7 +89,9 @@ def constrain(logprobs: Tensor, tokens: Tensor, step: int, max_len: Tensor, min_
             torch.ones(windows.shape[:2], dtype=torch.bool, device=tokens.device)
         rows, where = matches.nonzero(as_tuple=True)
         banned = windows[rows, where, -1]
-        logprobs[rows, banned if columns is None else torch.searchsorted(columns, banned)] = NEG_INF
+        if columns is not None:
+            banned = torch.searchsorted(columns[rows], banned[:, None]).squeeze(1)
+        logprobs[rows, banned] = NEG_INF
     return logprobs
 
 
@@ -170,9 +172,9 @@ def beam_search(model: SearchableModel, source: Tensor, options: SearchOptions,
 
     ``controls`` (nmt/generation/constraints.py) force prefixes, ban phrases and place constraints.
     ``should_stop`` is asked before each step; when it answers True the search raises SearchStopped.
-    With ``candidates`` (a vocabulary shortlist), the model scores only their columns and each
-    sentence chooses among its own: the steps work in column space (column c is token
-    ``columns[c]``) and tokens are mapped back to vocabulary ids as they join a hypothesis."""
+    With ``candidates`` (a vocabulary shortlist), the model scores only each sentence's own: the
+    steps work in column space (column c of a sentence's rows is token ``columns[sentence, c]``)
+    and tokens are mapped back to vocabulary ids as they join a hypothesis."""
     beam = options.beam
     device = source.device
     sentences = source.size(0)
@@ -201,10 +203,11 @@ def beam_search(model: SearchableModel, source: Tensor, options: SearchOptions,
         if should_stop is not None and should_stop():
             raise SearchStopped(f"stopped at step {step}")
         logits = model.decode(tokens[:, -1:], encoder_out, cache)[:, -1].float()
-        banned = candidates.others if candidates is not None else None  # each sentence keeps to its own
-        logprobs = constrain(log_softmax_(logits, banned, alive_ids),  # in place: one (rows, vocab) tensor less
-                             tokens, step, limit[alive_ids].repeat_interleave(width), options.min_len,
-                             options.no_repeat_ngram_size, columns)
+        padding = candidates.padding if candidates is not None else None
+        owner = alive_ids.repeat_interleave(width)  # each row's sentence
+        logprobs = constrain(log_softmax_(logits, padding, alive_ids),  # in place: one (rows, vocab) tensor less
+                             tokens, step, limit[owner], options.min_len, options.no_repeat_ngram_size,
+                             None if columns is None or options.no_repeat_ngram_size <= 0 else columns[owner])
         if controls is not None:
             controls.restrict(logprobs, tokens, step)
         if options.sampling:
@@ -242,7 +245,9 @@ def beam_search(model: SearchableModel, source: Tensor, options: SearchOptions,
         order = keep_rows.reshape(-1)
         step_scores = logprobs[order, keep_tokens.reshape(-1)]
         new_tokens = keep_tokens.reshape(-1, 1)
-        tokens = torch.cat([tokens[order], new_tokens if columns is None else columns[new_tokens]], dim=1)
+        if columns is not None:
+            new_tokens = columns[alive_ids[:, None], keep_tokens].reshape(-1, 1)
+        tokens = torch.cat([tokens[order], new_tokens], dim=1)
         token_scores = torch.cat([token_scores[order], step_scores.unsqueeze(1)], dim=1)
         cache.reorder(order)
         if controls is not None:

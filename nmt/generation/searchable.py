@@ -26,9 +26,10 @@ class SearchableModel(Protocol):
     def encode(self, source: Tensor, columns: Tensor | None = None) -> Any:
         """The encoder output for a padded batch of sources (batch, length), one row per sentence.
 
-        With ``columns`` (vocabulary ids, ascending: a shortlist's candidates), ``decode`` given this
-        output returns logits for those entries only, in that order. Search passes it only when it
-        has a shortlist: a model without one need not take it."""
+        With ``columns`` (sentences, width: each sentence's vocabulary ids, ascending: a shortlist's
+        candidates), ``decode`` given this output returns logits for its sentence's entries only, in
+        that order, for each row. Search passes it only when it has a shortlist: a model without one
+        need not take it."""
 
     def reorder_encoder_out(self, encoder_out: Any, indices: Tensor) -> Any:
         """The encoder output of some sentences: row i becomes old row ``indices[i]``. Search calls it

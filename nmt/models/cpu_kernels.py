@@ -183,8 +183,10 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.append_position_bf16.argtypes = lib.append_position.argtypes
     lib.log_softmax_rows.argtypes = [pointer, size, size, pointer, pointer, size]
     lib.select_top.argtypes = [pointer, pointer, size, size, size, size, pointer, pointer, pointer]
+    lib.project_columns_int8.argtypes = [pointer, size, size, size, pointer, ctypes.c_float, pointer, pointer,
+                                         pointer, size, pointer, pointer]
     for kernel in (lib.self_attention, lib.self_attention_bf16, lib.grouped_attention, lib.append_position,
-                   lib.append_position_bf16, lib.log_softmax_rows, lib.select_top):
+                   lib.append_position_bf16, lib.log_softmax_rows, lib.select_top, lib.project_columns_int8):
         kernel.restype = None
     return lib
 
@@ -264,3 +266,23 @@ def select_top(scores: Tensor, logprobs: Tensor, count: int) -> tuple[Tensor, Te
     library().select_top(logprobs.data_ptr(), scores.data_ptr(), sentences, width, logprobs.size(1), count,
                          best.data_ptr(), rows.data_ptr(), columns.data_ptr())
     return best, rows, columns
+
+
+def project_columns_int8(x: Tensor, weight: Tensor, weight_scale: float, columns: Tensor, column_sums: Tensor,
+                         counts: Tensor) -> Tensor:
+    """Logits (..., width) of x (..., dim) for each sentence's own vocabulary entries: ``columns``
+    (sentences, width) are rows of ``weight`` (vocabulary, dim) int8 with scale ``weight_scale``,
+    ``column_sums`` their sums (int32), ``counts`` (sentences,) how many of each sentence's are its
+    own (-inf after); x's rows come as many per sentence, consecutive. Each row of x is quantized
+    to int8 with a scale of its own."""
+    sentences, width = columns.shape
+    rows = x.reshape(-1, x.size(-1)).float().contiguous()
+    if len(rows) % sentences:
+        raise ValueError(f"{len(rows)} rows for {sentences} sentences: each needs the same number of rows")
+    dim = rows.size(1)
+    out = torch.empty(len(rows), width, dtype=torch.float32)
+    quantized = torch.empty(len(rows) * ((dim + 63) // 64 * 64), dtype=torch.uint8)
+    library().project_columns_int8(rows.data_ptr(), sentences, len(rows) // sentences, dim, weight.data_ptr(),
+                                   weight_scale, columns.data_ptr(), column_sums.data_ptr(), counts.data_ptr(),
+                                   width, out.data_ptr(), quantized.data_ptr())
+    return out.view(*x.shape[:-1], width)

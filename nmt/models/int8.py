@@ -15,6 +15,8 @@ import warnings
 import torch
 from torch import Tensor, nn
 
+from nmt.models.cpu_kernels import project_columns_int8
+
 LINEAR = torch.ops.quantized.linear_dynamic.default
 PREPACK = torch.ops.quantized.linear_prepack.default
 
@@ -32,6 +34,24 @@ class Int8Linear(nn.Module):
         """The layer of some output rows only (a batch's shortlist candidates), without a bias."""
         return Int8Linear(PREPACK(self.weight.index_select(0, indices), None), self.in_features, len(indices))
 
+    def columns(self, columns: Tensor) -> Int8Columns | None:
+        """The layer onto each sentence's own ``columns`` (sentences, width: vocabulary ids, ascending,
+        a shorter list repeating its last) in nmt's C kernel; None for a weight with a scale per row
+        or a zero point, which the kernel does not take."""
+        weight = self.weight
+        if weight.qscheme() not in (torch.per_tensor_affine, torch.per_tensor_symmetric) or weight.q_zero_point():
+            return None
+        counts = 1 + (columns[:, 1:] != columns[:, :-1]).sum(dim=1, dtype=torch.int32)
+        return Int8Columns(self.integers, weight.q_scale(), columns, self.row_sums[columns], counts)
+
+    @functools.cached_property
+    def integers(self) -> Tensor:
+        return self.weight.int_repr().contiguous()
+
+    @functools.cached_property
+    def row_sums(self) -> Tensor:
+        return self.integers.sum(dim=1, dtype=torch.int32)
+
     @functools.cached_property
     def weight(self) -> Tensor:
         """The int8 weight (out_features, in_features), unpacked from fbgemm's layout once (it takes
@@ -40,6 +60,25 @@ class Int8Linear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8"
+
+
+class Int8Columns:
+    """An int8 output projection onto each sentence's own shortlist candidates, in nmt's C kernel
+    (nmt.models.transformer.ColumnProjection's interface): a sentence's rows multiply its own few
+    hundred weight rows, where the projection onto the union of a batch's candidates multiplies
+    thousands (docs/performance.md). Each row's activations get an int8 scale of their own."""
+
+    def __init__(self, weight: Tensor, scale: float, columns: Tensor, column_sums: Tensor, counts: Tensor):
+        self.weight, self.scale = weight, scale
+        self.columns, self.column_sums, self.counts = columns, column_sums, counts
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return project_columns_int8(x, self.weight, self.scale, self.columns, self.column_sums, self.counts)
+
+    def select(self, sentences: Tensor) -> Int8Columns:
+        """The projection for some sentences only (beam search: when sentences leave the batch)."""
+        return Int8Columns(self.weight, self.scale, self.columns[sentences], self.column_sums[sentences],
+                           self.counts[sentences])
 
 
 def quantize(model: nn.Module) -> nn.Module:

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from nmt.errors import NmtError
 from nmt.models.attention import MultiHeadAttention, causal_mask
 from nmt.models.cpu_kernels import usable
-from nmt.models.int8 import Int8Linear
+from nmt.models.int8 import Int8Columns, Int8Linear
 from nmt.models.kv_cache import DecoderCache, IndexedDecoderCache, IndexedKeyValueCache, KeyValueCache
 from nmt.models.registry import register_arch, register_model
 
@@ -63,7 +63,29 @@ class EncoderOut(NamedTuple):
     states: Tensor  # (B, S, D)
     padding_mask: Tensor  # (B, S), True at padding
     memory: tuple[tuple[Tensor, Tensor], ...]  # per decoder layer: keys, values (B, heads, S, D/heads)
-    output: Callable[[Tensor], Tensor] | None = None  # the output projection onto the batch's columns; None: all
+    output: ColumnProjection | Int8Columns | None = None  # the projection onto each sentence's columns; None: all
+
+
+class ColumnProjection:
+    """The output projection onto each sentence's own vocabulary entries (its shortlist candidates):
+    logits (rows, ..., width) for ``columns`` (sentences, width), each sentence's rows consecutive.
+
+    The product runs over the union of the batch's columns (``project``), and each row then takes
+    its sentence's columns from it (``where``: their positions in the union)."""
+
+    def __init__(self, project: Callable[[Tensor], Tensor], where: Tensor):
+        self.project, self.where = project, where
+
+    def __call__(self, x: Tensor) -> Tensor:
+        logits = self.project(x)
+        sentences, width = self.where.shape
+        grouped = logits.reshape(sentences, -1, logits.size(-1))
+        index = self.where[:, None, :].expand(sentences, grouped.size(1), width)
+        return grouped.gather(2, index).view(*logits.shape[:-1], width)
+
+    def select(self, sentences: Tensor) -> ColumnProjection:
+        """The projection for some sentences only (beam search: when sentences leave the batch)."""
+        return ColumnProjection(self.project, self.where[sentences])
 
 
 def sinusoidal_positions(length: int, dim: int) -> Tensor:
@@ -236,17 +258,23 @@ class Transformer(nn.Module):
         self.output_layer = nn.Linear(weight.size(1), weight.size(0), bias=False, device=weight.device)
         self.output_layer.weight = nn.Parameter(weight.clone(), requires_grad=False)
 
-    def column_projection(self, columns: Tensor) -> Callable[[Tensor], Tensor]:
-        """The output projection onto some vocabulary entries only (a batch's shortlist candidates),
-        made once per batch: the rows of the weight (int8 as quantized, bf16 as autocast would cast
-        them), so that every step multiplies by a smaller matrix and casts nothing."""
+    def column_projection(self, columns: Tensor) -> ColumnProjection | Int8Columns:
+        """The output projection onto each sentence's ``columns`` (sentences, width) only, made once
+        per batch. int8 on CPU: nmt's C kernel multiplies each sentence's rows by its own weight rows.
+        Else the rows of the weight for the union of the columns (int8 as quantized, bf16 as autocast
+        would cast them), so that every step multiplies by a smaller matrix and casts nothing."""
         layer = self.output_layer
-        if isinstance(layer, Int8Linear):  # int8 (see separate_output_layer)
-            return layer.rows(columns)
-        weight = (layer.weight if layer is not None else self.output_weight()).index_select(0, columns)
+        if isinstance(layer, Int8Linear) and usable(columns):  # int8 (see separate_output_layer), in C
+            own = layer.columns(columns)
+            if own is not None:
+                return own
+        union, where = torch.unique(columns, return_inverse=True)
+        if isinstance(layer, Int8Linear):
+            return ColumnProjection(layer.rows(union), where)
+        weight = (layer.weight if layer is not None else self.output_weight()).index_select(0, union)
         if torch.is_autocast_enabled(weight.device.type):
             weight = weight.to(torch.get_autocast_dtype(weight.device.type))
-        return functools.partial(F.linear, weight=weight)
+        return ColumnProjection(functools.partial(F.linear, weight=weight), where)
 
     def _embed(self, embedding: nn.Embedding, tokens: Tensor, offset: int = 0) -> Tensor:
         end = offset + tokens.size(1)
@@ -255,7 +283,8 @@ class Transformer(nn.Module):
         return self.embed_dropout(embedding(tokens) * self.embed_scale + self.positions[offset:end])
 
     def encode(self, src_tokens: Tensor, columns: Tensor | None = None) -> EncoderOut:
-        """With ``columns`` (vocabulary ids), ``decode`` gives logits for those entries only.
+        """With ``columns`` (sentences, width: vocabulary ids), ``decode`` gives logits for each
+        sentence's entries only.
 
         Decoding on CPU encodes a batch's sentences a few at a time (``ENCODE_CHUNK`` tokens): the
         layers' temporaries are then a chunk's, not the batch's, which lowered decoding's peak
@@ -335,7 +364,8 @@ class Transformer(nn.Module):
         """Rows for other sentences (beam search: when sentences leave the batch)."""
         states, padding_mask, memory, output = encoder_out
         return EncoderOut(states.index_select(0, indices), padding_mask.index_select(0, indices),
-                          tuple((k.index_select(0, indices), v.index_select(0, indices)) for k, v in memory), output)
+                          tuple((k.index_select(0, indices), v.index_select(0, indices)) for k, v in memory),
+                          None if output is None else output.select(indices))
 
 
 @register_arch("transformer", "transformer_base")
