@@ -103,7 +103,8 @@ def test_batch_candidates_keep_each_sentence_to_its_own():
     found = batch_candidates(shortlist, [np.asarray([5, EOS_ID]), np.asarray([6, EOS_ID])], torch.device("cpu"),
                              required=[(), [5]])
     # ascending, specials first; the second requires 5 (a prefix, say)
-    assert found.columns.tolist() == [[PAD_ID, UNK_ID, BOS_ID, EOS_ID, 4, 7, 8], [PAD_ID, UNK_ID, BOS_ID, EOS_ID, 4, 5, 9]]
+    specials = [PAD_ID, UNK_ID, BOS_ID, EOS_ID]
+    assert found.columns.tolist() == [specials + [4, 7, 8], specials + [4, 5, 9]]
     assert found.padding is None
 
 
