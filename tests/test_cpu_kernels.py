@@ -253,21 +253,24 @@ def test_the_model_decodes_with_them_on_cpu():
 
 
 def int8_projection_case(dim: int, group: int, seed: int = 0):
-    """Rows of 3 sentences (``group`` each), an int8 weight of 50 rows, each sentence's own columns
-    (ascending, the shorter lists repeating their last) and the expected logits: each row quantized
-    with a scale of its own, max |x| / 127, the products exact in integers."""
+    """Rows of 3 sentences (``group`` each), an int8 weight of 100 rows, each sentence's own columns
+    (40, 16 and 17: more than one block of 16, and a block of one; ascending, the shorter lists
+    repeating their last) and the expected logits: each row quantized with a scale of its own, max
+    |x| / 127, the products exact in integers."""
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(3 * group, dim, generator=g)
     x[0] = 0.0  # a row of zeros: scale 0, logits 0
-    weight = torch.randint(-127, 128, (50, dim), generator=g, dtype=torch.int8)
-    columns = torch.tensor([[0, 3, 4, 9, 49, 49], [1, 2, 5, 7, 8, 20], [6, 6, 6, 6, 6, 6]])
-    counts = torch.tensor([5, 6, 1], dtype=torch.int32)
+    weight = torch.randint(-127, 128, (100, dim), generator=g, dtype=torch.int8)
+    counts = torch.tensor([40, 16, 17], dtype=torch.int32)
+    columns = torch.stack([torch.cat([ids, ids[-1:].expand(40 - len(ids))]) for ids in
+                           (torch.randperm(100, generator=g)[:n].sort().values for n in counts.tolist())])
     sums = weight.sum(dim=1, dtype=torch.int32)[columns]
     scale = x.abs().amax(dim=1, keepdim=True) / 127
     q = torch.round(x / scale.clamp(min=1e-30))
     exact = torch.einsum("sgk,swk->sgw", q.view(3, group, dim).double(), weight[columns].double())
-    expected = (exact * (scale.view(3, group, 1).double() * 0.01)).float().view(3 * group, 6)
-    expected[torch.arange(6)[None, :].expand(3 * group, 6) >= counts.repeat_interleave(group)[:, None]] = -float("inf")
+    expected = (exact * (scale.view(3, group, 1).double() * 0.01)).float().view(3 * group, 40)
+    past = torch.arange(40)[None, :].expand(3 * group, 40) >= counts.repeat_interleave(group)[:, None]
+    expected[past] = -float("inf")
     return x, weight, columns, sums, counts, expected
 
 
@@ -279,25 +282,29 @@ def test_the_int8_projection_gives_each_row_its_sentences_columns(dim, group):
     out = cpu_kernels.project_columns_int8(x, weight, 0.01, columns, sums, counts)
     assert torch.equal(out.isinf(), expected.isinf())
     torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-6)
-    assert (out[0, :5] == 0).all()  # a row of zeros: its logits are 0
-    x[1, 3] = float("nan")
-    assert cpu_kernels.project_columns_int8(x, weight, 0.01, columns, sums, counts)[1, :5].isnan().all()
+    assert (out[0, :40] == 0).all()  # a row of zeros: its logits are 0
+    x[1, 3], x[2, 0] = float("nan"), float("inf")
+    out = cpu_kernels.project_columns_int8(x, weight, 0.01, columns, sums, counts)
+    own = expected[1:3].isfinite()
+    assert out[1:3][own].isnan().all() and out[1:3][~own].isneginf().all()  # a row with a NaN or an inf: no logits
+    with pytest.raises(ValueError, match="rows of"):
+        cpu_kernels.project_columns_int8(x[:, 1:], weight, 0.01, columns, sums, counts)
 
 
 @pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64") or cpu_kernels.find_compiler() is None,
                     reason="needs x86 and a C compiler")
 def test_the_int8_projections_plain_loops_give_what_its_vnni_path_gives(tmp_path):
-    """Built for a CPU without AVX512-VNNI (x86-64-v3: AVX2), the kernel takes its plain loops; their
-    integer sums are the same, and so are the logits, to the bit."""
+    """Built without AVX512-VNNI, the kernel takes its plain loops; their integer sums are the same,
+    and so are the logits, to the bit."""
     library = tmp_path / "plain.so"
-    flags = [flag if flag != "-march=native" else "-march=x86-64-v3" for flag in cpu_kernels.FLAGS]
-    subprocess.run([*cpu_kernels.find_compiler(), *flags, str(cpu_kernels.SOURCE), "-o", str(library), "-lm"],
-                   check=True, timeout=120)
+    subprocess.run([*cpu_kernels.find_compiler(), *cpu_kernels.FLAGS, "-mno-avx512vnni", str(cpu_kernels.SOURCE),
+                    "-o", str(library), "-lm"], check=True, timeout=120)
     plain = cpu_kernels.bind(ctypes.CDLL(str(library)))
+    assert plain.project_columns_int8_vnni() == 0
     x, weight, columns, sums, counts, expected = int8_projection_case(100, 4, seed=1)
-    out, quantized = torch.empty(12, 6), torch.empty(12 * 128, dtype=torch.uint8)
+    out, quantized = torch.empty(12, 40), torch.empty(128, dtype=torch.uint8)
     plain.project_columns_int8(x.data_ptr(), 3, 4, 100, weight.data_ptr(), 0.01, columns.data_ptr(), sums.data_ptr(),
-                               counts.data_ptr(), 6, out.data_ptr(), quantized.data_ptr())
+                               counts.data_ptr(), 40, out.data_ptr(), quantized.data_ptr())
     torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-6)
     if cpu_kernels.library() is not None:
         assert torch.equal(out, cpu_kernels.project_columns_int8(x, weight, 0.01, columns, sums, counts))

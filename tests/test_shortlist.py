@@ -20,6 +20,7 @@ from nmt.data.vocabulary import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Vocabularies
 from nmt.errors import NmtError
 from nmt.export.ctranslate2 import ExportOptions, export_ctranslate2
 from nmt.generation.candidates import batch_candidates
+from nmt.generation.constraints import SentenceControls
 from nmt.generation.generate import log_shortlist
 from nmt.generation.inference import prepare_model, translate_ids, uses_shortlist
 from nmt.generation.options import BatchingOptions, GenerateOptions, SearchOptions
@@ -200,7 +201,8 @@ def test_a_shortlist_of_the_whole_vocabulary_changes_nothing(checkpoint, sources
         hypotheses(model, sources, None, precision, no_repeat_ngram_size=2)
 
 
-@pytest.mark.skipif(cpu_kernels.library() is None, reason="nmt's CPU kernels could not be built here")
+@pytest.mark.skipif(cpu_kernels.library() is None or not cpu_kernels.library().project_columns_int8_vnni(),
+                    reason="needs nmt's CPU kernels built with AVX512-VNNI (else the union's product)")
 def test_int8_on_cpu_projects_each_sentences_rows_onto_its_own_columns_in_c(checkpoint, vocabs, sources):
     model, _ = prepare_model(checkpoint, torch.device("cpu"), "int8")
     chosen = sources[:5]
@@ -261,6 +263,30 @@ def test_with_a_shortlist_translations_do_not_depend_on_the_batch(checkpoint, so
     alone = run(identity, batch_size=1, max_tokens=None)
     assert run(identity, batch_size=20, max_tokens=None) == alone
     assert run(np.random.default_rng(0).permutation(len(sources)), batch_size=6, max_tokens=None, workers=2) == alone
+
+
+def test_with_a_shortlist_controls_keep_to_each_sentences_columns_whatever_the_batch(checkpoint, sources):
+    """Prefixes, constraints and bans looked up in each sentence's own columns, as sentences leave
+    the batch at different steps: the same translations batched as one at a time."""
+    model, vocabs = prepare_model(checkpoint, torch.device("cpu"))
+    search = SearchOptions(beam=3, max_len_b=8)
+    controls = [[SentenceControls(prefix=[9]), SentenceControls(constraints=[[7, 8]]),
+                 SentenceControls(bans=[[6]]), None][i % 4] for i in range(len(sources))]
+
+    def run(batch_size):
+        found = translate_ids(model, sources, search, BatchingOptions(batch_size=batch_size, max_tokens=None),
+                              controls=controls, shortlist=vocabs.shortlist)
+        return [hyps[0].tokens for hyps in found]
+
+    batched = run(20)
+    assert batched == run(1)
+    for tokens, control in zip(batched, controls):
+        if control and control.prefix:
+            assert tokens[0] == 9
+        if control and control.constraints:
+            assert any(tokens[i:i + 2] == [7, 8] for i in range(len(tokens)))
+        if control and control.bans:
+            assert 6 not in tokens
 
 
 def test_shortlist_none_and_sampling_score_the_whole_vocabulary(checkpoint, sources):

@@ -5,8 +5,9 @@ hypothesis and one column per candidate of the hypothesis's sentence (``columns`
 ids, ascending, the special tokens first, so that a special token's column is its id). A batch's
 sentences hold different numbers of candidates; the shorter lists repeat their last id, and those
 columns are banned (``padding``). A sentence's translation does not depend on its neighbours, as
-without a shortlist, and each step works on a few hundred columns rather than the union of the
-batch's (thousands: docs/performance.md).
+without a shortlist, and each step's log-softmax and top-k cover the batch's longest list (a few
+hundred) rather than the union of its sentences' (thousands: docs/performance.md). The projection
+onto the columns is the model's (nmt.models.transformer.Transformer.column_projection).
 """
 
 from __future__ import annotations

@@ -159,7 +159,6 @@ class BatchControls:
         self.limit, self.columns = limit, columns
         self.prefix_columns, self.piece_columns, self.ban_columns = (
             self.column(t) for t in (self.prefix, self.pieces, self.ban_last))
-        self.eos = EOS_ID  # a special token's column is its id
 
     def column(self, tokens: Tensor) -> Tensor:
         """The column of each token of each sentence (tokens: sentences, ...): -1 for -1, and for a
@@ -193,7 +192,7 @@ class BatchControls:
             logprobs[rows, self.ban_columns[sentence[rows], which]] = NEG_INF
         if self.has_constraints:
             waiting = ~self.met.all(dim=1) & (self.limit[sentence] > step)
-            logprobs[:, self.eos].masked_fill_(waiting, NEG_INF)
+            logprobs[:, EOS_ID].masked_fill_(waiting, NEG_INF)  # a special token's column is its id
         if step < self.longest_prefix:
             rows = ((self.prefix_lengths[sentence] > step) & (self.limit[sentence] > step)).nonzero(as_tuple=True)[0]
             logprobs[rows] = NEG_INF
@@ -232,7 +231,7 @@ class BatchControls:
         bank = progress(matched, met, self.lengths[owner]).view(sentences, -1)
         done = met.all(dim=1).view(sentences, -1)
         alive = torch.isfinite(values)
-        ends = columns.eq(self.eos) & alive
+        ends = columns.eq(EOS_ID) & alive
         # An end without all constraints (only possible at the max length) only where its sentence has no other.
         has_ending = (ends & done).any(dim=1) | self.ended_with_all
         values = values.masked_fill(ends & ~done & has_ending[:, None], NEG_INF)

@@ -64,12 +64,13 @@ def model_positions(model: SearchableModel) -> int | None:
 
 
 def constrain(logprobs: Tensor, tokens: Tensor, step: int, max_len: Tensor, min_len: int,
-              no_repeat_ngram_size: int, columns: Tensor | None = None) -> Tensor:
+              no_repeat_ngram_size: int, columns: Tensor | None = None, owner: Tensor | None = None) -> Tensor:
     """Ban tokens in place: specials never; EOS before min_len; only EOS at max_len; n-gram repeats.
 
     ``tokens`` (rows, step + 1) is each hypothesis so far, BOS first; ``max_len`` is per row.
-    With ``columns`` (a shortlist: rows, width, each row's vocabulary ids, ascending), ``logprobs``
-    has a column per entry of its row's (a special token's column is its id).
+    With ``columns`` (a shortlist: sentences, width, each sentence's vocabulary ids, ascending) and
+    ``owner`` (each row's sentence), ``logprobs`` has a column per entry of its row's sentence (a
+    special token's column is its id).
     """
     logprobs[:, PAD_ID] = NEG_INF
     logprobs[:, BOS_ID] = NEG_INF
@@ -88,10 +89,10 @@ def constrain(logprobs: Tensor, tokens: Tensor, step: int, max_len: Tensor, min_
         matches = (windows[:, :, :-1] == prefix[:, None, :]).all(dim=2) if n > 1 else \
             torch.ones(windows.shape[:2], dtype=torch.bool, device=tokens.device)
         rows, where = matches.nonzero(as_tuple=True)
-        banned = windows[rows, where, -1]
-        if columns is not None:
-            banned = torch.searchsorted(columns[rows], banned[:, None]).squeeze(1)
-        logprobs[rows, banned] = NEG_INF
+        lasts = windows[:, :, -1]  # (rows, count): the token each n-gram ends with
+        if columns is not None and len(rows):
+            lasts = torch.searchsorted(columns[owner], lasts.contiguous())  # its column in its row's sentence
+        logprobs[rows, lasts[rows, where]] = NEG_INF
     return logprobs
 
 
@@ -185,6 +186,7 @@ def beam_search(model: SearchableModel, source: Tensor, options: SearchOptions,
     # and widens to `beam` rows after the first step; sampling draws `beam` lines from the start.
     width = beam if options.sampling else 1  # rows per sentence now
     columns = candidates.columns if candidates is not None else None
+    padding = candidates.padding if candidates is not None else None  # each sentence's repeated last columns
     # One row per sentence, shared by its `width` decoder rows.
     encoder_out = model.encode(source) if columns is None else model.encode(source, columns)
     cache = model.new_cache()
@@ -203,11 +205,10 @@ def beam_search(model: SearchableModel, source: Tensor, options: SearchOptions,
         if should_stop is not None and should_stop():
             raise SearchStopped(f"stopped at step {step}")
         logits = model.decode(tokens[:, -1:], encoder_out, cache)[:, -1].float()
-        padding = candidates.padding if candidates is not None else None
         owner = alive_ids.repeat_interleave(width)  # each row's sentence
         logprobs = constrain(log_softmax_(logits, padding, alive_ids),  # in place: one (rows, vocab) tensor less
-                             tokens, step, limit[owner], options.min_len, options.no_repeat_ngram_size,
-                             None if columns is None or options.no_repeat_ngram_size <= 0 else columns[owner])
+                             tokens, step, limit[owner], options.min_len, options.no_repeat_ngram_size, columns,
+                             owner)
         if controls is not None:
             controls.restrict(logprobs, tokens, step)
         if options.sampling:

@@ -53,8 +53,8 @@ class SearchControls(Protocol):
     has_constraints: bool  # whether ``select`` replaces select_top
 
     def begin(self, limit: Tensor, columns: Tensor | None = None) -> None:
-        """The sentences' max output lengths, before the first step, and the vocabulary id of each
-        log-probability column (a shortlist's; None: column c is token c)."""
+        """The sentences' max output lengths, before the first step, and the vocabulary id of each of
+        a sentence's log-probability columns (a shortlist's: sentences, width; None: column c is token c)."""
 
     def restrict(self, logprobs: Tensor, tokens: Tensor, step: int) -> None:
         """Ban in place what the controls forbid at this step (``tokens``: the hypotheses so far, BOS first)."""
@@ -63,7 +63,7 @@ class SearchControls(Protocol):
         """The 2*beam candidates (score, beam, token) per sentence, as select_top gives them."""
 
     def keep(self, still: Tensor) -> None:
-        """Only the sentences ``still`` stay in the batch."""
+        """Only the sentences ``still`` stay in the batch (their columns too, with a shortlist)."""
 
     def reorder(self, rows: Tensor, tokens: Tensor) -> None:
         """Row i becomes old row ``rows[i]`` with ``tokens[i]`` (a vocabulary id) appended."""

@@ -347,26 +347,37 @@ static void project_row(const uint8_t *q, int64_t dim, const int8_t *weight, con
 }
 #endif
 
+int project_columns_int8_vnni(void) {
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+/* quantized: room for one row, dim rounded up to 64. The int32 sums hold for dim < 66,000. */
 void project_columns_int8(const float *x, int64_t sentences, int64_t group, int64_t dim, const int8_t *weight,
                           float weight_scale, const int64_t *columns, const int32_t *column_sums,
                           const int32_t *counts, int64_t width, float *out, uint8_t *quantized) {
     const int64_t stride = (dim + 63) / 64 * 64;
+    memset(quantized + dim, 0, stride - dim);
     for (int64_t r = 0; r < sentences * group; ++r) {
         const float *row = x + r * dim;
-        uint8_t *q = quantized + r * stride;
+        const int64_t s = r / group;
+        float *o = out + r * width;
         float max = 0.f, nan_if_not_finite = 0.f;
         for (int64_t k = 0; k < dim; ++k) {
             max = fabsf(row[k]) > max ? fabsf(row[k]) : max;
             nan_if_not_finite += row[k] * 0.f;
         }
-        const int finite = nan_if_not_finite == 0.f;
-        const float inverse = finite && max > 0.f ? 127.f / max : 0.f;
-        for (int64_t k = 0; k < dim; ++k) q[k] = (uint8_t)((int32_t)nearbyintf(row[k] * inverse) + 128);
-        memset(q + dim, 0, stride - dim);
-        const int64_t s = r / group;
-        const float scale = finite ? max / 127.f * weight_scale : NAN;
-        float *o = out + r * width;
-        project_row(q, dim, weight, columns + s * width, column_sums + s * width, counts[s], scale, o);
+        if (nan_if_not_finite != 0.f) {  /* an inf or NaN: no logits to be had */
+            for (int64_t j = 0; j < width; ++j) o[j] = j < counts[s] ? NAN : -INFINITY;
+            continue;
+        }
+        const float inverse = max > 0.f ? fminf(127.f / max, FLT_MAX) : 0.f;  /* a tiny max: no inf */
+        for (int64_t k = 0; k < dim; ++k) quantized[k] = (uint8_t)((int32_t)nearbyintf(row[k] * inverse) + 128);
+        const float scale = max / 127.f * weight_scale;
+        project_row(quantized, dim, weight, columns + s * width, column_sums + s * width, counts[s], scale, o);
         for (int64_t j = counts[s]; j < width; ++j) o[j] = -INFINITY;
     }
 }

@@ -85,6 +85,13 @@ def usable(x: Tensor) -> bool:
     return x.device.type == "cpu" and torch.is_inference_mode_enabled() and library() is not None
 
 
+def int8_columns_usable(x: Tensor) -> bool:
+    """Where the int8 shortlist projection runs in C: as ``usable``, and built with AVX512-VNNI (its
+    16 columns at a time). Without VNNI its plain loops were not measured against fbgemm's product
+    onto the batch's union of candidates, which decoding then takes."""
+    return usable(x) and bool(library().project_columns_int8_vnni())
+
+
 def built(compiler: list[str]) -> Path:
     """The shared library for this source, compiler and CPU: from the cache when it is there whole
     (its SHA-256 as recorded beside it: loading a damaged one could crash the process), else built."""
@@ -185,6 +192,8 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.select_top.argtypes = [pointer, pointer, size, size, size, size, pointer, pointer, pointer]
     lib.project_columns_int8.argtypes = [pointer, size, size, size, pointer, ctypes.c_float, pointer, pointer,
                                          pointer, size, pointer, pointer]
+    lib.project_columns_int8_vnni.argtypes = []
+    lib.project_columns_int8_vnni.restype = ctypes.c_int
     for kernel in (lib.self_attention, lib.self_attention_bf16, lib.grouped_attention, lib.append_position,
                    lib.append_position_bf16, lib.log_softmax_rows, lib.select_top, lib.project_columns_int8):
         kernel.restype = None
@@ -273,15 +282,19 @@ def project_columns_int8(x: Tensor, weight: Tensor, weight_scale: float, columns
     """Logits (..., width) of x (..., dim) for each sentence's own vocabulary entries: ``columns``
     (sentences, width) are rows of ``weight`` (vocabulary, dim) int8 with scale ``weight_scale``,
     ``column_sums`` their sums (int32), ``counts`` (sentences,) how many of each sentence's are its
-    own (-inf after); x's rows come as many per sentence, consecutive. Each row of x is quantized
-    to int8 with a scale of its own."""
+    own (-inf after; ids below the weight's rows, as Int8Linear.columns checks); x's rows come as
+    many per sentence, consecutive. Each row of x is quantized to int8 with a scale of its own."""
     sentences, width = columns.shape
     rows = x.reshape(-1, x.size(-1)).float().contiguous()
-    if len(rows) % sentences:
-        raise ValueError(f"{len(rows)} rows for {sentences} sentences: each needs the same number of rows")
     dim = rows.size(1)
+    if len(rows) % sentences or weight.dim() != 2 or weight.size(1) != dim or column_sums.shape != columns.shape \
+            or counts.shape != (sentences,):
+        raise ValueError(f"{len(rows)} rows of {dim} for a weight of {tuple(weight.shape)} and columns, sums and "
+                         f"counts of {tuple(columns.shape)}, {tuple(column_sums.shape)}, {tuple(counts.shape)}")
+    weight, columns = weight.to(torch.int8).contiguous(), columns.to(torch.int64).contiguous()
+    column_sums, counts = column_sums.to(torch.int32).contiguous(), counts.to(torch.int32).contiguous()
     out = torch.empty(len(rows), width, dtype=torch.float32)
-    quantized = torch.empty(len(rows) * ((dim + 63) // 64 * 64), dtype=torch.uint8)
+    quantized = torch.empty((dim + 63) // 64 * 64, dtype=torch.uint8)  # one row at a time
     library().project_columns_int8(rows.data_ptr(), sentences, len(rows) // sentences, dim, weight.data_ptr(),
                                    weight_scale, columns.data_ptr(), column_sums.data_ptr(), counts.data_ptr(),
                                    width, out.data_ptr(), quantized.data_ptr())

@@ -41,16 +41,19 @@ class Int8Linear(nn.Module):
         weight = self.weight
         if weight.qscheme() not in (torch.per_tensor_affine, torch.per_tensor_symmetric) or weight.q_zero_point():
             return None
+        if columns.numel() and not 0 <= int(columns.min()) <= int(columns.max()) < self.out_features:
+            raise ValueError(f"columns outside the layer's {self.out_features} rows")
         counts = 1 + (columns[:, 1:] != columns[:, :-1]).sum(dim=1, dtype=torch.int32)
-        return Int8Columns(self.integers, weight.q_scale(), columns, self.row_sums[columns], counts)
+        return Int8Columns(self.int_weight, weight.q_scale(), columns, self.row_sums[columns], counts)
 
     @functools.cached_property
-    def integers(self) -> Tensor:
+    def int_weight(self) -> Tensor:
+        """The weight's int8 values (out_features, in_features), as nmt's C kernel reads them."""
         return self.weight.int_repr().contiguous()
 
     @functools.cached_property
     def row_sums(self) -> Tensor:
-        return self.integers.sum(dim=1, dtype=torch.int32)
+        return self.int_weight.sum(dim=1, dtype=torch.int32)
 
     @functools.cached_property
     def weight(self) -> Tensor:
