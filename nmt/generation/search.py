@@ -245,10 +245,8 @@ def beam_search(model: SearchableModel, source: Tensor, options: SearchOptions,
                 controls.keep(still)
         order = keep_rows.reshape(-1)
         step_scores = logprobs[order, keep_tokens.reshape(-1)]
-        new_tokens = keep_tokens.reshape(-1, 1)
-        if columns is not None:
-            new_tokens = columns[alive_ids[:, None], keep_tokens].reshape(-1, 1)
-        tokens = torch.cat([tokens[order], new_tokens], dim=1)
+        new_tokens = keep_tokens if columns is None else columns[alive_ids[:, None], keep_tokens]  # vocabulary ids
+        tokens = torch.cat([tokens[order], new_tokens.reshape(-1, 1)], dim=1)
         token_scores = torch.cat([token_scores[order], step_scores.unsqueeze(1)], dim=1)
         cache.reorder(order)
         if controls is not None:

@@ -15,7 +15,7 @@ import warnings
 import torch
 from torch import Tensor, nn
 
-from nmt.models.cpu_kernels import project_columns_int8
+from nmt.models.cpu_kernels import int8_columns_usable, project_columns_int8
 
 LINEAR = torch.ops.quantized.linear_dynamic.default
 PREPACK = torch.ops.quantized.linear_prepack.default
@@ -36,8 +36,10 @@ class Int8Linear(nn.Module):
 
     def columns(self, columns: Tensor) -> Int8Columns | None:
         """The layer onto each sentence's own ``columns`` (sentences, width: vocabulary ids, ascending,
-        a shorter list repeating its last) in nmt's C kernel; None for a weight with a scale per row
-        or a zero point, which the kernel does not take."""
+        a shorter list repeating its last) in nmt's C kernel; None where the kernel cannot take it
+        (see int8_columns_usable) and for a weight with a scale per row or a zero point."""
+        if not int8_columns_usable(columns):
+            return None
         weight = self.weight
         if weight.qscheme() not in (torch.per_tensor_affine, torch.per_tensor_symmetric) or weight.q_zero_point():
             return None

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 from nmt.errors import NmtError
 from nmt.models.attention import MultiHeadAttention, causal_mask
-from nmt.models.cpu_kernels import int8_columns_usable, usable
+from nmt.models.cpu_kernels import usable
 from nmt.models.int8 import Int8Columns, Int8Linear
 from nmt.models.kv_cache import DecoderCache, IndexedDecoderCache, IndexedKeyValueCache, KeyValueCache
 from nmt.models.registry import register_arch, register_model
@@ -260,15 +260,14 @@ class Transformer(nn.Module):
 
     def column_projection(self, columns: Tensor) -> ColumnProjection | Int8Columns:
         """The output projection onto each sentence's ``columns`` (sentences, width) only, made once
-        per batch. int8 on a CPU with AVX512-VNNI: nmt's C kernel multiplies each sentence's rows by its
-        own weight rows.
-        Else the rows of the weight for the union of the columns (int8 as quantized, bf16 as autocast
-        would cast them), so that every step multiplies by a smaller matrix and casts nothing."""
+        per batch. int8 on a CPU with AVX512-VNNI: nmt's C kernel multiplies each sentence's rows by
+        its own weight rows (Int8Linear.columns). Else the rows of the weight for the union of the
+        columns (int8 as quantized, bf16 as autocast would cast them), so that every step multiplies
+        by a smaller matrix and casts nothing."""
         layer = self.output_layer
-        if isinstance(layer, Int8Linear) and int8_columns_usable(columns):  # int8 (separate_output_layer), in C
-            own = layer.columns(columns)
-            if own is not None:
-                return own
+        own = layer.columns(columns) if isinstance(layer, Int8Linear) else None  # int8 (separate_output_layer)
+        if own is not None:
+            return own
         union, where = torch.unique(columns, return_inverse=True)
         if isinstance(layer, Int8Linear):
             return ColumnProjection(layer.rows(union), where)
