@@ -2,10 +2,14 @@
 
 import warnings
 
+import pytest
 import torch
 from torch import nn
 
+from nmt.data.vocabulary import BOS_ID, EOS_ID, PAD_ID
 from nmt.models.int8 import Int8Linear, quantize
+from nmt.models.kv_cache import IndexedDecoderCache
+from nmt.models.transformer import Transformer, transformer_tiny
 
 
 def test_the_same_products_as_torch_ao_s_layer():
@@ -27,3 +31,39 @@ def test_a_layer_of_some_rows_multiplies_by_those_rows():
     rows = torch.tensor([3, 0, 39, 17])
     x = torch.randn(6, 16)
     torch.testing.assert_close(layer.rows(rows)(x), layer(x)[:, rows], rtol=0, atol=1e-6)
+
+
+def test_fused_projections_give_each_layer_s_own_results():
+    """Weights of different ranges keep their own scales in the fused layer: the same products, bit for bit."""
+    torch.manual_seed(2)
+    model = Transformer(transformer_tiny(), 20, 20, PAD_ID).eval()
+    with torch.no_grad():
+        model.decoder_layers[1].self_attn.k_proj.weight.mul_(5.0)
+    model = quantize(model)
+    assert model.encoder_layers[0].self_attn.qkv_proj is None  # the encoder runs once per batch: not fused
+    attention = model.decoder_layers[1].self_attn
+    assert isinstance(attention.qkv_proj, Int8Linear) and attention.qkv_proj.out_features == 3 * 64
+    x = torch.randn(3, 1, 64)
+    q, k, v = attention.project_qkv(x)
+    assert torch.equal(q, attention.q_proj(x).view(3, 1, 4, 16))
+    assert torch.equal(k, attention.split_heads(attention.k_proj(x)))
+    assert torch.equal(v, attention.split_heads(attention.v_proj(x)))
+
+
+def test_int8_decoding_steps_project_queries_keys_and_values_at_once():
+    torch.manual_seed(3)
+    model = quantize(Transformer(transformer_tiny(), 20, 20, PAD_ID).eval())
+    source = torch.tensor([[5, 6, 7, EOS_ID]])
+    with torch.inference_mode():
+        encoder_out, cache = model.encode(source), model.new_cache()
+        if not isinstance(cache, IndexedDecoderCache):
+            pytest.skip("nmt's C kernels could not be built here: decoding steps use torch's attention")
+        expected = model.decode(torch.tensor([[BOS_ID]]), encoder_out, cache)
+        for layer in model.decoder_layers:  # the separate layers are not called by a step
+            for projection in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                projection.forward = not_called
+        assert torch.equal(model.decode(torch.tensor([[BOS_ID]]), encoder_out, model.new_cache()), expected)
+
+
+def not_called(x: torch.Tensor) -> torch.Tensor:
+    raise AssertionError("a separate projection was called")

@@ -32,6 +32,8 @@ class MultiHeadAttention(nn.Module):
         for proj in (self.q_proj, self.k_proj, self.v_proj, self.out_proj):
             nn.init.xavier_uniform_(proj.weight)
             nn.init.zeros_(proj.bias)
+        # Inference in int8 only: q_proj, k_proj and v_proj as one product (nmt.models.int8.fuse_projections).
+        self.qkv_proj: nn.Module | None = None
 
     def split_heads(self, x: Tensor) -> Tensor:
         batch, length, _ = x.shape
@@ -39,6 +41,15 @@ class MultiHeadAttention(nn.Module):
 
     def project_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
         return self.split_heads(self.k_proj(memory)), self.split_heads(self.v_proj(memory))
+
+    def project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Self-attention's queries (B, T, H, D/H) and keys and values (B, H, T, D/H), in one
+        product where the three are fused."""
+        if self.qkv_proj is None:
+            batch, length, _ = x.shape
+            return (self.q_proj(x).view(batch, length, self.heads, -1), *self.project_kv(x))
+        q, k, v = self.qkv_proj(x).chunk(3, dim=-1)
+        return q.unflatten(-1, (self.heads, -1)), self.split_heads(k), self.split_heads(v)
 
     def forward(self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None = None,
                 is_causal: bool = False) -> Tensor:
@@ -66,9 +77,13 @@ class MultiHeadAttention(nn.Module):
     def attend_with(self, query: Tensor, attend: Callable[[Tensor], Tensor]) -> Tensor:
         """Like ``forward``, with the attention computed by ``attend`` from the projected queries
         (B, T, H, D/H), which knows its keys and values: decoding's C kernels (nmt/models/cpu_kernels.py)."""
-        batch, length, dim = query.shape
-        q = self.q_proj(query).view(batch, length, self.heads, -1)
-        return self.out_proj(attend(q).reshape(batch, length, dim))
+        batch, length, _ = query.shape
+        return self.attend_projected(self.q_proj(query).view(batch, length, self.heads, -1), attend)
+
+    def attend_projected(self, q: Tensor, attend: Callable[[Tensor], Tensor]) -> Tensor:
+        """``attend_with`` for queries already projected (B, T, H, D/H)."""
+        batch, length, heads, head_dim = q.shape
+        return self.out_proj(attend(q).reshape(batch, length, heads * head_dim))
 
 
 def causal_mask(new: int, past: int, device: torch.device) -> Tensor:

@@ -86,6 +86,30 @@ class Int8Columns:
                            self.counts[sentences])
 
 
+def concatenated(layers: list[Int8Linear]) -> Int8Linear:
+    """One layer whose outputs are those of ``layers`` side by side, with the same int8 weights and
+    scales (a scale per output row; the activations, quantized once for all, as each layer would
+    quantize them alone): the same results in one product."""
+    weights = [layer.weight for layer in layers]
+    scales = torch.cat([torch.full((w.size(0),), w.q_scale(), dtype=torch.float64) for w in weights])
+    weight = torch._make_per_channel_quantized_tensor(torch.cat([w.int_repr() for w in weights]), scales,
+                                                      torch.zeros(len(scales), dtype=torch.int64), 0)
+    biases = [torch.ops.quantized.linear_unpack(layer.packed)[1] for layer in layers]
+    bias = None if any(b is None for b in biases) else torch.cat(biases)
+    return Int8Linear(PREPACK(weight, bias), layers[0].in_features, sum(w.size(0) for w in weights))
+
+
+def fuse_projections(model: nn.Module) -> None:
+    """Give the self-attention of each int8 decoder layer its q, k and v projections as one layer
+    (``qkv_proj``): a decoding step then makes one product where it made three (docs/performance.md).
+    The encoder, which runs once per batch, keeps its three."""
+    for layer in getattr(model, "decoder_layers", []):
+        attention = layer.self_attn
+        projections = [attention.q_proj, attention.k_proj, attention.v_proj]
+        if all(isinstance(p, Int8Linear) and p.weight.qscheme() == torch.per_tensor_affine for p in projections):
+            attention.qkv_proj = concatenated(projections)
+
+
 def quantize(model: nn.Module) -> nn.Module:
     """A copy of the model with its linear layers in int8 (as torch.ao's quantize_dynamic makes it)."""
     with warnings.catch_warnings():  # torch.ao's eager quantization warns it will move to torchao
@@ -96,4 +120,5 @@ def quantize(model: nn.Module) -> nn.Module:
             if isinstance(child, torch.ao.nn.quantized.dynamic.Linear):
                 setattr(parent, name, Int8Linear(child._packed_params._packed_params, child.in_features,
                                                  child.out_features))
+    fuse_projections(model)
     return model

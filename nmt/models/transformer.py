@@ -180,12 +180,14 @@ class DecoderLayer(nn.Module):
     def forward(self, x: Tensor, memory: tuple[Tensor, Tensor], memory_mask: Tensor,
                 cache: KeyValueCache | IndexedKeyValueCache | None) -> Tensor:
         def self_attend(h: Tensor) -> Tensor:
-            k, v = self.self_attn.project_kv(h)
             new, past = h.size(1), 0
+            if isinstance(cache, IndexedKeyValueCache) and new == 1:  # a decoding step on CPU
+                q, k, v = self.self_attn.project_qkv(h)
+                cache.append(k, v)
+                return self.self_attn.attend_projected(q, cache.attend)
+            k, v = self.self_attn.project_kv(h)
             if isinstance(cache, IndexedKeyValueCache):
                 cache.append(k, v)
-                if new == 1:
-                    return self.self_attn.attend_with(h, cache.attend)
                 past = cache.length - new
                 k, v = cache.keys_values()
             elif cache is not None:
