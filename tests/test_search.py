@@ -19,6 +19,7 @@ from nmt.generation.search import (
     Hypothesis,
     beam_search,
     constrain,
+    finalize,
     is_done,
     length_penalty,
     max_lengths,
@@ -195,15 +196,35 @@ def test_select_top_equals_ranking_every_continuation(vocab, width):
 
 def test_is_done_only_when_no_alive_hypothesis_can_beat_the_worst_finished():
     options = SearchOptions(beam=2, lenpen=0.6, stop="exact")
-    finished = [[Hypothesis([4, EOS_ID], -1.0), Hypothesis([5, EOS_ID], -2.0)]]
+    worst = torch.tensor([-2.0], dtype=torch.float64)  # the 2nd best of its finished hypotheses
     limit = torch.tensor([10])
     best_possible = length_penalty(torch.tensor(11), 0.6).item()  # longest output: 10 words + EOS
     for alive, expected in ((-2.0 * best_possible + 0.01, False), (-2.0 * best_possible - 0.01, True)):
         scores = torch.tensor([[alive, float("-inf")]])
-        assert bool(is_done(finished, torch.tensor([0]), scores, limit, 3, options)[0]) is expected
-    one_finished = [finished[0][:1]]  # fewer than beam finished: never done before the limit
+        assert bool(is_done(worst, torch.tensor([0]), scores, limit, 3, options)[0]) is expected
+    one_finished = torch.tensor([float("-inf")], dtype=torch.float64)  # fewer than beam: never done before the limit
     assert not is_done(one_finished, torch.tensor([0]), torch.tensor([[-50.0, -60.0]]), limit, 3, options)[0]
     assert is_done(one_finished, torch.tensor([0]), torch.tensor([[-0.1, -0.2]]), limit, 10, options)[0]
+
+
+def test_finalize_keeps_the_beam_best_and_the_worst_of_them():
+    options = SearchOptions(beam=2, lenpen=0.0)
+    finished, worst = [[], []], torch.full((2,), float("-inf"), dtype=torch.float64)
+    tokens = torch.tensor([[BOS_ID, 4], [BOS_ID, 5], [BOS_ID, 6], [BOS_ID, 7]])
+    token_scores = torch.zeros(4, 1)
+    logprobs = torch.zeros(4, 10)
+
+    def end(sentence_scores: list[list[float]]) -> None:
+        scores = torch.tensor(sentence_scores)
+        finalize(finished, worst, torch.tensor([0, 1]), torch.isfinite(scores), scores.nan_to_num(neginf=-1e9),
+                 torch.tensor([[0, 1], [2, 3]]), tokens, token_scores, logprobs, 1, options)
+
+    end([[-1.0, float("-inf")], [-3.0, float("-inf")]])
+    assert worst.tolist() == [float("-inf"), float("-inf")]  # one each: not full
+    end([[-2.0, -0.5], [float("-inf"), float("-inf")]])
+    assert [h.score for h in finished[0]] == [-0.5, -1.0] and worst.tolist() == [-1.0, float("-inf")]
+    end([[-4.0, float("-inf")], [-2.5, float("-inf")]])  # sentence 0: worse than its worst, left out
+    assert [h.score for h in finished[0]] == [-0.5, -1.0] and worst.tolist() == [-1.0, -3.0]
 
 
 # --- the whole search on scripted decoders -----------------------------------------------------
@@ -287,8 +308,8 @@ def test_stop_finished_ends_a_sentence_at_beam_finished_hypotheses():
 
 def test_is_done_with_stop_finished_needs_only_beam_finished_hypotheses():
     options = SearchOptions(beam=2, lenpen=0.6, stop="finished")
-    two = [[Hypothesis([4, EOS_ID], -1.0), Hypothesis([5, EOS_ID], -2.0)]]
-    one = [two[0][:1]]
+    two = torch.tensor([-2.0], dtype=torch.float64)
+    one = torch.tensor([float("-inf")], dtype=torch.float64)
     alive_could_win = torch.tensor([[-0.01, float("-inf")]])
     limit = torch.tensor([10])
     assert is_done(two, torch.tensor([0]), alive_could_win, limit, 3, options)[0]

@@ -198,6 +198,7 @@ def beam_search(model: SearchableModel, source: Tensor, options: SearchOptions,
     scores = torch.zeros(sentences, width, device=device)
     alive_ids = torch.arange(sentences, device=device)  # original index of each alive sentence
     finished: list[list[Hypothesis]] = [[] for _ in range(sentences)]
+    worst = torch.full((sentences,), NEG_INF, dtype=torch.float64, device=device)  # see finalize
     if controls is not None:
         controls.begin(limit, columns)
 
@@ -224,8 +225,8 @@ def beam_search(model: SearchableModel, source: Tensor, options: SearchOptions,
         # Finish the EOS candidates among the first `beam`; keep the first `beam` others alive
         # (sampling has exactly `beam` candidates: a finished line's row stays, dead at -inf).
         is_eos = cand_tokens.eq(EOS_ID) & torch.isfinite(cand_scores)
-        finalize(finished, alive_ids, is_eos[:, :beam], cand_scores, cand_rows, tokens, token_scores, logprobs,
-                 step, options)
+        finalize(finished, worst, alive_ids, is_eos[:, :beam], cand_scores, cand_rows, tokens, token_scores,
+                 logprobs, step, options)
         rank = torch.where(is_eos | ~torch.isfinite(cand_scores), 2 * beam, 0) + \
             torch.arange(cand_scores.size(1), device=device)
         keep = rank.topk(beam, dim=1, largest=False).indices.sort(dim=1).values
@@ -233,7 +234,7 @@ def beam_search(model: SearchableModel, source: Tensor, options: SearchOptions,
         keep_tokens = cand_tokens.gather(1, keep)
         scores = cand_scores.gather(1, keep).masked_fill(rank.gather(1, keep) >= 2 * beam, NEG_INF)
 
-        done = is_done(finished, alive_ids, scores, limit, step, options)
+        done = is_done(worst, alive_ids, scores, limit, step, options)
         if done.all():
             break
         if done.any():  # done sentences leave the batch
@@ -259,10 +260,11 @@ def beam_search(model: SearchableModel, source: Tensor, options: SearchOptions,
     return [sorted(hyps, key=lambda h: -h.score)[: options.nbest] for hyps in finished]
 
 
-def finalize(finished: list[list[Hypothesis]], alive_ids: Tensor, eos: Tensor, cand_scores: Tensor,
+def finalize(finished: list[list[Hypothesis]], worst: Tensor, alive_ids: Tensor, eos: Tensor, cand_scores: Tensor,
              cand_rows: Tensor, tokens: Tensor, token_scores: Tensor, logprobs: Tensor, step: int,
              options: SearchOptions) -> None:
-    """Record the hypotheses that just produced EOS, with their length-normalized scores.
+    """Record the hypotheses that just produced EOS, with their length-normalized scores, and set
+    ``worst`` (per sentence) to the score of its ``beam``-th best (-inf while it has fewer).
 
     What they need is copied to the CPU in one go (one device sync per step, not one per hypothesis).
     """
@@ -275,22 +277,25 @@ def finalize(finished: list[list[Hypothesis]], alive_ids: Tensor, eos: Tensor, c
     scores = (cand_scores[sentences, slots].float() / penalty).tolist()
     prefixes, prefix_scores = tokens[rows, 1:].tolist(), token_scores[rows].tolist()
     eos_scores = logprobs[rows, EOS_ID].tolist()
+    full: dict[int, float] = {}
     for owner, score, prefix, prefix_score, eos_score in zip(owners, scores, prefixes, prefix_scores, eos_scores):
         hyps = finished[owner]
-        if len(hyps) >= options.beam and not could_improve(hyps, score):
+        if len(hyps) >= options.beam and not score > hyps[-1].score:
             continue
         hyps.append(Hypothesis(prefix + [EOS_ID], score, prefix_score + [eos_score]))
         hyps.sort(key=lambda h: -h.score)
         del hyps[options.beam:]
+        if len(hyps) == options.beam:
+            full[owner] = hyps[-1].score
+    if full:
+        worst[torch.tensor(list(full), device=worst.device)] = torch.tensor(list(full.values()), dtype=worst.dtype,
+                                                                            device=worst.device)
 
 
-def could_improve(hyps: list[Hypothesis], score: float) -> bool:
-    return score > min(h.score for h in hyps)
-
-
-def is_done(finished: list[list[Hypothesis]], alive_ids: Tensor, alive_scores: Tensor, limit: Tensor, step: int,
+def is_done(worst: Tensor, alive_ids: Tensor, alive_scores: Tensor, limit: Tensor, step: int,
             options: SearchOptions) -> Tensor:
-    """A sentence is done when it has ``beam`` finished hypotheses that no alive one can beat.
+    """A sentence is done when it has ``beam`` finished hypotheses that no alive one can beat
+    (``worst``: per sentence, the score of its ``beam``-th best finished one, -inf while it has fewer).
 
     Log-probabilities only fall as a hypothesis grows, and the penalty grows with length, so an
     alive hypothesis's best reachable score is its current score divided by the penalty at the
@@ -298,15 +303,16 @@ def is_done(finished: list[list[Hypothesis]], alive_ids: Tensor, alive_scores: T
     that bound stays loose for long, and ``stop="finished"`` ends the sentence as soon as ``beam``
     hypotheses have finished instead (``auto``, which `nmt generate`, the API and the server resolve
     from the checkpoint, is exact where it reaches here unresolved). Sampling stops at ``beam``
-    samples; every search stops at the max length or when no hypothesis is left alive.
+    samples; every search stops at the max length or when no hypothesis is left alive. Tensor
+    operations only, on the search's device: no copy to the host.
     """
-    ids = alive_ids.tolist()
-    best_alive = alive_scores.max(dim=1).values.double().cpu()
-    limits = limit[alive_ids].cpu()
-    full = torch.tensor([len(finished[i]) >= options.beam for i in ids], dtype=torch.bool)
-    worst = torch.tensor([min((h.score for h in finished[i]), default=NEG_INF) for i in ids], dtype=torch.float64)
-    longest = limits + 1 if options.lenpen >= 0 else torch.full_like(limits, step + 2)
-    bound = best_alive / length_penalty(longest, options.lenpen, options.lenpen_style).double()
-    beaten = torch.ones_like(full) if options.sampling or options.stop == "finished" else bound <= worst
-    done = ~torch.isfinite(best_alive) | (limits <= step) | (full & beaten)
-    return done.to(alive_ids.device)
+    best_alive = alive_scores.max(dim=1).values.double()
+    limits = limit[alive_ids]
+    worst = worst[alive_ids]
+    full = torch.isfinite(worst)
+    if options.sampling or options.stop == "finished":
+        beaten = full
+    else:
+        longest = limits + 1 if options.lenpen >= 0 else torch.full_like(limits, step + 2)
+        beaten = full & (best_alive / length_penalty(longest, options.lenpen, options.lenpen_style).double() <= worst)
+    return ~torch.isfinite(best_alive) | (limits <= step) | beaten
