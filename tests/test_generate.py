@@ -177,6 +177,23 @@ def test_cpu_decoding_runs_one_worker_per_thread_by_default_sharing_the_token_bu
         assert max(tokens for _, tokens in batches) <= share < 2 * max(tokens for _, tokens in batches)
 
 
+def test_several_workers_take_the_longest_batches_first(checkpoint, monkeypatch):
+    """The batches that start last are then short ones, and the workers finish at about the same time."""
+    model, _ = prepare_model(checkpoint, torch.device("cpu"))
+    sources = [np.asarray([5] * (n % 7) + [EOS_ID]) for n in range(40)]
+    given: dict[int, list[int]] = {}
+
+    def record(function, batches, workers, processes=False):
+        given[workers] = [max(len(sources[i]) for i in batch) for batch in batches]
+        return map(function, batches)
+
+    monkeypatch.setattr(inference_module, "map_in_workers", record)
+    for workers in (1, 2):
+        chosen = options(checkpoint, beam=2, max_len_b=3, max_tokens=24, workers=workers)
+        translate_ids(model, sources, chosen.search, chosen.batching)
+    assert len(given[2]) > 2 and given[2] == sorted(given[2], reverse=True) and given[1] == sorted(given[1])
+
+
 @pytest.mark.skipif(sys.platform != "linux", reason="workers are forked processes on Linux only")
 def test_forked_workers_translate_as_one_worker_and_report_errors(checkpoint, data_dir, monkeypatch):
     model, _ = prepare_model(checkpoint, torch.device("cpu"))

@@ -153,6 +153,8 @@ def translate_ids(model: nn.Module, sources: list[np.ndarray], search: SearchOpt
 
     batches = [work.todo[positions]
                for positions in batch_by_size(work.lengths, None, work.max_tokens, batching.batch_size)]
+    if workers > 1:  # the longest first: the last to start are short, so the workers finish together
+        batches.reverse()
     # Also entered here: with one worker the batches run in this thread, and autocast keeps its
     # low-precision copies of the weights only until its outermost context ends.
     with torch.inference_mode(), autocast(device, precision):
