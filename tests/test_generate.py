@@ -458,8 +458,9 @@ def test_int8_quantization_runs_and_mostly_agrees(checkpoint, data_dir):
     int8 = generate(options(checkpoint, data=str(data_dir), quantize="int8", output="/dev/null"))  # precision auto
     model, _ = prepare_model(checkpoint, torch.device("cpu"), "int8")
     quantized = [m for m in model.modules() if isinstance(m, Int8Linear)]
-    # every linear layer of both stacks, and each decoder self-attention's q, k and v as one (int8.fuse_projections)
-    assert len(quantized) == 2 * (4 + 2) + 2 * (4 + 4 + 2) + 1 + 2
+    # every linear layer of both stacks; each decoder self-attention's q, k and v as one, each first
+    # feed-forward layer with its ReLU (int8.fuse_layers)
+    assert len(quantized) == 2 * (4 + 2) + 2 * (4 + 4 + 2) + 1 + 2 + 4
     assert model.output_layer in quantized  # the output projection too
     agree = sum(a == b for a, b in zip(best_tokens(fp32), best_tokens(int8)))
     assert agree >= len(fp32.translations) // 2

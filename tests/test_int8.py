@@ -67,3 +67,13 @@ def test_int8_decoding_steps_project_queries_keys_and_values_at_once():
 
 def not_called(x: torch.Tensor) -> torch.Tensor:
     raise AssertionError("a separate projection was called")
+
+
+def test_int8_feed_forward_layers_apply_the_relu_in_their_first_product():
+    torch.manual_seed(4)
+    model = quantize(Transformer(transformer_tiny(), 20, 20, PAD_ID).eval())
+    block = model.decoder_layers[0].ffn
+    x = torch.randn(5, 1, 64)
+    expected = block.fc2(torch.relu(block.fc1(x)))
+    block.fc1.forward = not_called
+    assert isinstance(block.fc1_relu, Int8Linear) and torch.equal(block(x), expected)

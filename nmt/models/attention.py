@@ -32,7 +32,7 @@ class MultiHeadAttention(nn.Module):
         for proj in (self.q_proj, self.k_proj, self.v_proj, self.out_proj):
             nn.init.xavier_uniform_(proj.weight)
             nn.init.zeros_(proj.bias)
-        # Inference in int8 only: q_proj, k_proj and v_proj as one product (nmt.models.int8.fuse_projections).
+        # Inference in int8 only: q_proj, k_proj and v_proj as one product (nmt.models.int8.fuse_layers).
         self.qkv_proj: nn.Module | None = None
 
     def split_heads(self, x: Tensor) -> Tensor:

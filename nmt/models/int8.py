@@ -18,17 +18,19 @@ from torch import Tensor, nn
 from nmt.models.cpu_kernels import int8_columns_usable, project_columns_int8
 
 LINEAR = torch.ops.quantized.linear_dynamic.default
+LINEAR_RELU = torch.ops.quantized.linear_relu_dynamic.default
 PREPACK = torch.ops.quantized.linear_prepack.default
 
 
 class Int8Linear(nn.Module):
-    def __init__(self, packed: torch.ScriptObject, in_features: int, out_features: int):
+    def __init__(self, packed: torch.ScriptObject, in_features: int, out_features: int, relu: bool = False):
         super().__init__()
         self.packed = packed  # fbgemm's int8 weight, with the bias
         self.in_features, self.out_features = in_features, out_features
+        self.operator = LINEAR_RELU if relu else LINEAR  # with a ReLU on its outputs, in the same pass
 
     def forward(self, x: Tensor) -> Tensor:
-        return LINEAR(x, self.packed, True)  # reduce_range, as torch.ao's layer calls it
+        return self.operator(x, self.packed, True)  # reduce_range, as torch.ao's layer calls it
 
     def rows(self, indices: Tensor) -> Int8Linear:
         """The layer of some output rows only (a batch's shortlist candidates), without a bias."""
@@ -99,15 +101,20 @@ def concatenated(layers: list[Int8Linear]) -> Int8Linear:
     return Int8Linear(PREPACK(weight, bias), layers[0].in_features, sum(w.size(0) for w in weights))
 
 
-def fuse_projections(model: nn.Module) -> None:
-    """Give the self-attention of each int8 decoder layer its q, k and v projections as one layer
-    (``qkv_proj``): a decoding step then makes one product where it made three (docs/performance.md).
-    The encoder, which runs once per batch, keeps its three."""
+def fuse_layers(model: nn.Module) -> None:
+    """Fewer passes per decoding step (docs/performance.md): each int8 decoder layer's self-attention
+    gets its q, k and v projections as one layer (``qkv_proj``; the encoder, which runs once per
+    batch, keeps its three), and each feed-forward block its first layer with the ReLU in its
+    product (``fc1_relu``, the same weights)."""
     for layer in getattr(model, "decoder_layers", []):
         attention = layer.self_attn
         projections = [attention.q_proj, attention.k_proj, attention.v_proj]
         if all(isinstance(p, Int8Linear) and p.weight.qscheme() == torch.per_tensor_affine for p in projections):
             attention.qkv_proj = concatenated(projections)
+    for block in model.modules():
+        first = getattr(block, "fc1", None)
+        if hasattr(block, "fc1_relu") and isinstance(first, Int8Linear):
+            block.fc1_relu = Int8Linear(first.packed, first.in_features, first.out_features, relu=True)
 
 
 def quantize(model: nn.Module) -> nn.Module:
@@ -120,5 +127,5 @@ def quantize(model: nn.Module) -> nn.Module:
             if isinstance(child, torch.ao.nn.quantized.dynamic.Linear):
                 setattr(parent, name, Int8Linear(child._packed_params._packed_params, child.in_features,
                                                  child.out_features))
-    fuse_projections(model)
+    fuse_layers(model)
     return model

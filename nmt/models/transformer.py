@@ -131,9 +131,11 @@ class FeedForward(nn.Module):
         for fc in (self.fc1, self.fc2):
             nn.init.xavier_uniform_(fc.weight)
             nn.init.zeros_(fc.bias)
+        self.fc1_relu: nn.Module | None = None  # inference in int8 only: fc1 with the ReLU in its product
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.fc2(self.activation_dropout(F.relu(self.fc1(x))))
+        hidden = F.relu(self.fc1(x)) if self.fc1_relu is None else self.fc1_relu(x)
+        return self.fc2(self.activation_dropout(hidden))
 
 
 class Residual(nn.Module):
