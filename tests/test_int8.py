@@ -58,8 +58,12 @@ def test_int8_decoding_steps_project_queries_keys_and_values_at_once():
         encoder_out, cache = model.encode(source), model.new_cache()
         if not isinstance(cache, IndexedDecoderCache):
             pytest.skip("nmt's C kernels could not be built here: decoding steps use torch's attention")
+        fused = [(layer.self_attn.qkv_proj, layer.ffn.fc1_relu) for layer in model.decoder_layers]
+        for layer in model.decoder_layers:  # the separate layers' results
+            layer.self_attn.qkv_proj = layer.ffn.fc1_relu = None
         expected = model.decode(torch.tensor([[BOS_ID]]), encoder_out, cache)
-        for layer in model.decoder_layers:  # the separate layers are not called by a step
+        for layer, (qkv, fc1_relu) in zip(model.decoder_layers, fused):  # the fused layers, the separate not called
+            layer.self_attn.qkv_proj, layer.ffn.fc1_relu = qkv, fc1_relu
             for projection in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
                 projection.forward = not_called
         assert torch.equal(model.decode(torch.tensor([[BOS_ID]]), encoder_out, model.new_cache()), expected)

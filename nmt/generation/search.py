@@ -277,7 +277,7 @@ def finalize(finished: list[list[Hypothesis]], worst: Tensor, alive_ids: Tensor,
     scores = (cand_scores[sentences, slots].float() / penalty).tolist()
     prefixes, prefix_scores = tokens[rows, 1:].tolist(), token_scores[rows].tolist()
     eos_scores = logprobs[rows, EOS_ID].tolist()
-    full: dict[int, float] = {}
+    new_worst: dict[int, float] = {}
     for owner, score, prefix, prefix_score, eos_score in zip(owners, scores, prefixes, prefix_scores, eos_scores):
         hyps = finished[owner]
         if len(hyps) >= options.beam and not score > hyps[-1].score:
@@ -286,16 +286,15 @@ def finalize(finished: list[list[Hypothesis]], worst: Tensor, alive_ids: Tensor,
         hyps.sort(key=lambda h: -h.score)
         del hyps[options.beam:]
         if len(hyps) == options.beam:
-            full[owner] = hyps[-1].score
-    if full:
-        worst[torch.tensor(list(full), device=worst.device)] = torch.tensor(list(full.values()), dtype=worst.dtype,
-                                                                            device=worst.device)
+            new_worst[owner] = hyps[-1].score
+    if new_worst:
+        worst[list(new_worst)] = torch.tensor(list(new_worst.values()), dtype=worst.dtype, device=worst.device)
 
 
 def is_done(worst: Tensor, alive_ids: Tensor, alive_scores: Tensor, limit: Tensor, step: int,
             options: SearchOptions) -> Tensor:
     """A sentence is done when it has ``beam`` finished hypotheses that no alive one can beat
-    (``worst``: per sentence, the score of its ``beam``-th best finished one, -inf while it has fewer).
+    (``worst``: see finalize).
 
     Log-probabilities only fall as a hypothesis grows, and the penalty grows with length, so an
     alive hypothesis's best reachable score is its current score divided by the penalty at the
@@ -308,11 +307,12 @@ def is_done(worst: Tensor, alive_ids: Tensor, alive_scores: Tensor, limit: Tenso
     """
     best_alive = alive_scores.max(dim=1).values.double()
     limits = limit[alive_ids]
-    worst = worst[alive_ids]
-    full = torch.isfinite(worst)
+    alive_worst = worst[alive_ids]
+    full = torch.isfinite(alive_worst)
     if options.sampling or options.stop == "finished":
         beaten = full
     else:
         longest = limits + 1 if options.lenpen >= 0 else torch.full_like(limits, step + 2)
-        beaten = full & (best_alive / length_penalty(longest, options.lenpen, options.lenpen_style).double() <= worst)
+        bound = best_alive / length_penalty(longest, options.lenpen, options.lenpen_style).double()
+        beaten = full & (bound <= alive_worst)
     return ~torch.isfinite(best_alive) | (limits <= step) | beaten

@@ -203,7 +203,7 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
 def append_position(cache: Tensor, start: int, keys: Tensor, values: Tensor) -> None:
     """Write keys and values (rows, heads, 1, head_dim) into slots start..start+rows-1 of ``cache``
     (slots, 2, heads, head_dim), float32 or bf16 (rounded to nearest even, as torch rounds)."""
-    keys, values = keys.float().contiguous(), values.float().contiguous()  # as projected: no copy
+    keys, values = keys.float().contiguous(), values.float().contiguous()  # slices of a fused product: copied
     kernel = library().append_position_bf16 if cache.dtype == torch.bfloat16 else library().append_position
     kernel(cache.data_ptr(), start, keys.size(0), keys[0].numel(), keys.data_ptr(), values.data_ptr())
 

@@ -66,7 +66,8 @@ class Int8Linear(nn.Module):
         return torch.ops.quantized.linear_unpack(self.packed)[0]
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, int8"
+        relu = ", relu" if self.operator is LINEAR_RELU else ""
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8{relu}"
 
 
 class Int8Columns:
@@ -88,17 +89,21 @@ class Int8Columns:
                            self.counts[sentences])
 
 
-def concatenated(layers: list[Int8Linear]) -> Int8Linear:
+def concatenated(layers: list[Int8Linear]) -> Int8Linear | None:
     """One layer whose outputs are those of ``layers`` side by side, with the same int8 weights and
     scales (a scale per output row; the activations, quantized once for all, as each layer would
-    quantize them alone): the same results in one product."""
-    weights = [layer.weight for layer in layers]
+    quantize them alone): the same results in one product. None where a weight has a scale per row
+    or a zero point."""
+    unpacked = [torch.ops.quantized.linear_unpack(layer.packed) for layer in layers]
+    weights = [weight for weight, _ in unpacked]
+    if any(w.qscheme() != torch.per_tensor_affine or w.q_zero_point() for w in weights):
+        return None
     scales = torch.cat([torch.full((w.size(0),), w.q_scale(), dtype=torch.float64) for w in weights])
     weight = torch._make_per_channel_quantized_tensor(torch.cat([w.int_repr() for w in weights]), scales,
                                                       torch.zeros(len(scales), dtype=torch.int64), 0)
-    biases = [torch.ops.quantized.linear_unpack(layer.packed)[1] for layer in layers]
-    bias = None if any(b is None for b in biases) else torch.cat(biases)
-    return Int8Linear(PREPACK(weight, bias), layers[0].in_features, sum(w.size(0) for w in weights))
+    bias = None if all(b is None for _, b in unpacked) else \
+        torch.cat([torch.zeros(w.size(0)) if b is None else b for w, b in unpacked])
+    return Int8Linear(PREPACK(weight, bias), layers[0].in_features, len(scales))
 
 
 def fuse_layers(model: nn.Module) -> None:
@@ -109,7 +114,7 @@ def fuse_layers(model: nn.Module) -> None:
     for layer in getattr(model, "decoder_layers", []):
         attention = layer.self_attn
         projections = [attention.q_proj, attention.k_proj, attention.v_proj]
-        if all(isinstance(p, Int8Linear) and p.weight.qscheme() == torch.per_tensor_affine for p in projections):
+        if all(isinstance(p, Int8Linear) for p in projections):
             attention.qkv_proj = concatenated(projections)
     for block in model.modules():
         first = getattr(block, "fc1", None)
