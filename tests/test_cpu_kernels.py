@@ -125,6 +125,22 @@ def test_grouped_attention_keeps_to_each_sentence_and_skips_padding(head_dim):
 
 
 @needs_kernels
+def test_grouped_attention_reads_each_sentence_from_its_row():
+    """Beam search leaves the encoder's keys and values in place as sentences leave: row numbers say
+    where each remaining sentence's are."""
+    g = torch.Generator().manual_seed(1)
+    keys, values = (torch.randn(4, 2, 7, 16, generator=g) for _ in range(2))
+    allowed = torch.rand(4, 7, generator=g) > 0.3
+    allowed[:, 0] = True
+    rows = torch.tensor([3, 1, 3])
+    query = torch.randn(3, 2, 2, 16, generator=g)
+    expected = cpu_kernels.grouped_attention(keys[rows], values[rows], allowed[rows], query)
+    assert torch.equal(cpu_kernels.grouped_attention(keys, values, allowed, query, rows), expected)
+    with pytest.raises(ValueError, match="rows"):
+        cpu_kernels.grouped_attention(keys, values, allowed, query, torch.tensor([0, 4, 1]))
+
+
+@needs_kernels
 def test_log_softmax_keeps_each_row_to_its_sentences_columns():
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(6, 300, generator=g) * 8  # 3 sentences, 2 rows each

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from nmt.data.vocabulary import BOS_ID, PAD_ID
+from nmt.data.vocabulary import BOS_ID, EOS_ID, PAD_ID
 from nmt.models import cpu_kernels
 from nmt.models.kv_cache import DecoderCache, IndexedDecoderCache
 from nmt.models.registry import build_model, count_parameters, get_arch, resolve_config
@@ -401,3 +401,20 @@ def test_the_next_batch_reuses_the_cache_buffers_and_live_caches_never_share():
     assert {layer.buffer.untyped_storage().data_ptr() for layer in third.layers} <= returned  # no new ones
     assert not BUFFERS.free  # the pool kept one cache's worth, which the third took
     assert BUFFERS.free == []
+
+
+def test_decoding_on_cpu_leaves_the_encoder_output_in_place_as_sentences_leave():
+    """With nmt's C kernels, reordering picks rows (no copy of the keys and values) and decodes as the copies did."""
+    model = make_model(5)
+    src = torch.tensor([[5, 6, 7, EOS_ID], [8, 9, EOS_ID, PAD_ID], [10, EOS_ID, PAD_ID, PAD_ID]])
+    with torch.inference_mode():
+        if not isinstance(model.new_cache(), IndexedDecoderCache):
+            pytest.skip("nmt's C kernels could not be built here")
+        encoder_out = model.encode(src)
+        kept = model.reorder_encoder_out(model.reorder_encoder_out(encoder_out, torch.tensor([2, 0, 1])),
+                                         torch.tensor([0, 2]))  # sentences 2 and 1 remain
+        assert kept.memory is encoder_out.memory and kept.rows.tolist() == [2, 1] and kept.sentences() == 2
+        copied = encoder_out._replace(states=encoder_out.states[[2, 1]], padding_mask=encoder_out.padding_mask[[2, 1]],
+                                      memory=tuple((k[[2, 1]], v[[2, 1]]) for k, v in encoder_out.memory))
+        prev = torch.tensor([[BOS_ID]] * 2)
+        assert torch.equal(model.decode(prev, kept, model.new_cache()), model.decode(prev, copied, model.new_cache()))

@@ -171,17 +171,20 @@ void self_attention_bf16(const uint16_t *cache, const int64_t *starts, const int
 }
 
 /* Attention of `group` queries per sentence (its beams) to that sentence's keys and values.
- * keys, values: (sentences, heads, length, head_dim); allowed: (sentences, length), 0 at padding;
- * query, out: (sentences, group, heads, head_dim); scores: room for length floats. */
+ * keys, values: (stored, heads, length, head_dim); allowed: (stored, length), 0 at padding;
+ * query, out: (sentences, group, heads, head_dim); sentence s reads stored row rows[s] (rows NULL:
+ * row s); scores: room for length floats. */
 static inline void grouped_attention_of(const float *keys, const float *values, const uint8_t *allowed,
-                                        int64_t sentences, int64_t group, int64_t heads, int64_t length,
-                                        int64_t head_dim, const float *query, float *out, float *scores) {
+                                        const int64_t *rows, int64_t sentences, int64_t group, int64_t heads,
+                                        int64_t length, int64_t head_dim, const float *query, float *out,
+                                        float *scores) {
     const float scale = 1.f / sqrtf((float)head_dim);
     for (int64_t s = 0; s < sentences; ++s) {
-        const uint8_t *mask = allowed + s * length;
+        const int64_t stored = rows ? rows[s] : s;
+        const uint8_t *mask = allowed + stored * length;
         for (int64_t h = 0; h < heads; ++h) {
-            const float *k = keys + (s * heads + h) * length * head_dim;
-            const float *v = values + (s * heads + h) * length * head_dim;
+            const float *k = keys + (stored * heads + h) * length * head_dim;
+            const float *v = values + (stored * heads + h) * length * head_dim;
             for (int64_t g = 0; g < group; ++g) {
                 const int64_t at = ((s * group + g) * heads + h) * head_dim;
                 const float *q = query + at;
@@ -214,13 +217,14 @@ static inline void grouped_attention_of(const float *keys, const float *values, 
     }
 }
 
-void grouped_attention(const float *keys, const float *values, const uint8_t *allowed, int64_t sentences,
-                       int64_t group, int64_t heads, int64_t length, int64_t head_dim, const float *query,
-                       float *out, float *scores) {
+void grouped_attention(const float *keys, const float *values, const uint8_t *allowed, const int64_t *rows,
+                       int64_t sentences, int64_t group, int64_t heads, int64_t length, int64_t head_dim,
+                       const float *query, float *out, float *scores) {
     if (head_dim == 64)
-        grouped_attention_of(keys, values, allowed, sentences, group, heads, length, 64, query, out, scores);
+        grouped_attention_of(keys, values, allowed, rows, sentences, group, heads, length, 64, query, out, scores);
     else
-        grouped_attention_of(keys, values, allowed, sentences, group, heads, length, head_dim, query, out, scores);
+        grouped_attention_of(keys, values, allowed, rows, sentences, group, heads, length, head_dim, query, out,
+                             scores);
 }
 
 /* In place, row by row: logits (rows, columns) become log-probabilities over the columns a row may

@@ -183,8 +183,8 @@ def is_private(directory: Path) -> bool:
 def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     pointer, size = ctypes.c_void_p, ctypes.c_int64
     lib.self_attention.argtypes = [pointer, pointer, pointer, size, size, size, size, pointer, pointer, pointer]
-    lib.grouped_attention.argtypes = [pointer, pointer, pointer, size, size, size, size, size, pointer, pointer,
-                                      pointer]
+    lib.grouped_attention.argtypes = [pointer, pointer, pointer, pointer, size, size, size, size, size, pointer,
+                                      pointer, pointer]
     lib.self_attention_bf16.argtypes = lib.self_attention.argtypes
     lib.append_position.argtypes = [pointer, size, size, size, pointer, pointer]
     lib.append_position_bf16.argtypes = lib.append_position.argtypes
@@ -222,17 +222,24 @@ def self_attention(cache: Tensor, starts: Tensor, history: Tensor, length: int, 
     return out.to(query.dtype)
 
 
-def grouped_attention(keys: Tensor, values: Tensor, allowed: Tensor, query: Tensor) -> Tensor:
+def grouped_attention(keys: Tensor, values: Tensor, allowed: Tensor, query: Tensor,
+                      rows: Tensor | None = None) -> Tensor:
     """Queries (sentences, group, heads, head_dim), each group to its sentence's keys and values
-    (sentences, heads, length, head_dim) where ``allowed`` (sentences, length) is True."""
+    (stored, heads, length, head_dim) where ``allowed`` (stored, length) is True: sentence s's are
+    row ``rows[s]`` (without ``rows``, row s)."""
     sentences, group, heads, head_dim = query.shape
+    if rows is not None and (rows.shape != (sentences,) or rows.numel() and not
+                             0 <= int(rows.min()) <= int(rows.max()) < keys.size(0)):
+        raise ValueError(f"rows {tuple(rows.shape)} for {sentences} sentences of {keys.size(0)} stored")
     keys, values = keys.float().contiguous(), values.float().contiguous()  # as encode gives them: no copy
     allowed = allowed.to(torch.bool).contiguous()
     query32 = query.float().contiguous()
     out = torch.empty_like(query32)
     scores = torch.empty(keys.size(2), dtype=torch.float32)
-    library().grouped_attention(keys.data_ptr(), values.data_ptr(), allowed.data_ptr(), sentences, group, heads,
-                                keys.size(2), head_dim, query32.data_ptr(), out.data_ptr(), scores.data_ptr())
+    rows = None if rows is None else rows.to(torch.int64).contiguous()
+    library().grouped_attention(keys.data_ptr(), values.data_ptr(), allowed.data_ptr(),
+                                None if rows is None else rows.data_ptr(), sentences, group, heads, keys.size(2),
+                                head_dim, query32.data_ptr(), out.data_ptr(), scores.data_ptr())
     return out.to(query.dtype)
 
 

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 from nmt.errors import NmtError
 from nmt.models.attention import MultiHeadAttention, causal_mask
-from nmt.models.cpu_kernels import usable
+from nmt.models.cpu_kernels import grouped_attention, usable
 from nmt.models.int8 import Int8Columns, Int8Linear
 from nmt.models.kv_cache import DecoderCache, IndexedDecoderCache, IndexedKeyValueCache, KeyValueCache
 from nmt.models.registry import register_arch, register_model
@@ -64,6 +64,12 @@ class EncoderOut(NamedTuple):
     padding_mask: Tensor  # (B, S), True at padding
     memory: tuple[tuple[Tensor, Tensor], ...]  # per decoder layer: keys, values (B, heads, S, D/heads)
     output: ColumnProjection | Int8Columns | None = None  # the projection onto each sentence's columns; None: all
+    # Decoding on CPU with nmt's kernels: the sentences still searched, as rows of the above (which
+    # are then never reordered, see reorder_encoder_out); None: row i is sentence i.
+    rows: Tensor | None = None
+
+    def sentences(self) -> int:
+        return self.states.size(0) if self.rows is None else self.rows.numel()
 
 
 class ColumnProjection:
@@ -180,7 +186,8 @@ class DecoderLayer(nn.Module):
         self.ffn_block = Residual(c.d_model, c.dropout, c.normalize_before)
 
     def forward(self, x: Tensor, memory: tuple[Tensor, Tensor], memory_mask: Tensor,
-                cache: KeyValueCache | IndexedKeyValueCache | None) -> Tensor:
+                cache: KeyValueCache | IndexedKeyValueCache | None, rows: Tensor | None = None) -> Tensor:
+        """``rows``: see EncoderOut (the sentences' rows of ``memory`` and ``memory_mask``)."""
         def self_attend(h: Tensor) -> Tensor:
             new, past = h.size(1), 0
             if isinstance(cache, IndexedKeyValueCache) and new == 1:  # a decoding step on CPU
@@ -204,10 +211,15 @@ class DecoderLayer(nn.Module):
         def cross_attend(h: Tensor) -> Tensor:
             # Rows come in groups, one group per source sentence (its beams): each group's queries
             # attend to its source's keys together, which are stored once, not once per beam.
-            rows, new, dim = h.shape
+            count, new, dim = h.shape
+            if rows is not None:  # nmt's C kernel reads each sentence's row in place
+                grouped = h.reshape(rows.numel(), count // rows.numel() * new, dim)
+                allowed = memory_mask.reshape(memory_mask.size(0), -1)
+                return self.cross_attn.attend_with(
+                    grouped, lambda q: grouped_attention(*memory, allowed, q, rows)).view(count, new, dim)
             sentences = memory[0].size(0)
-            grouped = h.reshape(sentences, rows // sentences * new, dim)
-            return self.cross_attn(grouped, *memory, mask=memory_mask).view(rows, new, dim)
+            grouped = h.reshape(sentences, count // sentences * new, dim)
+            return self.cross_attn(grouped, *memory, mask=memory_mask).view(count, new, dim)
 
         x = self.self_block(x, self_attend)
         x = self.cross_block(x, cross_attend)
@@ -327,14 +339,15 @@ class Transformer(nn.Module):
         k times the encoder's: k consecutive rows per sentence (beam search's beams). Training asks
         for the states: its loss projects them itself (nmt/training/loss.py).
         """
-        if prev_output_tokens.size(0) % encoder_out.states.size(0):
-            raise ValueError(f"{prev_output_tokens.size(0)} decoder rows for {encoder_out.states.size(0)} "
+        if prev_output_tokens.size(0) % encoder_out.sentences():
+            raise ValueError(f"{prev_output_tokens.size(0)} decoder rows for {encoder_out.sentences()} "
                              "sentences: each sentence needs the same number of rows")
         offset = cache.length if cache is not None else 0
         x = self._embed(self.tgt_embed, prev_output_tokens, offset)
         memory_mask = ~encoder_out.padding_mask[:, None, None, :]
         for i, layer in enumerate(self.decoder_layers):
-            x = layer(x, encoder_out.memory[i], memory_mask, cache.layers[i] if cache is not None else None)
+            x = layer(x, encoder_out.memory[i], memory_mask, cache.layers[i] if cache is not None else None,
+                      encoder_out.rows)
         x = self.decoder_norm(x)
         if features_only:
             return x
@@ -365,11 +378,16 @@ class Transformer(nn.Module):
 
     @staticmethod
     def reorder_encoder_out(encoder_out: EncoderOut, indices: Tensor) -> EncoderOut:
-        """Rows for other sentences (beam search: when sentences leave the batch)."""
-        states, padding_mask, memory, output = encoder_out
+        """Rows for other sentences (beam search: when sentences leave the batch). Where nmt's C
+        kernel takes the cross attention, only the sentences' row numbers change: copying the keys
+        and values (twice their size while both are held) cost 2% of the time and the largest
+        part of a step's peak memory (docs/performance.md)."""
+        states, padding_mask, memory, output, rows = encoder_out
+        output = None if output is None else output.select(indices)
+        if rows is not None or usable(states):
+            return encoder_out._replace(output=output, rows=indices if rows is None else rows[indices])
         return EncoderOut(states.index_select(0, indices), padding_mask.index_select(0, indices),
-                          tuple((k.index_select(0, indices), v.index_select(0, indices)) for k, v in memory),
-                          None if output is None else output.select(indices))
+                          tuple((k.index_select(0, indices), v.index_select(0, indices)) for k, v in memory), output)
 
 
 @register_arch("transformer", "transformer_base")
