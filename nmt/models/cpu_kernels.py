@@ -228,6 +228,8 @@ def grouped_attention(keys: Tensor, values: Tensor, allowed: Tensor, query: Tens
     (stored, heads, length, head_dim) where ``allowed`` (stored, length) is True: sentence s's are
     row ``rows[s]`` (without ``rows``, row s)."""
     sentences, group, heads, head_dim = query.shape
+    if values.shape != keys.shape or allowed.shape != (keys.size(0), keys.size(2)):
+        raise ValueError(f"keys {tuple(keys.shape)}, values {tuple(values.shape)}, allowed {tuple(allowed.shape)}")
     if rows is not None and (rows.shape != (sentences,) or rows.numel() and not
                              0 <= int(rows.min()) <= int(rows.max()) < keys.size(0)):
         raise ValueError(f"rows {tuple(rows.shape)} for {sentences} sentences of {keys.size(0)} stored")

@@ -17,9 +17,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+import nmt.models.cpu_kernels as cpu_kernels
 from nmt.errors import NmtError
 from nmt.models.attention import MultiHeadAttention, causal_mask
-from nmt.models.cpu_kernels import grouped_attention, usable
+from nmt.models.cpu_kernels import usable
 from nmt.models.int8 import Int8Columns, Int8Linear
 from nmt.models.kv_cache import DecoderCache, IndexedDecoderCache, IndexedKeyValueCache, KeyValueCache
 from nmt.models.registry import register_arch, register_model
@@ -188,6 +189,9 @@ class DecoderLayer(nn.Module):
     def forward(self, x: Tensor, memory: tuple[Tensor, Tensor], memory_mask: Tensor,
                 cache: KeyValueCache | IndexedKeyValueCache | None, rows: Tensor | None = None) -> Tensor:
         """``rows``: see EncoderOut (the sentences' rows of ``memory`` and ``memory_mask``)."""
+        if rows is not None and not usable(x):  # reordered for nmt's kernel, decoded outside inference mode
+            memory = (memory[0].index_select(0, rows), memory[1].index_select(0, rows))
+            memory_mask, rows = memory_mask.index_select(0, rows), None
         def self_attend(h: Tensor) -> Tensor:
             new, past = h.size(1), 0
             if isinstance(cache, IndexedKeyValueCache) and new == 1:  # a decoding step on CPU
@@ -216,7 +220,7 @@ class DecoderLayer(nn.Module):
                 grouped = h.reshape(rows.numel(), count // rows.numel() * new, dim)
                 allowed = memory_mask.reshape(memory_mask.size(0), -1)
                 return self.cross_attn.attend_with(
-                    grouped, lambda q: grouped_attention(*memory, allowed, q, rows)).view(count, new, dim)
+                    grouped, lambda q: cpu_kernels.grouped_attention(*memory, allowed, q, rows)).view(count, new, dim)
             sentences = memory[0].size(0)
             grouped = h.reshape(sentences, count // sentences * new, dim)
             return self.cross_attn(grouped, *memory, mask=memory_mask).view(count, new, dim)
@@ -379,13 +383,13 @@ class Transformer(nn.Module):
     @staticmethod
     def reorder_encoder_out(encoder_out: EncoderOut, indices: Tensor) -> EncoderOut:
         """Rows for other sentences (beam search: when sentences leave the batch). Where nmt's C
-        kernel takes the cross attention, only the sentences' row numbers change: copying the keys
-        and values (twice their size while both are held) cost 2% of the time and the largest
-        part of a step's peak memory (docs/performance.md)."""
+        kernel takes the cross attention, only the sentences' row numbers change: no copy of the
+        keys and values at every reorder (docs/performance.md)."""
         states, padding_mask, memory, output, rows = encoder_out
         output = None if output is None else output.select(indices)
         if rows is not None or usable(states):
-            return encoder_out._replace(output=output, rows=indices if rows is None else rows[indices])
+            rows = torch.arange(states.size(0)) if rows is None else rows
+            return encoder_out._replace(output=output, rows=rows.index_select(0, indices))
         return EncoderOut(states.index_select(0, indices), padding_mask.index_select(0, indices),
                           tuple((k.index_select(0, indices), v.index_select(0, indices)) for k, v in memory), output)
 
