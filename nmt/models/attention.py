@@ -42,27 +42,34 @@ class MultiHeadAttention(nn.Module):
     def project_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
         return self.split_heads(self.k_proj(memory)), self.split_heads(self.v_proj(memory))
 
+    def project_q(self, x: Tensor) -> Tensor:
+        """Queries (B, T, H, D/H), as the C kernels read them."""
+        return self.q_proj(x).unflatten(-1, (self.heads, -1))
+
     def project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Self-attention's queries (B, T, H, D/H) and keys and values (B, H, T, D/H), in one
         product where the three are fused."""
         if self.qkv_proj is None:
-            batch, length, _ = x.shape
-            return (self.q_proj(x).view(batch, length, self.heads, -1), *self.project_kv(x))
+            return (self.project_q(x), *self.project_kv(x))
         q, k, v = self.qkv_proj(x).chunk(3, dim=-1)
         return q.unflatten(-1, (self.heads, -1)), self.split_heads(k), self.split_heads(v)
 
     def forward(self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None = None,
-                is_causal: bool = False) -> Tensor:
+                is_causal: bool = False, rows: Tensor | None = None) -> Tensor:
         """query (B, T, D); key/value already projected and split: (B, H, S, D/H).
 
         ``mask`` is boolean, broadcastable to (B, H, T, S), True where attention is allowed. A mask
         of (B, 1, 1, S) (the source's padding) at inference on CPU: nmt's C kernel, where each
-        sentence's queries attend to its keys together (nmt/models/cpu_kernels.py).
+        sentence's queries attend to its keys together (nmt/models/cpu_kernels.py). ``rows``: query
+        i's row of ``key``, ``value`` and ``mask`` (beam search leaves them in place as sentences
+        leave; None: row i).
         """
-        if mask is not None and mask.dtype == torch.bool and query.size(0) == key.size(0) and \
+        sentences = key.size(0) if rows is None else rows.numel()
+        if mask is not None and mask.dtype == torch.bool and query.size(0) == sentences and \
                 mask.shape == (key.size(0), 1, 1, key.size(2)) and cpu_kernels.usable(query):
             return self.attend_with(query, lambda q: cpu_kernels.grouped_attention(
-                key, value, mask.reshape(key.size(0), -1), q))
+                key, value, mask.reshape(key.size(0), -1), q, rows))
+        key, value, mask = select_rows(rows, key, value, mask)
         q = self.split_heads(self.q_proj(query))
         dropout = self.dropout if self.training else 0.0
         if q.device.type == "cpu" and q.dtype == torch.bfloat16:
@@ -77,13 +84,20 @@ class MultiHeadAttention(nn.Module):
     def attend_with(self, query: Tensor, attend: Callable[[Tensor], Tensor]) -> Tensor:
         """Like ``forward``, with the attention computed by ``attend`` from the projected queries
         (B, T, H, D/H), which knows its keys and values: decoding's C kernels (nmt/models/cpu_kernels.py)."""
-        batch, length, _ = query.shape
-        return self.attend_projected(self.q_proj(query).view(batch, length, self.heads, -1), attend)
+        return self.attend_projected(self.project_q(query), attend)
 
     def attend_projected(self, q: Tensor, attend: Callable[[Tensor], Tensor]) -> Tensor:
         """``attend_with`` for queries already projected (B, T, H, D/H)."""
         batch, length, heads, head_dim = q.shape
         return self.out_proj(attend(q).reshape(batch, length, heads * head_dim))
+
+
+def select_rows(rows: Tensor | None, key: Tensor, value: Tensor, mask: Tensor | None
+                ) -> tuple[Tensor, Tensor, Tensor | None]:
+    """``key``, ``value`` and ``mask`` at ``rows`` (see MultiHeadAttention.forward), as they are without."""
+    if rows is None:
+        return key, value, mask
+    return key.index_select(0, rows), value.index_select(0, rows), None if mask is None else mask.index_select(0, rows)
 
 
 def causal_mask(new: int, past: int, device: torch.device) -> Tensor:

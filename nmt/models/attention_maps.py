@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from nmt.errors import NmtError
-from nmt.models.attention import MultiHeadAttention
+from nmt.models.attention import MultiHeadAttention, select_rows
 
 
 @dataclass
@@ -42,8 +42,10 @@ def attention_probabilities(q: Tensor, k: Tensor, mask: Tensor | None = None, is
 
 
 def explicit_attention(module: MultiHeadAttention, query: Tensor, key: Tensor, value: Tensor,
-                       mask: Tensor | None = None, is_causal: bool = False) -> tuple[Tensor, Tensor]:
-    """What ``module(query, key, value, mask, is_causal)`` computes (in eval mode), and its weights."""
+                       mask: Tensor | None = None, is_causal: bool = False,
+                       rows: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """What ``module(query, key, value, mask, is_causal, rows)`` computes (in eval mode), and its weights."""
+    key, value, mask = select_rows(rows, key, value, mask)
     weights = attention_probabilities(module.split_heads(module.q_proj(query)), key, mask, is_causal)
     out = weights.to(value.dtype) @ value
     batch, _, length, _ = out.shape
@@ -62,7 +64,8 @@ def layer_index(layer: int | None, count: int, option: str) -> int:
 def _recorder(into: list[Tensor]):
     def hook(module: MultiHeadAttention, args: tuple, kwargs: dict, output: Tensor) -> None:
         query, key, value = (list(args) + [kwargs.get(name) for name in ("query", "key", "value")])[:3]
-        weights = attention_probabilities(module.split_heads(module.q_proj(query)), key, kwargs.get("mask"),
+        key, _, mask = select_rows(kwargs.get("rows"), key, value, kwargs.get("mask"))
+        weights = attention_probabilities(module.split_heads(module.q_proj(query)), key, mask,
                                           kwargs.get("is_causal", False))
         into.append(weights.detach())
 

@@ -17,7 +17,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-import nmt.models.cpu_kernels as cpu_kernels
 from nmt.errors import NmtError
 from nmt.models.attention import MultiHeadAttention, causal_mask
 from nmt.models.cpu_kernels import usable
@@ -189,9 +188,6 @@ class DecoderLayer(nn.Module):
     def forward(self, x: Tensor, memory: tuple[Tensor, Tensor], memory_mask: Tensor,
                 cache: KeyValueCache | IndexedKeyValueCache | None, rows: Tensor | None = None) -> Tensor:
         """``rows``: see EncoderOut (the sentences' rows of ``memory`` and ``memory_mask``)."""
-        if rows is not None and not usable(x):  # reordered for nmt's kernel, decoded outside inference mode
-            memory = (memory[0].index_select(0, rows), memory[1].index_select(0, rows))
-            memory_mask, rows = memory_mask.index_select(0, rows), None
         def self_attend(h: Tensor) -> Tensor:
             new, past = h.size(1), 0
             if isinstance(cache, IndexedKeyValueCache) and new == 1:  # a decoding step on CPU
@@ -216,14 +212,9 @@ class DecoderLayer(nn.Module):
             # Rows come in groups, one group per source sentence (its beams): each group's queries
             # attend to its source's keys together, which are stored once, not once per beam.
             count, new, dim = h.shape
-            if rows is not None:  # nmt's C kernel reads each sentence's row in place
-                grouped = h.reshape(rows.numel(), count // rows.numel() * new, dim)
-                allowed = memory_mask.reshape(memory_mask.size(0), -1)
-                return self.cross_attn.attend_with(
-                    grouped, lambda q: cpu_kernels.grouped_attention(*memory, allowed, q, rows)).view(count, new, dim)
-            sentences = memory[0].size(0)
+            sentences = memory[0].size(0) if rows is None else rows.numel()
             grouped = h.reshape(sentences, count // sentences * new, dim)
-            return self.cross_attn(grouped, *memory, mask=memory_mask).view(count, new, dim)
+            return self.cross_attn(grouped, *memory, mask=memory_mask, rows=rows).view(count, new, dim)
 
         x = self.self_block(x, self_attend)
         x = self.cross_block(x, cross_attend)
