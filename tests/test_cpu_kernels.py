@@ -72,8 +72,8 @@ def test_self_attention_reads_each_rows_history(rows, length, heads, head_dim):
 @pytest.mark.parametrize("rows, length, heads, head_dim", [(3, 4, 4, 16), (9, 21, 8, 64), (5, 6, 3, 64)])
 def test_a_bf16_cache_holds_torchs_rounding_and_is_read_as_its_float32_widening(rows, length, heads, head_dim):
     """Written: each key and value rounded to bf16 as torch rounds it. Read: what the float32 kernel
-    reads from the cache widened to float32 (the sums stay float32; the compiler may order them
-    otherwise)."""
+    reads from the cache widened to float32 (the sums stay float32, in another order: a bf16 cache
+    is read in pairs of entries)."""
     g = torch.Generator().manual_seed(length)
     starts = torch.arange(length + 1, dtype=torch.int64) * rows
     cache = torch.zeros(length * rows, 2, heads, head_dim, dtype=torch.bfloat16)
@@ -86,7 +86,7 @@ def test_a_bf16_cache_holds_torchs_rounding_and_is_read_as_its_float32_widening(
     query = torch.randn(rows, heads, head_dim, generator=g)
     out = cpu_kernels.self_attention(cache, starts, history, length, query)
     widened = cpu_kernels.self_attention(cache.float(), starts, history, length, query)
-    torch.testing.assert_close(out, widened, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(out, widened, rtol=1e-5, atol=1e-5)
 
 
 @needs_kernels
@@ -324,3 +324,38 @@ def test_the_int8_projections_plain_loops_give_what_its_vnni_path_gives(tmp_path
     torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-6)
     if cpu_kernels.library() is not None:
         assert torch.equal(out, cpu_kernels.project_columns_int8(x, weight, 0.01, columns, sums, counts))
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64") or cpu_kernels.find_compiler() is None
+                    or cpu_kernels.library() is None, reason="needs x86, a C compiler and the kernels built here")
+def test_the_attention_kernels_plain_loops_give_what_their_avx512_path_gives(tmp_path):
+    """Built without AVX-512, head size 64 takes the plain loops: the same attention, the sums in
+    another order; a NaN query gives NaN for its row and head alone, either way."""
+    library = tmp_path / "plain.so"
+    subprocess.run([*cpu_kernels.find_compiler(), *cpu_kernels.FLAGS, "-mno-avx512f", str(cpu_kernels.SOURCE),
+                    "-o", str(library), "-lm"], check=True, timeout=120)
+    plain = cpu_kernels.bind(ctypes.CDLL(str(library)))
+    g = torch.Generator().manual_seed(5)
+    rows, length, heads, sentences = 8, 19, 4, 2
+    starts = torch.arange(length + 1, dtype=torch.int64) * rows
+    history = torch.randint(0, rows, (length, rows), dtype=torch.int32, generator=g)
+    query = torch.randn(rows, heads, 64, generator=g)
+    query[3, 1, 7] = float("nan")
+    for dtype, kernel in ((torch.float32, plain.self_attention), (torch.bfloat16, plain.self_attention_bf16)):
+        cache = torch.randn(length * rows, 2, heads, 64, generator=g).to(dtype)
+        out, scores = torch.empty(rows, heads, 64), torch.empty(rows * heads * length)
+        kernel(cache.data_ptr(), starts.data_ptr(), history.data_ptr(), length, rows, heads, 64, query.data_ptr(),
+               out.data_ptr(), scores.data_ptr())
+        expected = cpu_kernels.self_attention(cache, starts, history, length, query)
+        torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5, equal_nan=True)
+        assert expected[3, 1].isnan().all() and expected.isnan().sum() == 64
+    keys, values = (torch.randn(sentences, heads, length, 64, generator=g) for _ in range(2))
+    allowed = torch.ones(sentences, length, dtype=torch.bool)
+    allowed[1, 11:] = False
+    grouped_query = query.view(sentences, rows // sentences, heads, 64)
+    out, scores = torch.empty_like(grouped_query), torch.empty(length)
+    plain.grouped_attention(keys.data_ptr(), values.data_ptr(), allowed.data_ptr(), None, sentences, rows // sentences,
+                            heads, length, 64, grouped_query.data_ptr(), out.data_ptr(), scores.data_ptr())
+    expected = cpu_kernels.grouped_attention(keys, values, allowed, grouped_query)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5, equal_nan=True)
+    assert expected.view(rows, heads, 64)[3, 1].isnan().all() and expected.isnan().sum() == 64
