@@ -33,6 +33,8 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from generate_speed import DEFAULT_DATA, cpu_seconds  # noqa: E402
 
+from nmt.huge_pages import restart_with_huge_pages  # noqa: E402
+
 SETTINGS = {"fp32": ("fp32", "none"), "bf16": ("bf16", "none"), "int8": ("fp32", "int8"),  # (precision, quantize)
             "shipped": ("auto", "auto")}
 SAMPLE_SECONDS = 0.02  # between two samples of the workers' memory
@@ -131,6 +133,7 @@ def run(setting: str, threads: int, path: Path, test: Path, limit: int) -> dict:
 def main() -> None:
     if sys.argv[1:] == ["--worker"]:
         return worker()
+    restart_with_huge_pages()  # as `nmt` starts itself; its workers inherit the setting (nmt/huge_pages.py)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--path", type=Path, required=True, help="a trained checkpoint")
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="directory with Multi30k's .gz files")

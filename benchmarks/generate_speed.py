@@ -56,6 +56,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from nmt import huge_pages
 from nmt.checkpoint.format import Vocabularies, load_checkpoint, model_state, save_checkpoint
 from nmt.data.dataset import DataDir
 from nmt.data.shortlist import learn_shortlist
@@ -263,6 +264,7 @@ def ratio_table(speeds: dict[tuple[str, int], float]) -> Table:
 
 
 def main() -> None:
+    huge_pages.restart_with_huge_pages()  # as `nmt` starts itself: what it decodes with (nmt/huge_pages.py)
     if sys.argv[1:] == ["--worker"]:
         return worker()
     from nmt.device import describe_cpu  # not in older checkouts, which --before imports in --worker
@@ -332,7 +334,7 @@ def main() -> None:
                             f"{args.workers or 'default'} worker(s), "
                             f"Multi30k test_2016_flickr ({len(lines):,} sentences), "
                             f"{model_name}, max length {length_rule['max_len_a']:g}*src+{length_rule['max_len_b']}, "
-                            f"{describe_cpu()}{gpu}, torch {torch.__version__}")
+                            f"{describe_cpu()}{gpu}, torch {torch.__version__}, {huge_pages.describe()}")
         columns = ["setting", "threads", "seconds", "CPU seconds", "sentences/s", "sentences/CPU-s", "tokens/s",
                    "vs first row (CPU)", "same output as fp32"]
         for column in columns + (["BLEU"] if references else []):

@@ -4,9 +4,14 @@ Loading the command's libraries (torch above all) takes seconds; a Ctrl-C in the
 command quietly with 130, as it does once the command runs, not with a traceback."""
 
 import sys
+from pathlib import Path
+
+from nmt.huge_pages import restart_with_huge_pages
 
 
 def main() -> None:
+    if Path(sys.argv[0]).name in ("nmt", "__main__.py"):  # nmt is the program, not a library in another's
+        restart_with_huge_pages()
     try:
         from nmt.cli import main as run
     except KeyboardInterrupt:
