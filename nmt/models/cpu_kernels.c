@@ -157,8 +157,9 @@ static inline __attribute__((always_inline)) void self_attention_of(
 #define ATTENTION_AVX512 1
 /* AVX-512 versions of the two attention kernels for the usual head size, 64 (the models' 512/8,
  * 256/4 and 1024/16): 16 lanes at a time where the loops above leave the compiler a horizontal sum
- * per (row, head, position) and a softmax too short to vectorize. 1.2-1.4x (self-attention) and
- * 1.5-2.2x (grouped) the loops above at decoding's sizes (docs/performance.md). */
+ * per (row, head, position) and a softmax too short to vectorize: in a decoding run's own calls,
+ * 1.3x (self-attention, much of whose time is reading the cache) and 1.5x (grouped) the loops
+ * above (docs/performance.md, "Attention 16 positions at a time"). */
 #include <immintrin.h>
 
 /* Lane i of the result: the sum of v[i]'s 16 lanes. */
