@@ -56,7 +56,6 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from nmt import huge_pages
 from nmt.checkpoint.format import Vocabularies, load_checkpoint, model_state, save_checkpoint
 from nmt.data.dataset import DataDir
 from nmt.data.shortlist import learn_shortlist
@@ -264,10 +263,11 @@ def ratio_table(speeds: dict[tuple[str, int], float]) -> Table:
 
 
 def main() -> None:
-    huge_pages.restart_with_huge_pages()  # as `nmt` starts itself: what it decodes with (nmt/huge_pages.py)
-    if sys.argv[1:] == ["--worker"]:
+    if sys.argv[1:] == ["--worker"]:  # started by this script, which restarted first (below)
         return worker()
-    from nmt.device import describe_cpu  # not in older checkouts, which --before imports in --worker
+    from nmt import huge_pages  # neither is in older checkouts, which --before imports in --worker
+    from nmt.device import describe_cpu
+    huge_pages.restart_with_huge_pages()  # as `nmt` starts itself: what it decodes with (nmt/huge_pages.py)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--path", type=Path, help="a trained checkpoint (default: random transformer_small)")
     parser.add_argument("--reference", type=Path, help="raw reference translations, for BLEU per precision")

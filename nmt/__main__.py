@@ -10,7 +10,8 @@ from nmt.huge_pages import restart_with_huge_pages
 
 
 def main() -> None:
-    if Path(sys.argv[0]).name in ("nmt", "__main__.py"):  # nmt is the program, not a library in another's
+    program = Path(sys.argv[0])  # the console script, or this file under `python -m nmt`; never another program
+    if program.name == "nmt" or program.resolve() == Path(__file__).resolve():
         restart_with_huge_pages()
     try:
         from nmt.cli import main as run

@@ -2,7 +2,7 @@
 
 Decoding reads the same weights, caches and activations at every step. With 4 KiB pages their
 addresses overflow the TLB, and each forked decoding worker faults its memory in a page at a
-time (70,000 faults for 1,000 sentences at two workers). Where Linux gives transparent huge pages
+time (72,000 faults for 1,000 sentences at two workers). Where Linux gives transparent huge pages
 to memory that asks for them (``madvise`` mode, the usual default), glibc 2.35 and later asks for
 them when ``GLIBC_TUNABLES`` holds ``glibc.malloc.hugetlb=1``: decoding then ran 4-8% faster at
 the same memory ratios (docs/performance.md). glibc reads its tunables once, as a process starts,
@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 TUNABLE = "glibc.malloc.hugetlb"
+RESTARTED = "NMT_RESTARTED_FOR_HUGE_PAGES"  # set in the new process: it never starts itself again
 THP_SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 OFF = ("0", "false", "no", "off")
 
@@ -48,22 +49,26 @@ def environment_with_huge_pages(environ: Mapping[str, str], mode: str | None,
     """``environ`` with the tunable added to GLIBC_TUNABLES where it would give huge pages that the
     process does not get already; None where there is nothing to do."""
     tunables = environ.get("GLIBC_TUNABLES", "")
-    if environ.get("NMT_HUGE_PAGES", "").strip().lower() in OFF or mode != "madvise" \
-            or glibc is None or glibc < (2, 35) or TUNABLE in tunables:
+    turned_off = environ.get("NMT_HUGE_PAGES", "").strip().lower() in OFF or RESTARTED in environ
+    if turned_off or mode != "madvise" or glibc is None or glibc < (2, 35) or TUNABLE in tunables:
         return None
-    return {**environ, "GLIBC_TUNABLES": f"{tunables}:{TUNABLE}=1" if tunables else f"{TUNABLE}=1"}
+    return {**environ, "GLIBC_TUNABLES": f"{tunables}:{TUNABLE}=1" if tunables else f"{TUNABLE}=1", RESTARTED: "1"}
 
 
 def describe() -> str:
-    """For log lines and benchmark tables: whether this process asked glibc for huge pages."""
-    if f"{TUNABLE}=1" in os.environ.get("GLIBC_TUNABLES", ""):
+    """For log lines and benchmark tables: the pages malloc's memory gets here, as far as Linux says."""
+    mode = transparent_huge_pages()
+    if mode == "always":
+        return "malloc in 2 MiB pages (transparent huge pages: always)"
+    if mode == "madvise" and f"{TUNABLE}=1" in os.environ.get("GLIBC_TUNABLES", ""):
         return f"malloc in 2 MiB pages ({TUNABLE}=1)"
-    return "malloc in 4 KiB pages"
+    return "malloc in 4 KiB pages" if mode is not None else "malloc's pages: not known here"
 
 
 def restart_with_huge_pages() -> None:
     """Replace this process by the same command line with huge pages for malloc (see above);
-    returns where there is nothing to do. Only for `nmt` itself: its first statement."""
+    returns where there is nothing to do. For `nmt` (nmt/__main__.py) and the benchmarks that time
+    it, as their first step."""
     if sys.platform != "linux" or not sys.executable or not getattr(sys, "orig_argv", None):
         return
     environ = environment_with_huge_pages(os.environ, transparent_huge_pages(), glibc_version())

@@ -327,7 +327,8 @@ def test_the_int8_projections_plain_loops_give_what_its_vnni_path_gives(tmp_path
 
 
 @pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64") or cpu_kernels.find_compiler() is None
-                    or cpu_kernels.library() is None, reason="needs x86, a C compiler and the kernels built here")
+                    or cpu_kernels.library() is None or not cpu_kernels.library().attention_avx512(),
+                    reason="needs x86 with AVX-512, a C compiler and the kernels built here")
 def test_the_attention_kernels_plain_loops_give_what_their_avx512_path_gives(tmp_path):
     """Built without AVX-512, head size 64 takes the plain loops: the same attention, the sums in
     another order; a NaN query gives NaN for its row and head alone, either way."""
@@ -335,6 +336,7 @@ def test_the_attention_kernels_plain_loops_give_what_their_avx512_path_gives(tmp
     subprocess.run([*cpu_kernels.find_compiler(), *cpu_kernels.FLAGS, "-mno-avx512f", str(cpu_kernels.SOURCE),
                     "-o", str(library), "-lm"], check=True, timeout=120)
     plain = cpu_kernels.bind(ctypes.CDLL(str(library)))
+    assert plain.attention_avx512() == 0
     g = torch.Generator().manual_seed(5)
     rows, length, heads, sentences = 8, 19, 4, 2
     starts = torch.arange(length + 1, dtype=torch.int64) * rows

@@ -22,6 +22,7 @@ ASKED = "glibc.malloc.hugetlb=1"
     ({}, "madvise", None, None),  # another C library
     ({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"}, "madvise", (2, 36), None),  # the user's choice
     ({"NMT_HUGE_PAGES": "0"}, "madvise", (2, 36), None),
+    ({huge_pages.RESTARTED: "1"}, "madvise", (2, 36), None),  # glibc dropped the tunable: never a loop
 ])
 def test_the_tunable_is_added_only_where_it_gives_huge_pages_not_had_already(environ, mode, glibc, expected):
     environ = {"PATH": "/bin", **environ}
@@ -29,7 +30,7 @@ def test_the_tunable_is_added_only_where_it_gives_huge_pages_not_had_already(env
     if expected is None:
         assert got is None
     else:
-        assert got == {**environ, "GLIBC_TUNABLES": expected}
+        assert got == {**environ, "GLIBC_TUNABLES": expected, huge_pages.RESTARTED: "1"}
 
 
 def test_the_command_starts_again_as_it_was_started_with_the_tunable(monkeypatch):
@@ -40,6 +41,7 @@ def test_the_command_starts_again_as_it_was_started_with_the_tunable(monkeypatch
     monkeypatch.setattr(sys, "orig_argv", ["python3", "-X", "utf8", "/venv/bin/nmt", "generate", "--input", "-"])
     monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
     monkeypatch.delenv("NMT_HUGE_PAGES", raising=False)
+    monkeypatch.delenv(huge_pages.RESTARTED, raising=False)
     monkeypatch.setattr(os, "execve", lambda *args: started.append(args))
     huge_pages.restart_with_huge_pages()
     (executable, argv, environ), = started
@@ -48,8 +50,9 @@ def test_the_command_starts_again_as_it_was_started_with_the_tunable(monkeypatch
     assert environ["GLIBC_TUNABLES"] == ASKED and environ["PATH"] == os.environ["PATH"]
 
 
-@pytest.mark.parametrize("program, restarts", [("/venv/bin/nmt", True), ("/src/nmt/__main__.py", True),
-                                               ("/usr/bin/my_service.py", False)])
+@pytest.mark.parametrize("program, restarts", [
+    ("/venv/bin/nmt", True), (nmt.__main__.__file__, True),  # the console script; python -m nmt
+    ("/usr/bin/my_service.py", False), ("/venv/lib/python3.12/site-packages/pytest/__main__.py", False)])
 def test_only_nmt_itself_starts_again_never_a_program_that_calls_its_main(monkeypatch, program, restarts):
     called = []
     monkeypatch.setattr(sys, "argv", [program, "--version"])
@@ -65,6 +68,7 @@ def test_only_nmt_itself_starts_again_never_a_program_that_calls_its_main(monkey
 def test_generate_runs_with_huge_pages_and_says_so(untrained_checkpoint, monkeypatch):
     monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
     monkeypatch.delenv("NMT_HUGE_PAGES", raising=False)
+    monkeypatch.delenv(huge_pages.RESTARTED, raising=False)
     done = run_nmt("generate", "--path", untrained_checkpoint, "--input", "-", stdin="1 2 3\n")
     assert done.returncode == 0, done.stderr
     assert f"malloc in 2 MiB pages ({ASKED})" in done.stderr

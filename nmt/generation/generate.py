@@ -271,10 +271,10 @@ def generate(options: GenerateOptions, show_progress: bool = True) -> GenerateRe
     if options.print_attention:
         write_attention(translations, options.print_attention)
     output_tokens = sum(len(t.hypotheses[0].tokens) for t in translations)
-    logger.info("translated %d sentence%s in %.1f s (%.1f sentences/s, %.0f tokens/s); precision: %s (%s)%s; %s",
+    logger.info("translated %d sentence%s in %.1f s (%.1f sentences/s, %.0f tokens/s, %s); precision: %s (%s)%s",
                 len(translations), "" if len(translations) == 1 else "s", seconds,
-                len(translations) / max(seconds, 1e-9), output_tokens / max(seconds, 1e-9), precision, reason,
-                decoding, huge_pages.describe())
+                len(translations) / max(seconds, 1e-9), output_tokens / max(seconds, 1e-9), huge_pages.describe(),
+                precision, reason, decoding)
     scores = []
     if options.score_reference:
         scores = score_against_references(options, [t.best(vocabs) for t in translations], references,

@@ -278,7 +278,7 @@ static inline __attribute__((always_inline)) void self_attention64(
         const void *cache, int bf16, const int64_t *starts, const int32_t *history, int64_t length, int64_t rows,
         int64_t heads, const float *query, float *out, float *scores) {
     const int64_t slot_size = 2 * heads * 64;
-    const __m512 scale = _mm512_set1_ps(0.125f);
+    const __m512 scale = _mm512_set1_ps(0.125f);  /* 1/sqrt(64) */
     for (int64_t r = 0; r < rows; ++r)
         for (int64_t h = 0; h < heads; ++h) {
             __m512 q[4], o[4], v[4], sums[16];
@@ -309,7 +309,7 @@ static inline __attribute__((always_inline)) void self_attention64(
 static void grouped_attention64(const float *keys, const float *values, const uint8_t *allowed, const int64_t *rows,
                                 int64_t sentences, int64_t group, int64_t heads, int64_t length, const float *query,
                                 float *out, float *scores) {
-    const __m512 scale = _mm512_set1_ps(0.125f);
+    const __m512 scale = _mm512_set1_ps(0.125f);  /* 1/sqrt(64) */
     for (int64_t s = 0; s < sentences; ++s) {
         const int64_t stored = rows ? rows[s] : s;
         const uint8_t *mask = allowed + stored * length;
@@ -345,11 +345,12 @@ static void grouped_attention64(const float *keys, const float *values, const ui
 
 void self_attention(const float *cache, const int64_t *starts, const int32_t *history, int64_t length, int64_t rows,
                     int64_t heads, int64_t head_dim, const float *query, float *out, float *scores) {
-#if ATTENTION_AVX512
-    if (head_dim == 64) { self_attention64(cache, 0, starts, history, length, rows, heads, query, out, scores); return; }
-#endif
     if (head_dim == 64)  /* the usual size, known to the compiler here: unrolled loops without remainders */
+#if ATTENTION_AVX512
+        self_attention64(cache, 0, starts, history, length, rows, heads, query, out, scores);
+#else
         self_attention_of(cache, 0, starts, history, length, rows, heads, 64, query, out, scores);
+#endif
     else
         self_attention_of(cache, 0, starts, history, length, rows, heads, head_dim, query, out, scores);
 }
@@ -357,11 +358,12 @@ void self_attention(const float *cache, const int64_t *starts, const int32_t *hi
 void self_attention_bf16(const uint16_t *cache, const int64_t *starts, const int32_t *history, int64_t length,
                          int64_t rows, int64_t heads, int64_t head_dim, const float *query, float *out,
                          float *scores) {
-#if ATTENTION_AVX512
-    if (head_dim == 64) { self_attention64(cache, 1, starts, history, length, rows, heads, query, out, scores); return; }
-#endif
     if (head_dim == 64)
+#if ATTENTION_AVX512
+        self_attention64(cache, 1, starts, history, length, rows, heads, query, out, scores);
+#else
         self_attention_of(cache, 1, starts, history, length, rows, heads, 64, query, out, scores);
+#endif
     else
         self_attention_of(cache, 1, starts, history, length, rows, heads, head_dim, query, out, scores);
 }
@@ -416,11 +418,12 @@ static inline void grouped_attention_of(const float *keys, const float *values, 
 void grouped_attention(const float *keys, const float *values, const uint8_t *allowed, const int64_t *rows,
                        int64_t sentences, int64_t group, int64_t heads, int64_t length, int64_t head_dim,
                        const float *query, float *out, float *scores) {
-#if ATTENTION_AVX512
-    if (head_dim == 64) { grouped_attention64(keys, values, allowed, rows, sentences, group, heads, length, query, out, scores); return; }
-#endif
     if (head_dim == 64)
+#if ATTENTION_AVX512
+        grouped_attention64(keys, values, allowed, rows, sentences, group, heads, length, query, out, scores);
+#else
         grouped_attention_of(keys, values, allowed, rows, sentences, group, heads, length, 64, query, out, scores);
+#endif
     else
         grouped_attention_of(keys, values, allowed, rows, sentences, group, heads, length, head_dim, query, out,
                              scores);
@@ -549,6 +552,14 @@ static void project_row(const uint8_t *q, int64_t dim, const int8_t *weight, con
     }
 }
 #endif
+
+int attention_avx512(void) {
+#if ATTENTION_AVX512
+    return 1;
+#else
+    return 0;
+#endif
+}
 
 int project_columns_int8_vnni(void) {
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)

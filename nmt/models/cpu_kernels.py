@@ -194,6 +194,8 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
                                          pointer, size, pointer, pointer]
     lib.project_columns_int8_vnni.argtypes = []
     lib.project_columns_int8_vnni.restype = ctypes.c_int
+    lib.attention_avx512.argtypes = []
+    lib.attention_avx512.restype = ctypes.c_int
     for kernel in (lib.self_attention, lib.self_attention_bf16, lib.grouped_attention, lib.append_position,
                    lib.append_position_bf16, lib.log_softmax_rows, lib.select_top, lib.project_columns_int8):
         kernel.restype = None
