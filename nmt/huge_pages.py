@@ -6,7 +6,7 @@ time (72,000 faults for 1,000 sentences at two workers). Where Linux gives trans
 to memory that asks for them (``madvise`` mode, the usual default), glibc 2.35 and later asks for
 them when ``GLIBC_TUNABLES`` holds ``glibc.malloc.hugetlb=1``: decoding then ran 4-8% faster at
 the same memory ratios (docs/performance.md). glibc reads its tunables once, as a process starts,
-so `nmt` starts itself again with the tunable, before importing anything. ``NMT_HUGE_PAGES=0``
+so `nmt` starts itself again with the tunable, before importing torch or anything else it needs. ``NMT_HUGE_PAGES=0``
 turns this off; a ``GLIBC_TUNABLES`` that already sets ``glibc.malloc.hugetlb`` is left alone. A
 program using nmt's Python API can set the variable before it starts.
 """
@@ -18,10 +18,11 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
+from nmt.switches import turned_off
+
 TUNABLE = "glibc.malloc.hugetlb"
 RESTARTED = "NMT_RESTARTED_FOR_HUGE_PAGES"  # set in the new process: it never starts itself again
 THP_SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
-OFF = ("0", "false", "no", "off")
 
 
 def glibc_version() -> tuple[int, int] | None:
@@ -49,9 +50,10 @@ def environment_with_huge_pages(environ: Mapping[str, str], mode: str | None,
     """``environ`` with the tunable added to GLIBC_TUNABLES where it would give huge pages that the
     process does not get already; None where there is nothing to do."""
     tunables = environ.get("GLIBC_TUNABLES", "")
-    turned_off = environ.get("NMT_HUGE_PAGES", "").strip().lower() in OFF or RESTARTED in environ
-    if turned_off or mode != "madvise" or glibc is None or glibc < (2, 35) or TUNABLE in tunables:
-        return None
+    if turned_off("NMT_HUGE_PAGES", environ) or RESTARTED in environ or TUNABLE in tunables:
+        return None  # the user's choice, or this process has started again already
+    if mode != "madvise" or glibc is None or glibc < (2, 35):
+        return None  # no huge pages to ask for, or none that the tunable would add
     return {**environ, "GLIBC_TUNABLES": f"{tunables}:{TUNABLE}=1" if tunables else f"{TUNABLE}=1", RESTARTED: "1"}
 
 

@@ -203,23 +203,24 @@ static inline __mmask16 first_lanes(int64_t n) {
     return n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1);
 }
 
+/* The lanes of entries i..i+15 (of n) that are allowed (allowed NULL: all). */
+static inline __mmask16 allowed_lanes(const uint8_t *allowed, int64_t i, int64_t n) {
+    const __mmask16 lanes = first_lanes(n - i);
+    if (!allowed) return lanes;
+    return _mm512_mask_test_epi32_mask(lanes, _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(lanes, allowed + i)),
+                                       _mm512_set1_epi32(0xFF));
+}
+
 /* softmax, 16 entries at a time. */
 static void softmax16(float *weights, const uint8_t *allowed, int64_t n) {
     __m512 max = _mm512_set1_ps(-FLT_MAX), sum = _mm512_setzero_ps();
     for (int64_t i = 0; i < n; i += 16) {
-        __mmask16 lanes = first_lanes(n - i);
-        if (allowed)
-            lanes = _mm512_mask_test_epi32_mask(lanes, _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(lanes, allowed + i)),
-                                                _mm512_set1_epi32(0xFF));
+        const __mmask16 lanes = allowed_lanes(allowed, i, n);
         max = _mm512_mask_max_ps(max, lanes, max, _mm512_maskz_loadu_ps(lanes, weights + i));
     }
     const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(max));
     for (int64_t i = 0; i < n; i += 16) {
-        const __mmask16 all = first_lanes(n - i);
-        __mmask16 lanes = all;
-        if (allowed)
-            lanes = _mm512_mask_test_epi32_mask(lanes, _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(lanes, allowed + i)),
-                                                _mm512_set1_epi32(0xFF));
+        const __mmask16 all = first_lanes(n - i), lanes = allowed_lanes(allowed, i, n);
         const __m512 e = _mm512_maskz_mov_ps(lanes, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(lanes, weights + i), top)));
         sum = _mm512_add_ps(sum, e);
         _mm512_mask_storeu_ps(weights + i, all, e);
@@ -247,25 +248,25 @@ static inline __attribute__((always_inline)) void load64(const void *base, int64
     }
 }
 
-/* Four vectors of 16 to the order load64 gives bf16 (even entries of each 32, then odd), or back. */
-static inline void to_even_odd(__m512 v[4]) {
-    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-    const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+/* Each pair of vectors (v[0], v[1]) and (v[2], v[3]), as 32 entries, permuted: lane i of the first
+ * takes entry first[i], of the second entry second[i]. */
+static inline void permute_pairs(__m512 v[4], __m512i first, __m512i second) {
     for (int c = 0; c < 4; c += 2) {
         const __m512 a = v[c], b = v[c + 1];
-        v[c] = _mm512_permutex2var_ps(a, even, b);
-        v[c + 1] = _mm512_permutex2var_ps(a, odd, b);
+        v[c] = _mm512_permutex2var_ps(a, first, b);
+        v[c + 1] = _mm512_permutex2var_ps(a, second, b);
     }
 }
 
+/* Four vectors of 16 to the order load64 gives bf16 (even entries of each 32, then odd), or back. */
+static inline void to_even_odd(__m512 v[4]) {
+    permute_pairs(v, _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30),
+                  _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31));
+}
+
 static inline void from_even_odd(__m512 v[4]) {
-    const __m512i low = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
-    const __m512i high = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
-    for (int c = 0; c < 4; c += 2) {
-        const __m512 a = v[c], b = v[c + 1];
-        v[c] = _mm512_permutex2var_ps(a, low, b);
-        v[c + 1] = _mm512_permutex2var_ps(a, high, b);
-    }
+    permute_pairs(v, _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23),
+                  _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31));
 }
 
 /* q . (the 64 entries of v), 16 partial sums. */

@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 
 from nmt.log import logger
+from nmt.switches import turned_off
 
 SOURCE = Path(__file__).with_suffix(".c")
 # -O3 vectorizes the loops; the math flags let it reorder float sums (as any SIMD dot product does)
@@ -38,13 +39,10 @@ FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fass
 COMPILE_SECONDS = 120
 
 
-OFF = {"0", "false", "no", "off"}  # NMT_CPU_KERNELS values that turn the kernels off
-
-
 @functools.cache
 def library() -> ctypes.CDLL | None:
     """The compiled kernels, or None where they cannot be had; one log line says which and why."""
-    if os.environ.get("NMT_CPU_KERNELS", "").strip().lower() in OFF:
+    if turned_off("NMT_CPU_KERNELS"):
         logger.info("decoding on CPU: torch's operations (NMT_CPU_KERNELS=%s)", os.environ["NMT_CPU_KERNELS"])
         return None
     try:
