@@ -345,6 +345,9 @@ class Trainer:
                            context.world_size, left_out, left_out)
         if context.is_main:
             logger.info("precision: %s (%s)", config.compute.precision, self.precision_reason)
+            per_epoch = -(-(len(self.data.batches) // context.world_size) // config.update_freq)
+            if warning := warmup_warning(config, per_epoch):
+                logger.warning(warning)
         run_meter = Meter()
         stop = None if self.epoch_end_owed() else stop_reason(config, state)  # an owed epoch end is done regardless
         if stop:  # config.yaml stays as the training wrote it: these options trained nothing
@@ -445,6 +448,25 @@ def batches_trained_again(position: int, world_size: int) -> int:
     """Batches a resume at ``position`` trains again: each process's shard starts at a multiple of
     the world size, so a position saved with another number of processes rounds down."""
     return position % world_size
+
+
+def warmup_warning(config: TrainConfig, updates_per_epoch: int) -> str | None:
+    """A warning when the run's update limits end it before its warm-up is half its length: the
+    learning rate would spend most of the run (or all of it) climbing to a peak it barely holds.
+    A time limit alone says nothing of the updates, so it is not judged here."""
+    limits = [(config.max_update, f"--max-update {config.max_update}")] if config.max_update else []
+    if config.max_epoch:
+        limits.append((config.max_epoch * updates_per_epoch,
+                       f"--max-epoch {config.max_epoch} x {updates_per_epoch:,} updates per epoch"))
+    if not limits:
+        return None
+    updates, why = min(limits)
+    if updates >= 2 * config.warmup_updates:
+        return None
+    where = "inside" if updates <= config.warmup_updates else "just after"
+    return (f"this run stops at {updates:,} updates ({why}), {where} its {config.warmup_updates:,}-update warm-up "
+            f"(--warmup-updates): the learning rate {'never reaches' if where == 'inside' else 'barely holds'} its "
+            f"peak; give about a tenth of the run, e.g. --warmup-updates {max(updates // 10, 1):,}, or more updates")
 
 
 def stop_reason(config: TrainConfig, state: TrainState) -> str | None:
