@@ -124,7 +124,7 @@ def interrupted_at(stderr: str) -> int:
 
 
 needs_ct2 = pytest.mark.skipif(importlib.util.find_spec("ctranslate2") is None,
-                               reason="ctranslate2 is not installed (pip install 'nmt[ct2]')")
+                               reason="ctranslate2 is not installed (pip install -e '.[ct2]' in nmt's checkout)")
 
 
 def train_tiny_checkpoint(data_dir, save_dir) -> Path:

@@ -244,7 +244,7 @@ def test_exact_search_asked_of_ctranslate2_is_a_warning_where_it_could_differ(tr
 def test_missing_ctranslate2_is_a_one_line_hint(trained, tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "ctranslate2", None)  # import fails as if not installed
     code, _, err = run_cli(monkeypatch, capsys, "export", "ctranslate2", str(trained), str(tmp_path / "out"))
-    assert code == 1 and err == "error: CTranslate2 is not installed: pip install 'nmt[ct2]'\n"
+    assert code == 1 and err == "error: CTranslate2 is not installed: pip install -e '.[ct2]' in nmt's checkout\n"
 
 
 @needs_ct2

@@ -15,7 +15,7 @@ from nmt.plot.curves import plot_curves
 from nmt.plot.options import PlotAttentionOptions, PlotCurvesOptions
 from nmt.training.metrics_file import MetricsFile
 
-matplotlib = pytest.importorskip("matplotlib", reason="nmt plot needs the plot extra (pip install 'nmt[plot]')")
+matplotlib = pytest.importorskip("matplotlib", reason="nmt plot needs matplotlib: pip install -e '.[plot]'")
 PNG = b"\x89PNG\r\n\x1a\n"
 
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("starlette", reason="nmt serve needs the serve extra: pip install 'nmt[serve]'")
-pytest.importorskip("uvicorn", reason="nmt serve needs the serve extra: pip install 'nmt[serve]'")
+pytest.importorskip("starlette", reason="nmt serve needs the serve extra: pip install -e '.[serve]' in nmt's checkout")
+pytest.importorskip("uvicorn", reason="nmt serve needs the serve extra: pip install -e '.[serve]' in nmt's checkout")
 
 from conftest import numbers_pairs  # noqa: E402
 from test_translator import tiny_checkpoint  # noqa: E402
@@ -269,7 +269,8 @@ def test_without_the_extra_the_error_says_what_to_install(checkpoint):
             f"sys.argv = ['nmt', 'serve', '--path', {str(checkpoint)!r}]; main()")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=GIVE_UP)
     assert result.returncode == 1
-    assert result.stderr == "error: nmt serve needs its optional dependencies: pip install 'nmt[serve]'\n"
+    assert result.stderr == ("error: nmt serve needs its optional dependencies: pip install -e '.[serve]' in nmt's "
+                             "checkout\n")
 
 
 def test_a_sentence_too_long_for_the_model_is_refused_alone(vocab_for_serving, tmp_path_factory):

@@ -6,7 +6,7 @@
     GET  /health     {"status": "ok", ...}
     GET  /info       arch, vocabularies, languages, precision, version, limits
 
-Starlette on uvicorn (the ``nmt[serve]`` extra). Safe by default: it binds to 127.0.0.1, and any
+Starlette on uvicorn (the ``serve`` extra). Safe by default: it binds to 127.0.0.1, and any
 other address needs an API key, checked on every request. Every bad request gets a 4xx with a
 JSON ``{"error": "one line"}``; load beyond the limits gets 408 (a body too slow to arrive), 413
 (request too large), 429 (too many sentences waiting) or 503 (not answered within the request
@@ -37,7 +37,7 @@ import torch
 from nmt.checkpoint.format import load_checkpoint
 from nmt.checkpoint.names import split_paths
 from nmt.data.vocabulary import EOS_ID
-from nmt.errors import NmtError
+from nmt.errors import NmtError, install_hint
 from nmt.generation.control_input import controls_from_lists
 from nmt.generation.inference import check_controls, check_lengths, encode_sources, translate_ids, uses_shortlist
 from nmt.generation.options import BatchingOptions, SearchOptions
@@ -352,7 +352,7 @@ def serve(options: ServeOptions) -> None:
         import starlette  # noqa: F401
         import uvicorn
     except ImportError:
-        raise NmtError("nmt serve needs its optional dependencies: pip install 'nmt[serve]'") from None
+        raise NmtError(f"nmt serve needs its optional dependencies: {install_hint('serve')}") from None
     translator = Translator.from_checkpoint(options.path, options.compute.device, options.compute.precision,
                                             options.compute.quantize)
     # torch's first call allocates its own buffers: before the memory at start is taken
