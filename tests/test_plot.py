@@ -74,7 +74,7 @@ def test_curves_without_metrics_is_a_one_line_error(tmp_path):
 
 def test_missing_matplotlib_names_the_extra(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
-    with pytest.raises(NmtError, match=r"pip install 'nmt\[plot\]'"):
+    with pytest.raises(NmtError, match=r"pip install -e '\.\[plot\]' in nmt's checkout"):
         plot_curves(PlotCurvesOptions(save_dir=str(tmp_path), output=str(tmp_path / "c.png")))
 
 
