@@ -24,6 +24,7 @@ def test_a_run_cut_off_by_its_warmup_is_told(tiny_data_dir, tmp_path, options, e
     {"max_epoch": 30, "warmup_updates": 1800},  # the warm-up is half the run: fine
     {"max_time": "2h", "warmup_updates": 4000},  # a time limit says nothing of the updates
     {"max_update": 8000, "max_epoch": 100, "warmup_updates": 4000},
+    {"max_update": 3000, "warmup_updates": 4000, "warmup_share": 0.1, "lr_schedule": "cosine"},  # a share of the run
 ])
 def test_a_run_well_past_its_warmup_is_not_warned(tiny_data_dir, tmp_path, options):
     assert warmup_warning(tiny_config(tiny_data_dir, tmp_path, **options), updates_per_epoch=120) is None

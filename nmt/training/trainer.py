@@ -147,7 +147,7 @@ class Trainer:
                                            fused=True)  # one kernel for all parameters: 5x faster on CPU
         self.scheduler = make_schedule(config.lr_schedule, config.warmup_updates,
                                        getattr(self.model_config, "d_model", 0), config.lr, config.max_update,
-                                       config.max_time_seconds)
+                                       config.max_time_seconds, config.warmup_share)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=config.compute.precision == "fp16")
         self.save_dir = Path(config.save_dir)
         self.state = TrainState()
@@ -453,7 +453,10 @@ def batches_trained_again(position: int, world_size: int) -> int:
 def warmup_warning(config: TrainConfig, updates_per_epoch: int) -> str | None:
     """A warning when the run's update limits end it before its warm-up is half its length: the
     learning rate would spend most of the run (or all of it) climbing to a peak it barely holds.
-    A time limit alone says nothing of the updates, so it is not judged here."""
+    A time limit alone says nothing of the updates, so it is not judged here; a --warmup-share
+    warm-up is a share of the run by its definition."""
+    if config.warmup_share:
+        return None
     limits = [(config.max_update, f"--max-update {config.max_update}")] if config.max_update else []
     if config.max_epoch:
         limits.append((config.max_epoch * updates_per_epoch,
