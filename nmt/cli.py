@@ -71,7 +71,7 @@ def average(given: dict, inputs_flag: Annotated[bool, typer.Option(
     from nmt.checkpoint.averaging import average as average_checkpoints
 
     options = build(AverageOptions, given, "average")
-    average_checkpoints(options.inputs, options.output, options.num_epoch_checkpoints, options.num_update_checkpoints)
+    average_checkpoints(options.inputs, options.output, **options.selection())
 
 
 @command(app, PreprocessOptions)
