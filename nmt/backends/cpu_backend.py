@@ -52,6 +52,13 @@ class CpuKernelsBackend(TorchBackend):
         bf16 = self.int8 or torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
         return IndexedDecoderCache(layers, self.kernels, self.buffers, torch.bfloat16 if bf16 else torch.float32)
 
+    def cache_row_bytes(self, layers: int, width: int, positions: int, dtype: torch.dtype, device_type: str) -> int:
+        bf16 = self.int8 or dtype == torch.bfloat16  # as new_cache chooses
+        return IndexedDecoderCache.row_bytes(layers, width, positions, 2 if bf16 else 4)
+
+    def encoder_output_copies(self) -> int:
+        return 1  # never copied: see select_sentences
+
     def cached_attention(self, query: Tensor, keys: Tensor, values: Tensor, cache: IndexedKeyValueCache) -> Tensor:
         """A decoding step (one new position) in the kernel; several new positions (a cache filled with a
         prefix at once) over the keys and values gathered from the cache."""

@@ -81,6 +81,13 @@ class IndexedDecoderCache:
         """Row i becomes old row ``indices[i]``: its history is that row's."""
         self.history.reorder(indices)
 
+    @staticmethod
+    def row_bytes(layers: int, width: int, positions: int, itemsize: int) -> int:
+        """The most one row of ``positions`` positions (keys and values of ``width`` each) takes: a slot
+        per position in every layer's buffer (reserved up front, written as the row reaches it; a block
+        has slots for the rows still searched only), and its column of the history, copied at a reorder."""
+        return layers * positions * 2 * width * itemsize + int(2 * GROWTH * positions) * 4
+
 
 class History:
     """Where each row's keys and values lie in every layer's buffer: position p's block begins at

@@ -112,3 +112,12 @@ class DecoderCache:
         """Keep/duplicate rows: beam search calls this with the surviving beams' origins."""
         for layer in self.layers:
             self.spare = layer.reorder(indices, self.spare)
+
+    @staticmethod
+    def row_bytes(layers: int, width: int, positions: int, itemsize: int, reserved: bool) -> int:
+        """The most one row of ``positions`` positions (keys and values of ``width`` each) takes, in every
+        layer's buffer and the spare: written as far as the row reaches where search reserved the room
+        (CPU: pages never written take no memory), else in buffers grown by GROWTH, one layer holding
+        its old buffer while it grows. A row that leaves gives its share to more positions of the others."""
+        position = 2 * width * itemsize
+        return (layers + 1) * positions * position if reserved else int((layers + 2) * GROWTH * positions) * position

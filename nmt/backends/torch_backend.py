@@ -50,6 +50,18 @@ class TorchBackend:
         """An empty self-attention cache for ``layers`` decoder layers."""
         return DecoderCache(layers)
 
+    def cache_row_bytes(self, layers: int, width: int, positions: int, dtype: torch.dtype, device_type: str) -> int:
+        """What one row (a hypothesis) of ``positions`` positions takes in new_cache's cache, for ``layers``
+        layers of keys and values of ``width`` computed in ``dtype`` on ``device_type`` (the server's
+        batch memory estimate: nmt/serving/budget.py). fp32 on CPU (see KeyValueCache.dtype)."""
+        itemsize = 4 if device_type == "cpu" else dtype.itemsize
+        return DecoderCache.row_bytes(layers, width, positions, itemsize, reserved=device_type == "cpu")
+
+    def encoder_output_copies(self) -> int:
+        """How many copies of a batch's encoder output decoding may hold at once: two, as select_sentences
+        copies the rows of the sentences that stay while the old ones are still held."""
+        return 2
+
     def cached_attention(self, query: Tensor, keys: Tensor, values: Tensor, cache: KeyValueCache) -> Tensor:
         """Self-attention of new positions (queries, keys and values: rows, heads, new, head_dim) over
         every position so far, their own included (causally), after appending theirs to ``cache``

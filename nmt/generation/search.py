@@ -28,6 +28,7 @@ from nmt.generation.options import SearchOptions
 from nmt.generation.searchable import SearchableModel, SearchControls
 
 NEG_INF = float("-inf")
+HYPOTHESIS_BYTES_PER_TOKEN = 12 * 2 + 80  # token id and score tensors (two copies while they grow), Python lists
 
 
 @dataclass
@@ -120,6 +121,14 @@ def select_sample(scores: Tensor, logprobs: Tensor, temperature: float, topk: in
     draws = torch.multinomial(weights, 1, generator=generator)
     beams = torch.arange(rows_per, device=scores.device).expand(sentences, -1)
     return scores + logprobs.gather(1, draws).view(sentences, rows_per), beams, draws.view(sentences, rows_per)
+
+
+def row_bytes(positions: int, columns: int, models: int = 1) -> int:
+    """The most one row (a hypothesis) of ``positions`` steps takes in the search's own tensors, scoring
+    ``columns`` (the vocabulary, or a shortlist's) with ``models`` (an ensemble's): its tokens and
+    scores so far and its finished hypotheses, and one step's float32 logits and log-probabilities
+    (an ensemble's per model, stacked, and their mean). The server sizes its batches with it."""
+    return positions * HYPOTHESIS_BYTES_PER_TOKEN + (2 * models + 3) * columns * 4
 
 
 class SearchStopped(Exception):

@@ -41,12 +41,12 @@ from nmt.errors import NmtError
 from nmt.generation.control_input import controls_from_lists
 from nmt.generation.inference import check_controls, check_lengths, encode_sources, translate_ids, uses_shortlist
 from nmt.generation.options import BatchingOptions, SearchOptions
-from nmt.generation.search import max_lengths, model_positions
+from nmt.generation.search import HYPOTHESIS_BYTES_PER_TOKEN, max_lengths, model_positions
 from nmt.generation.translator import Translator
 from nmt.log import logger
 from nmt.options import flag
 from nmt.serving.batcher import Batcher, QueueFull
-from nmt.serving.budget import HYPOTHESIS_BYTES_PER_TOKEN, SearchMemory
+from nmt.serving.budget import SearchMemory
 from nmt.serving.options import ServeOptions
 from nmt.version import __version__
 
@@ -158,7 +158,7 @@ def create_app(translator: Translator, options: ServeOptions, baseline: int = 0)
     from starlette.responses import JSONResponse
     from starlette.routing import Route
 
-    memory = SearchMemory(translator.model)
+    memory = SearchMemory(translator.model, translator.precision, translator.device.type)
     budget = batch_budget(translator, memory, options)
     batching = BatchingOptions(max_tokens=None, batch_size=options.max_queue)  # the batcher sized the batch
 
