@@ -294,9 +294,11 @@ def run_plan(plan: Plan) -> PipelineReport:
 
     def run_average() -> str:
         from nmt.checkpoint.averaging import average
+        from nmt.training.decoding_check import check_averaged
 
         options = plan.average
         used = average(options.inputs, options.output, **options.selection())
+        check_averaged(options.output, used)
         return f"{options.output} (from {len(used)} checkpoints)"
 
     def run_generate() -> str:

@@ -9,37 +9,40 @@ import pytest
 import torch
 from conftest import logged_messages, tiny_config
 
-import nmt.generation.decoding_check as decoding_check_module
+import nmt.training.decoding_check as decoding_check_module
 import nmt.training.validation as validation_module
 from nmt import Translator
-from nmt.checkpoint.averaging import average
+from nmt.backends.int8 import Int8Linear
+from nmt.backends.torch_backend import TORCH
+from nmt.checkpoint.averaging import average as average_checkpoints
 from nmt.checkpoint.format import load_checkpoint, model_from_checkpoint, save_checkpoint
 from nmt.checkpoint.names import BEST, numbered_checkpoints
 from nmt.data.dataset import DataDir
 from nmt.device import inference_device
 from nmt.device_options import InferenceDeviceOptions
 from nmt.errors import NmtError
-from nmt.generation.decoding_check import (
-    CANDIDATES,
+from nmt.generation.decoding_settings import (
     NO_RECORD,
     RECORD_KEY,
-    REFERENCE,
     DecodingSettings,
-    Setting,
-    check_decoding,
-    choose_decoding,
     decoding_settings,
     read_records,
     resolve_decoding,
     stop_for,
-    timed_check,
 )
 from nmt.generation.generate import generate
-from nmt.generation.inference import inference_model, translate_ids
+from nmt.generation.inference import TranslationRequest, inference_model, translate_ids
 from nmt.generation.options import GenerateOptions, SearchOptions
-from nmt.models.int8 import Int8Linear
 from nmt.options import build
 from nmt.scoring import MetricOptions, score
+from nmt.training.decoding_check import (
+    CANDIDATES,
+    REFERENCE,
+    check_averaged,
+    check_decoding,
+    choose_decoding,
+    timed_check,
+)
 from nmt.training.trainer import train
 
 INT8_FINISHED, INT8_EXACT, FP32_FINISHED = CANDIDATES
@@ -53,6 +56,11 @@ def checks_on_forty_sentences():
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(decoding_check_module, "MIN_CHECK_SENTENCES", 40)
         yield
+
+
+def average(inputs, output, **count):
+    """`nmt average`: the average, then its decoding check."""
+    check_averaged(output, average_checkpoints(inputs, output, **count))
 
 
 FAST = DecodingSettings("int8", "finished", "validation check, 40 sentences: ...")
@@ -81,7 +89,7 @@ def test_a_candidate_that_loses_more_than_the_tolerance_is_passed_over():
 
 def test_when_no_candidate_keeps_bleu_the_reference_setting_is_chosen():
     choice = choose_decoding(99.2, [(INT8_FINISHED, 93.3), (INT8_EXACT, 98.9), (FP32_FINISHED, 93.3)], 300)
-    assert (choice.quantize, choice.stop) == tuple(REFERENCE) == ("none", "exact")
+    assert (choice.quantize, choice.stop) == (REFERENCE.quantize, REFERENCE.stop) == ("none", "exact")
     assert choice.reason.endswith("fp32 finished 93.30 BLEU: no faster setting kept it (within 0.2)")
 
 
@@ -185,8 +193,8 @@ def test_the_check_measures_the_reference_setting_on_the_validation_sentences(tr
     sources, references = [valid.source[i] for i in range(len(valid))], [valid.target[i] for i in range(len(valid))]
     choice = check_decoding(checkpoint, sources, references, torch.device("cpu"))
     model, vocabs = model_from_checkpoint(checkpoint)
-    model = inference_model(model, "none")
-    found = translate_ids(model, sources, SearchOptions(stop="exact"), shortlist=vocabs.shortlist)
+    model = inference_model(model, "none", TORCH)  # fp32: the same translations whichever backend
+    found = translate_ids(model, sources, TranslationRequest(SearchOptions(stop="exact"), shortlist=vocabs.shortlist))
     (bleu,) = score([vocabs.target.decode(h[0].tokens) for h in found],
                     [[vocabs.target.decode(r) for r in references]], options=MetricOptions(language="de"))
     assert choice.reason.startswith(f"validation check, 40 sentences: fp32 exact {bleu.score:.2f}, int8 finished ")
@@ -290,9 +298,9 @@ def test_auto_with_an_explicit_bf16_keeps_bf16(trained, tmp_path):
 def test_training_validation_bleu_searches_exactly_whatever_the_defaults(tiny_data_dir, tmp_path, monkeypatch):
     searched = []
 
-    def spy(model, sources, search, *args, **kwargs):
-        searched.append(search.stop)
-        return translate_ids(model, sources, search, *args, **kwargs)
+    def spy(model, sources, request, *args, **kwargs):
+        searched.append(request.search.stop)
+        return translate_ids(model, sources, request, *args, **kwargs)
 
     monkeypatch.setattr(validation_module, "translate_ids", spy)
     train(tiny_config(tiny_data_dir, tmp_path, max_update=9, eval_bleu=True, check_decoding=False))
@@ -301,8 +309,7 @@ def test_training_validation_bleu_searches_exactly_whatever_the_defaults(tiny_da
 
 def test_the_defaults_are_auto():
     assert SearchOptions().stop == "auto" and InferenceDeviceOptions().quantize == "auto"
-    assert list(CANDIDATES) == [Setting("int8", "finished"), Setting("int8", "exact"),
-                                                    Setting("none", "finished")]
+    assert [setting.name() for setting in CANDIDATES] == ["int8 finished", "int8 exact", "fp32 finished"]
 
 
 
@@ -327,10 +334,10 @@ def test_the_check_decodes_each_setting_as_named(trained, tiny_data_dir, monkeyp
     sources, references = [valid.source[i] for i in range(len(valid))], [valid.target[i] for i in range(len(valid))]
     decoded, real = [], decoding_check_module.translate_ids
 
-    def spy(model, sources, search, *args, **kwargs):
+    def spy(model, sources, request, *args, **kwargs):
         int8 = any(isinstance(m, Int8Linear) for m in model.modules())
-        decoded.append(("int8" if int8 else "none", search.stop))
-        return real(model, sources, search, *args, **kwargs)
+        decoded.append(("int8" if int8 else "none", request.search.stop))
+        return real(model, sources, request, *args, **kwargs)
 
     scores = iter([30.0, 20.0, 20.0, 20.0])  # the reference, then candidates that lose 10 BLEU
     monkeypatch.setattr(decoding_check_module, "translate_ids", spy)

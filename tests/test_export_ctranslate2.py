@@ -17,7 +17,7 @@ from nmt.errors import NmtError
 from nmt.export.ctranslate2 import export_ctranslate2
 from nmt.export.options import ExportOptions
 from nmt.generation.generate import generate
-from nmt.generation.inference import prepare_model, translate_ids
+from nmt.generation.inference import TranslationRequest, prepare_model, translate_ids
 from nmt.generation.options import GenerateOptions
 from nmt.models.registry import build_model, get_arch, resolve_config
 from nmt.options import build
@@ -58,13 +58,15 @@ def ct2_hypotheses(exported, sources, options):
 def test_greedy_and_beam_outputs_equal_nmts_own(trained, exported, sources, beam, workers):
     options = options_of_generate(beam=beam, lenpen=0.0, max_tokens=2000, stop="exact")  # alpha 0: CTranslate2's rule
     model, _ = prepare_model(trained, torch.device("cpu"))
-    ours = [hyps[0].tokens for hyps in translate_ids(model, sources, options.search, options.batching)]
+    ours = [hyps[0].tokens for hyps in translate_ids(model, sources,
+                                                     TranslationRequest(options.search, options.batching))]
     # workers: several batches at once on both sides (CTranslate2's inter_threads)
     parallel = options_of_generate(beam=beam, lenpen=0.0, max_tokens=200, workers=workers, stop="exact")
     theirs = [hyps[0].tokens for hyps in ct2_hypotheses(exported, sources, parallel)]
     assert len(set(map(tuple, ours))) > 20  # varied translations, not one degenerate output
     assert theirs == ours
-    assert [hyps[0].tokens for hyps in translate_ids(model, sources, parallel.search, parallel.batching)] == ours
+    found = translate_ids(model, sources, TranslationRequest(parallel.search, parallel.batching))
+    assert [hyps[0].tokens for hyps in found] == ours
 
 
 @needs_ct2
@@ -262,7 +264,7 @@ def test_outputs_end_before_the_models_last_position_as_in_nmts_own_search(tmp_p
     source = [np.asarray(vocab.encode("five") + [EOS_ID])]
     (hypotheses,) = translate(source, None)  # CTranslate2 refused position 16 before the cap
     model, _ = prepare_model(str(checkpoint), torch.device("cpu"))
-    (ours,) = translate_ids(model, source, options.search, options.batching)
+    (ours,) = translate_ids(model, source, TranslationRequest(options.search, options.batching))
     assert len(ours[0].tokens) == 16 and len(hypotheses[0].tokens) == 16  # 15 tokens and EOS, as nmt's own
 
 

@@ -179,7 +179,7 @@ def test_out_of_memory_batches_are_skipped_then_fatal(tiny_data_dir, tmp_path, m
 @pytest.mark.slow
 def test_eval_bleu_reports_bleu_of_the_validation_set(tiny_data_dir, tmp_path, messages):
     from nmt.data.dataset import DataDir
-    from nmt.generation.inference import prepare_model, translate_ids
+    from nmt.generation.inference import TranslationRequest, prepare_model, translate_ids
     from nmt.generation.options import SearchOptions
     from nmt.scoring import MetricOptions, score
 
@@ -189,7 +189,8 @@ def test_eval_bleu_reports_bleu_of_the_validation_set(tiny_data_dir, tmp_path, m
     # split against its target side, as `generate` would score them.
     model, vocabs = prepare_model(tmp_path / "checkpoint_last.pt", torch.device("cpu"))
     valid = DataDir.open(tiny_data_dir).split("valid")
-    hypotheses = translate_ids(model, [valid.source[i] for i in range(len(valid))], SearchOptions(beam=2))
+    hypotheses = translate_ids(model, [valid.source[i] for i in range(len(valid))],
+                               TranslationRequest(SearchOptions(beam=2)))
     expected = score([vocabs.target.decode(hyps[0].tokens) for hyps in hypotheses],
                      [[vocabs.target.decode(valid.target[i]) for i in range(len(valid))]],
                      options=MetricOptions(language="de"))[0].score

@@ -2,9 +2,8 @@
 
 The paper averages the last 5 (base) or 20 (big) checkpoints. Checkpoints are read one at a
 time into a float64 running sum, so memory stays at one sum plus one checkpoint. The result is
-a model-only checkpoint (no optimizer state) that loads like any other, with the record of a
-decoding check on the run's validation set when its data directory is here
-(nmt/generation/decoding_check.py: what ``--quantize auto`` and ``--stop auto`` decode it with).
+a model-only checkpoint (no optimizer state) that loads like any other. `nmt average` then checks
+which fast decoding settings keep its BLEU (nmt/training/decoding_check.py).
 """
 
 from __future__ import annotations
@@ -20,7 +19,6 @@ from nmt.checkpoint.names import NUMBERED, numbered_checkpoints, refuse_duplicat
 from nmt.checkpoint.options import check_output_name
 from nmt.errors import NmtError
 from nmt.files import refuse_overwriting
-from nmt.generation.decoding_check import check_with_training_data, save_with_record
 from nmt.log import logger
 
 
@@ -154,9 +152,6 @@ def average(inputs: list[str | Path], output: str | Path, num_epoch_checkpoints:
     output = Path(output)
     check_output_name(output, inputs)
     refuse_overwriting("--output", output, {"input": paths})
-    checkpoint = average_checkpoints(paths)
-    save_checkpoint(output, checkpoint)  # kept whatever happens to the check that follows
+    save_checkpoint(output, average_checkpoints(paths))
     logger.info("averaged %d checkpoint(s) (%s) into %s", len(paths), ", ".join(path.name for path in paths), output)
-    train_config = load_checkpoint(paths[-1], mmap=True, verify=("train_config",)).get("train_config")
-    save_with_record(output, checkpoint, check_with_training_data(checkpoint, train_config, output.name))
     return paths

@@ -17,8 +17,9 @@ from typing import Iterator
 import torch
 from torch import Tensor, nn
 
+from nmt.backends.torch_backend import select_rows
 from nmt.errors import NmtError
-from nmt.models.attention import MultiHeadAttention, select_rows
+from nmt.models.attention import MultiHeadAttention
 
 
 @dataclass

@@ -41,12 +41,12 @@ from nmt.errors import NmtError, install_hint
 from nmt.generation.control_input import controls_from_lists
 from nmt.generation.inference import check_controls, check_lengths, encode_sources, translate_ids, uses_shortlist
 from nmt.generation.options import BatchingOptions, SearchOptions
-from nmt.generation.search import max_lengths, model_positions
+from nmt.generation.search import HYPOTHESIS_BYTES_PER_TOKEN, max_lengths, model_positions
 from nmt.generation.translator import Translator
 from nmt.log import logger
 from nmt.options import flag
 from nmt.serving.batcher import Batcher, QueueFull
-from nmt.serving.budget import HYPOTHESIS_BYTES_PER_TOKEN, SearchMemory
+from nmt.serving.budget import SearchMemory
 from nmt.serving.options import ServeOptions
 from nmt.version import __version__
 
@@ -158,14 +158,13 @@ def create_app(translator: Translator, options: ServeOptions, baseline: int = 0)
     from starlette.responses import JSONResponse
     from starlette.routing import Route
 
-    memory = SearchMemory(translator.model)
+    memory = SearchMemory(translator.model, translator.precision, translator.device.type)
     budget = batch_budget(translator, memory, options)
     batching = BatchingOptions(max_tokens=None, batch_size=options.max_queue)  # the batcher sized the batch
 
     def translate(sources, search, controls, should_stop):
-        return translate_ids(translator.model, sources, search, batching, translator.device, translator.precision,
-                             controls=controls, should_stop=should_stop,
-                             shortlist=translator.vocabs.shortlist)
+        return translate_ids(translator.model, sources,
+                             translator.request(search, batching, controls=controls, should_stop=should_stop))
 
     # A sentence searching over a quarter of the longest search the limits allow is heavy (see batcher.py).
     batcher = Batcher(translate, options.batch_window_ms / 1000, memory, budget, options.max_queue,
@@ -354,10 +353,10 @@ def serve(options: ServeOptions) -> None:
     except ImportError:
         raise NmtError(f"nmt serve needs its optional dependencies: {install_hint('serve')}") from None
     translator = Translator.from_checkpoint(options.path, options.compute.device, options.compute.precision,
-                                            options.compute.quantize)
+                                            options.compute.quantize, options.compute.backend)
     # torch's first call allocates its own buffers: before the memory at start is taken
-    translate_ids(translator.model, [np.full(2, EOS_ID)], SearchOptions(beam=1, max_len_b=1), None, translator.device,
-                  translator.precision)
+    translate_ids(translator.model, [np.full(2, EOS_ID)],
+                  translator.request(SearchOptions(beam=1, max_len_b=1, stop="exact"), BatchingOptions()))
     app = create_app(translator, options, peak_memory())
     # uvicorn refuses a request when its connection brings the open ones to limit_concurrency
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",

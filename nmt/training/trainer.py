@@ -29,12 +29,13 @@ from nmt.checkpoint.names import BEST, LAST
 from nmt.data.vocabulary import PAD_ID
 from nmt.device import autocast, resolve_device, resolve_precision
 from nmt.errors import NmtError, Stopped
-from nmt.generation.decoding_check import RECORD_KEY, first_pairs, save_with_record, timed_check
+from nmt.generation.decoding_settings import RECORD_KEY
 from nmt.log import logger, stderr_console
 from nmt.log import state as log_state
 from nmt.models.registry import build_model, count_parameters, get_arch
 from nmt.training import checkpoints as ckpt
 from nmt.training.config import TrainConfig, config_to_dict, write_config
+from nmt.training.decoding_check import first_pairs, save_with_record, timed_check
 from nmt.training.distributed import (
     DistributedContext,
     StopRequest,
