@@ -19,7 +19,7 @@ Two engines, three tables:
 
 - nmt's rows (--settings): `nmt generate` as it ships (``shipped``: automatic precision, quantization
   and stop rule, the last two as the checkpoint's validation check recorded them, see
-  nmt/generation/decoding_check.py, and the shortlist; ``--stop`` does not apply to it), fixed
+  nmt/training/decoding_check.py, and the shortlist; ``--stop`` does not apply to it), fixed
   precisions (fp32, bf16, int8, ...; +shortlist: with the checkpoint's vocabulary shortlist), and
   ct2-TYPE: `nmt generate --engine ctranslate2` on the model exported by `nmt export ctranslate2
   --quantization TYPE` (its compute type chosen as generate chooses it; +shortlist: its vocabulary
