@@ -24,6 +24,7 @@ from nmt.data.meta import DatasetMeta, SplitMeta
 from nmt.data.vocabulary import EOS_ID, PAD_ID, Vocabulary
 from nmt.demo_data import demo_pairs, sample_numbers
 from nmt.log import logger
+from nmt.models import cpu_kernels
 from nmt.models.registry import build_model, get_arch
 from nmt.training.config import TrainConfig, load_train_config
 
@@ -188,3 +189,20 @@ def messages():
     """The nmt logger's messages during the test."""
     with logged_messages() as records:
         yield records
+
+
+@pytest.fixture(params=["c", "torch"])
+def search_path(request, monkeypatch) -> Iterator[str]:
+    """Run the test twice: with nmt's C kernels for the search's log-softmax and top-k (CPU), and with
+    torch's operations (what a GPU runs, and a CPU with NMT_CPU_KERNELS=0 or no compiler)."""
+    cpu_kernels.library.cache_clear()
+    if request.param == "torch":
+        monkeypatch.setenv("NMT_CPU_KERNELS", "0")
+    elif cpu_kernels.library() is None:
+        pytest.skip("nmt's CPU kernels could not be built here (no C compiler?)")
+    assert (cpu_kernels.library() is None) == (request.param == "torch")
+    yield request.param
+    cpu_kernels.library.cache_clear()  # the next call reads NMT_CPU_KERNELS as the test found it
+
+
+both_search_paths = pytest.mark.usefixtures("search_path")
