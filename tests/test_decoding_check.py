@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
 import pytest
 import torch
 from conftest import logged_messages, tiny_config
@@ -18,6 +19,7 @@ from nmt.checkpoint.averaging import average as average_checkpoints
 from nmt.checkpoint.format import load_checkpoint, model_from_checkpoint, save_checkpoint
 from nmt.checkpoint.names import BEST, numbered_checkpoints
 from nmt.data.dataset import DataDir
+from nmt.data.vocabulary import EOS_ID
 from nmt.device import inference_device
 from nmt.device_options import InferenceDeviceOptions
 from nmt.errors import NmtError
@@ -33,6 +35,7 @@ from nmt.generation.decoding_settings import (
 from nmt.generation.generate import generate
 from nmt.generation.inference import TranslationRequest, inference_model, translate_ids
 from nmt.generation.options import GenerateOptions, SearchOptions
+from nmt.generation.search import Hypothesis
 from nmt.options import build
 from nmt.scoring import MetricOptions, score
 from nmt.training.decoding_check import (
@@ -40,6 +43,7 @@ from nmt.training.decoding_check import (
     REFERENCE,
     check_averaged,
     check_decoding,
+    check_with_training_data,
     choose_decoding,
     timed_check,
 )
@@ -353,3 +357,54 @@ def test_a_search_the_check_did_not_run_is_exact_and_the_reason_says_so(trained,
     assert (settings.quantize, settings.stop) == ("int8", "exact")
     assert settings.reason.endswith("stop exact: the check searched with generate's beam, length penalty and length "
                                     "limits, not these")
+
+
+# -- which settings and sentences the check decodes ------------------------------------------------------
+
+def spy_on_decoding(monkeypatch) -> list[tuple[str, str, list[list[int]]]]:
+    """Each decoding of the check as (quantize, stop, its sources), without decoding: every output is
+    "EOS" and every BLEU 20 (so no candidate loses and only the fastest is decoded after the reference)."""
+    decoded = []
+
+    def translate(model, sources, request, *args, **kwargs):
+        int8 = any(isinstance(m, Int8Linear) for m in model.modules())
+        decoded.append(("int8" if int8 else "none", request.search.stop, [list(map(int, s)) for s in sources]))
+        return [[Hypothesis([EOS_ID], 0.0)] for _ in sources]
+
+    monkeypatch.setattr(decoding_check_module, "translate_ids", translate)
+    monkeypatch.setattr(decoding_check_module, "score", lambda *a, **k: [type("B", (), {"score": 20.0})()])
+    return decoded
+
+
+def test_off_the_cpu_the_check_never_tries_int8(untrained_checkpoint, monkeypatch):
+    """int8 is for CPU decoding: on a GPU (here "meta", another device than the CPU) the check decodes
+    fp32 only, chooses among fp32's settings and says why."""
+    decoded = spy_on_decoding(monkeypatch)
+    sources = [np.asarray([5, EOS_ID])] * 40
+    checkpoint = load_checkpoint(untrained_checkpoint)
+    choice = check_decoding(checkpoint, sources, sources, torch.device("meta"))
+    assert [(quantize, stop) for quantize, stop, _ in decoded] == [("none", "exact"), ("none", "finished")]
+    assert (choice.quantize, choice.stop) == ("none", "finished")
+    assert choice.reason.endswith("; int8 not tried on meta")
+    decoded.clear()
+    assert check_decoding(checkpoint, sources, sources, torch.device("cpu")).quantize == "int8"  # where it is tried
+    assert [(quantize, stop) for quantize, stop, _ in decoded] == [("none", "exact"), ("int8", "finished")]
+
+
+def test_the_check_takes_every_validation_source_that_fits_the_model(untrained_checkpoint, tiny_data_dir,
+                                                                     monkeypatch):
+    """A source of exactly max_positions tokens (EOS included) fits the model and is checked; a longer
+    one is left out."""
+    monkeypatch.setattr(decoding_check_module, "MIN_CHECK_SENTENCES", 1)
+    decoded = spy_on_decoding(monkeypatch)
+    valid = DataDir.open(tiny_data_dir).split("valid")
+    sources = [list(map(int, valid.source[i])) for i in range(len(valid))]
+    longest = sorted(len(source) for source in sources)[len(sources) // 2]
+    assert any(len(s) == longest for s in sources) and any(len(s) > longest for s in sources)
+    checkpoint = load_checkpoint(untrained_checkpoint)
+    checkpoint["model_config"]["max_positions"] = longest
+    checkpoint["train_config"] = {"train": {"data": str(tiny_data_dir), "valid_subset": "valid"}}
+    choice = check_with_training_data(checkpoint, checkpoint["train_config"], "model.pt")
+    fitting = [source for source in sources if len(source) <= longest]
+    assert decoded[0][2] == fitting
+    assert choice.reason.startswith(f"validation check, {len(fitting)} sentences: ")

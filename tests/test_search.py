@@ -10,6 +10,7 @@ from typing import Callable
 
 import pytest
 import torch
+from conftest import both_search_paths
 
 from nmt.backends.torch_backend import TORCH
 from nmt.data.vocabulary import BOS_ID, EOS_ID, PAD_ID, UNK_ID
@@ -26,6 +27,15 @@ from nmt.generation.search import (
     max_lengths,
 )
 from nmt.models.registry import build_model, get_arch, resolve_config
+
+# Every test twice: with nmt's C kernels for the log-softmax and the top-k, and with torch's operations.
+pytestmark = both_search_paths
+
+
+@pytest.fixture(autouse=True)
+def toy_backend(search_path, monkeypatch):
+    """The toy decoders compute their log-softmax and top-k with the path under test."""
+    monkeypatch.setattr(ToyDecoder, "backend", search_path)
 
 VOCAB = 7  # PAD UNK BOS EOS + three words; UNK counts as a word too
 WORDS = (UNK_ID, 4, 5, 6)
@@ -197,6 +207,37 @@ def test_select_top_equals_ranking_every_continuation(vocab, width):
     assert torch.equal((beams[:, :count] * vocab + tokens[:, :count])[finite], expected.indices[finite])
     assert torch.isinf(best[:, count:]).all()
     assert ((tokens >= 0) & (tokens < vocab)).all()
+
+
+def test_select_top_never_chooses_a_nan_over_a_finite_continuation(search_path):
+    """A NaN (a row whose model overflowed) counts as -inf: the finite continuations of the other rows
+    come first, best first, wherever the NaN lies (first row, a block of its own, the only row)."""
+    generator = torch.Generator().manual_seed(0)
+    scores = torch.tensor([[0.0, -1.0, -2.0], [-0.5, 0.0, -3.0]])
+    logprobs = torch.randn(6, 200, generator=generator).log_softmax(dim=1)
+    logprobs[0] = float("nan")  # sentence 0: its best row
+    logprobs[4, 64:128] = float("nan")  # sentence 1: one block of its best row
+    best, beams, tokens = search_path.select_top(scores, logprobs, beam=3)
+    clean = logprobs.nan_to_num(nan=NEG_INF)
+    expected = (scores.unsqueeze(2) + clean.view(2, 3, 200)).view(2, -1).topk(6, dim=1)
+    assert torch.equal(best, expected.values)
+    assert torch.equal(beams * 200 + tokens, expected.indices)
+    dead = search_path.select_top(torch.zeros(1, 1), torch.full((1, 7), float("nan")), beam=2)[0]
+    assert not (dead > NEG_INF).any()  # nothing finite to choose: no candidate is alive
+
+
+def nan_after_five(source: tuple[int, ...], prefix: tuple[int, ...]) -> torch.Tensor:
+    """The model's output is NaN for every row whose output begins with 5, its likeliest first word."""
+    if prefix[:1] == (5,):
+        return torch.full((VOCAB,), float("nan"))
+    return scripted_table({(): {5: 0.6, 4: 0.3}, (4,): {6: 0.8}, (4, 6): {EOS_ID: 0.9}})(source, prefix)
+
+
+def test_a_beam_whose_scores_are_nan_is_dropped_and_the_others_go_on():
+    hyps = search(nan_after_five, [4], beam=2, nbest=2, lenpen=0.0, max_len_b=5)
+    assert hyps[0].tokens == [4, 6, EOS_ID]
+    assert hyps[0].score == pytest.approx(math.log(0.3 * 0.8 * 0.9), abs=1e-5)
+    assert all(h.tokens[0] != 5 and math.isfinite(h.score) for h in hyps)
 
 
 def test_is_done_only_when_no_alive_hypothesis_can_beat_the_worst_finished():

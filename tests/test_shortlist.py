@@ -74,6 +74,19 @@ def test_a_joint_vocabulary_lets_every_piece_be_copied():
     assert 10 not in separate.translations[10]
 
 
+def test_a_piece_already_among_its_own_translations_keeps_every_other_one():
+    """With a joint vocabulary each piece is its own candidate: added in a free slot or, in a full
+    row, over the least likely translation; a piece that already translates to itself loses none."""
+    pairs = [([10], [10, 20])] * 4 + [([11], [21, 22, 23])] * 4
+    source, target = corpus(pairs)
+    joint = learn_shortlist(source, target, 40, 40, joint=True, per_piece=2, frequent=0)
+    assert sorted(joint.translations[10].tolist()) == [10, 20]  # full, itself included: as learned
+    assert 11 in joint.translations[11] and len(set(joint.translations[11].tolist()) - {11}) == 1
+    separate = learn_shortlist(source, target, 40, 40, joint=False, per_piece=2, frequent=0)
+    assert sorted(separate.translations[10].tolist()) == [10, 20]
+    assert joint.translations[11][0] == separate.translations[11][0]  # the likeliest stays; the other gave way
+
+
 def test_a_large_corpus_is_learned_from_a_seeded_sample():
     rng = np.random.default_rng(0)
     pairs = [(rng.integers(4, 30, 5).tolist(), rng.integers(4, 30, 6).tolist()) for _ in range(200)]

@@ -143,6 +143,28 @@ def test_cache_follows_reorders_that_drop_rows_over_many_steps(backend):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+def test_several_positions_at_once_after_reorders_read_each_rows_ancestors(backend):
+    """Positions given several at a time (a forced prefix, say) after reorders that duplicate, swap
+    and drop rows: each row attends to its ancestors' keys and values, as decoding its whole prefix does."""
+    model = make_model(backend=backend)
+    src = random_tokens(3, 5)
+    prev = torch.cat([torch.full((3, 1), BOS_ID), random_tokens(3, 9, seed=7)], dim=1)
+    encoder_out = model.encode(src)
+    cache = model.new_cache()
+    rows = torch.arange(3)
+    with torch.no_grad():
+        model.decode(prev[:, :3], encoder_out, cache)
+        for order, start, stop in ((torch.tensor([2, 0, 0]), 3, 4), (torch.tensor([1, 2, 0]), 4, 7),
+                                   (torch.tensor([2, 1]), 7, 10)):
+            cache.reorder(order)
+            rows = rows[order]
+            step = model.decode(prev[rows, start:stop], model.reorder_encoder_out(encoder_out, rows), cache)
+            full = model.decode(prev[rows, :stop], model.reorder_encoder_out(encoder_out, rows))[:, start:]
+            torch.testing.assert_close(step, full, rtol=0, atol=1e-5)
+    assert cache.length == 10 and rows.tolist() == [2, 0]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_a_reserved_cache_never_replaces_its_buffers(backend):
     """Search reserves room for its longest output on CPU: each layer's buffer and the spare are made
     once, however the rows change, and decoding is the same as with buffers that grow."""

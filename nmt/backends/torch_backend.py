@@ -114,6 +114,8 @@ class TorchBackend:
         """
         sentences, width = scores.shape
         rows, vocab = logprobs.shape
+        # A NaN (a row whose model overflowed) is a dead continuation, as in C: topk would rank it first.
+        logprobs = torch.nan_to_num(logprobs, nan=NEG_INF, posinf=float("inf"), neginf=NEG_INF)
         whole = vocab // BLOCK * BLOCK
         maxima = logprobs[:, :whole].view(rows, vocab // BLOCK, BLOCK).amax(dim=2)
         if whole < vocab:
