@@ -28,47 +28,43 @@ def tiny_model(vocab: int, seed: int = 0, **shape) -> torch.nn.Module:
 SMALL = {"d_model": 32, "ffn_dim": 64, "heads": 4, "decoder_layers": 2}
 
 
-def test_a_row_holds_bos_and_its_output_in_a_cache_of_16_positions_doubled_as_needed():
-    """Per row (one beam): 104 bytes a position for its tokens and scores, 5 vocabulary-wide fp32
-    tensors (logits, log-probabilities and copies), each layer's keys and values and their spares
-    (4 per layer, plus 2) for the cache's capacity, and one step's activations and attention scores."""
-    memory = SearchMemory(tiny_model(50, **SMALL))
-    # 16 output tokens: 17 positions (BOS, and every token but the last), a cache of 32
-    assert memory.row(16) == 17 * 104 + 5 * 50 * 4 + (4 * 2 + 2) * 32 * 32 * 4 + (10 * 32 + 2 * 64 + 4 * 32) * 4
-    assert memory.row(16) == 46_032
-    # 15 output tokens: 16 positions, the first cache's 16
-    assert memory.row(15) == 16 * 104 + 5 * 50 * 4 + (4 * 2 + 2) * 16 * 32 * 4 + (10 * 32 + 2 * 64 + 4 * 16) * 4
-    assert memory.row(15) == 25_192
-    assert memory.row(1) == 2 * 104 + 5 * 50 * 4 + 10 * 16 * 32 * 4 + (320 + 128 + 4 * 16) * 4
-    assert memory.row(64) - memory.row(63) == 104 + 10 * 64 * 32 * 4 + 4 * 64 * 4  # 65 positions: 128, not 64
+def test_a_row_holds_bos_and_its_output_in_its_layers_cache_and_the_spare():
+    """Per row (one beam) on a CPU in fp32: each layer's keys and values and the spare's for every
+    position (BOS, and every token but the last; search reserves the room), 104 bytes a position for
+    its tokens and scores, 5 vocabulary-wide fp32 tensors, one step's activations and attention scores."""
+    memory = SearchMemory(tiny_model(50, **SMALL), "fp32", "cpu")
+    # 16 output tokens: 17 positions
+    assert memory.row(16) == (2 + 1) * 17 * 2 * 32 * 4 + 17 * 104 + 5 * 50 * 4 + (10 * 32 + 2 * 64 + 4 * 17) * 4
+    assert memory.row(16) == 17_888
+    assert memory.row(15) == 17_000  # one position less: 768 + 104 + 16 bytes
 
 
 def test_a_sentence_holds_its_encoder_output_and_its_beams_cross_attention_scores():
     """Per sentence, padded to the batch's longest source: the encoder states and every layer's
     cross-attention keys and values (twice: copied when sentences leave), one encoder layer's
     activations and attention scores while encoding, and beam x heads cross-attention scores."""
-    memory = SearchMemory(tiny_model(50, **SMALL))
-    kept = 2 * (2 * 2 + 1) * 7 * 32 * 4
-    encoding = (6 * 32 + 64 + 4 * 7) * 7 * 4
-    assert memory.sentence(7, 3) == kept + encoding + 3 * 4 * 7 * 4 == 17_248
-    assert memory.sentence(7, 4) - memory.sentence(7, 3) == 4 * 7 * 4  # one more beam: its heads' scores
+    memory = SearchMemory(tiny_model(50, **SMALL), "fp32", "cpu")
+    kept = 2 * (4 + 2 * 2 * 4) * 32 * 10
+    encoding = (6 * 32 + 64 + 4 * 10) * 10 * 4
+    assert memory.sentence(10, 4) == kept + 4 * 4 * 4 * 10 + encoding == 25_280
+    assert memory.sentence(10, 5) - memory.sentence(10, 4) == 4 * 4 * 10  # one more beam: its heads' scores
 
 
 def test_a_batch_counts_each_sentences_rows_to_its_own_longest_output():
-    memory = SearchMemory(tiny_model(50, **SMALL))
-    assert memory.batch([16, 15], 3, 7) == 3 * 46_032 + 3 * 25_192 + 2 * 17_248 == 248_168
+    memory = SearchMemory(tiny_model(50, **SMALL), "fp32", "cpu")
+    assert memory.batch([16, 15], 4, 10) == 4 * 17_888 + 4 * 17_000 + 2 * 25_280 == 190_112
 
 
 def test_an_ensemble_holds_every_models_caches_and_logits():
     small, other = tiny_model(50, **SMALL), tiny_model(50, seed=1, d_model=16, ffn_dim=48, heads=2, decoder_layers=1)
-    memory = SearchMemory(Ensemble([small, other]))
-    # 10 tokens, 11 positions, a cache of 16: 7 vocabulary-wide tensors for two models
+    memory = SearchMemory(Ensemble([small, other]), "fp32", "cpu")
+    # 10 tokens, 11 positions: 7 vocabulary-wide tensors for two models
     assert memory.row(10) == 11 * 104 + (2 * 2 + 3) * 50 * 4 + \
-        (4 * 2 + 2) * 16 * 32 * 4 + (10 * 32 + 2 * 64 + 4 * 16) * 4 + \
-        (4 * 1 + 2) * 16 * 16 * 4 + (10 * 16 + 2 * 48 + 2 * 16) * 4
+        (2 + 1) * 11 * 2 * 32 * 4 + (10 * 32 + 2 * 64 + 4 * 11) * 4 + \
+        (1 + 1) * 11 * 2 * 16 * 4 + (10 * 16 + 2 * 48 + 2 * 11) * 4
     assert memory.sentence(5, 2) == \
-        2 * (2 * 2 + 1) * 5 * 32 * 4 + (6 * 32 + 64 + 4 * 5) * 5 * 4 + 2 * 4 * 5 * 4 + \
-        2 * (2 * 1 + 1) * 5 * 16 * 4 + (6 * 16 + 48 + 2 * 5) * 5 * 4 + 2 * 2 * 5 * 4
+        2 * (4 + 2 * 2 * 4) * 32 * 5 + 2 * 4 * 4 * 5 + (6 * 32 + 64 + 4 * 5) * 5 * 4 + \
+        2 * (4 + 2 * 1 * 4) * 16 * 5 + 2 * 2 * 4 * 5 + (6 * 16 + 48 + 2 * 5) * 5 * 4
 
 
 class PeakMemory(TorchDispatchMode):
@@ -113,9 +109,10 @@ def test_the_tensors_a_search_allocates_stay_within_the_estimate(search_path):
     every number as fp32 and every buffer at its largest)."""
     vocab, sentences, beam, steps = 1000, 4, 4, 16
     model = tiny_model(vocab)
+    model.backend = search_path
     source = torch.randint(4, vocab, (sentences, 12), generator=torch.Generator().manual_seed(0))
     source[:, -1] = EOS_ID
-    estimate = SearchMemory(model).batch([steps] * sentences, beam, source.size(1))
+    estimate = SearchMemory(model, "fp32", "cpu").batch([steps] * sentences, beam, source.size(1))
     options = SearchOptions(beam=beam, nbest=beam, max_len_a=0, max_len_b=steps, min_len=steps, stop="exact")
     with torch.inference_mode(), PeakMemory() as allocated:
         found = beam_search(model, source, options)
