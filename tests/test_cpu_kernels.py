@@ -253,7 +253,7 @@ def decoding_backend_lines(caplog) -> list[str]:
 
 @needs_kernels
 def test_the_backend_is_chosen_once_and_said_in_one_line(fresh_library, monkeypatch, caplog):
-    caplog.set_level(logging.INFO, logger="nmt")
+    caplog.set_level(logging.DEBUG, logger="nmt")  # -v; generate's last line names the backend
     assert isinstance(choose_backend(torch.device("cpu"), "int8"), CpuKernelsBackend)
     assert decoding_backend_lines(caplog) == [f"decoding backend: nmt's C kernels ({KERNELS.describe()})"]
     assert choose_backend(torch.device("cpu"), backend="torch") is TORCH
@@ -266,7 +266,7 @@ def test_the_backend_is_chosen_once_and_said_in_one_line(fresh_library, monkeypa
 
 
 def test_without_a_compiler_decoding_uses_torchs_operations_and_says_so(fresh_library, monkeypatch, caplog):
-    caplog.set_level(logging.INFO, logger="nmt")
+    caplog.set_level(logging.DEBUG, logger="nmt")
     monkeypatch.setenv("CC", "/nonexistent/cc")
     assert choose_backend(torch.device("cpu")) is TORCH
     [line] = decoding_backend_lines(caplog)

@@ -171,6 +171,12 @@ def load_engine(options: GenerateOptions, device: torch.device) -> Engine:
         vocabs, model)
 
 
+def backend_note(engine: object) -> str:
+    """The end of generate's last log line: what nmt's own decoder computed with (nmt/backends)."""
+    backend = getattr(getattr(engine, "model", None), "backend", None)
+    return f"; decoding backend: {backend.describe()}" if backend is not None else ""
+
+
 def log_shortlist(search: SearchOptions, vocabs: Vocabularies, device: torch.device) -> None:
     """Say that a shortlist is used, and how to do without; or why the checkpoint's is not used here."""
     if not uses_shortlist(search, vocabs.shortlist, "cpu"):
@@ -278,7 +284,7 @@ def generate(options: GenerateOptions, show_progress: bool = True) -> GenerateRe
     logger.info("translated %d sentence%s in %.1f s (%.1f sentences/s, %.0f tokens/s, %s); precision: %s (%s)%s",
                 len(translations), "" if len(translations) == 1 else "s", seconds,
                 len(translations) / max(seconds, 1e-9), output_tokens / max(seconds, 1e-9), huge_pages.describe(),
-                precision, reason, decoding)
+                precision, reason, decoding + backend_note(engine))
     scores = []
     if options.score_reference:
         scores = score_against_references(options, [t.best(vocabs) for t in translations], references,
