@@ -113,10 +113,11 @@ def test_a_failed_translation_fails_its_requests_not_the_worker():
             await submit(batcher, [source(1)], SearchOptions())
         answer = await submit(batcher, [source(2)], SearchOptions())
         worker.cancel()
-        return answer, batcher.waiting
+        return answer, batcher.waiting, batcher.stats
 
-    answer, waiting = asyncio.run(scenario())
+    answer, waiting, stats = asyncio.run(scenario())
     assert len(answer) == 1 and waiting == 0
+    assert (stats.batches, stats.sentences, stats.abandoned) == (1, 1, 0)  # failed: neither translated nor abandoned
 
 
 def test_a_request_bigger_than_a_batch_takes_turns_with_those_that_arrive_meanwhile():

@@ -332,6 +332,28 @@ def test_a_sentences_bans_hold_after_the_sentences_before_it_leave_the_batch(sto
     assert 6 in search(leaving_early_table, [5], beam=2, lenpen=0.0, max_len_b=6)[0].tokens  # the ban has work to do
 
 
+def leaving_early_with_a_prefix_table(source: tuple[int, ...], prefix: tuple[int, ...]) -> torch.Tensor:
+    """Source "4" ends after one word; source "5" says "5 5 5 5 EOS"."""
+    if source == (4, EOS_ID):
+        return scripted_table({}, default={EOS_ID: 0.95})(source, prefix)
+    return scripted_table({}, default={5: 0.9} if len(prefix) < 4 else {EOS_ID: 0.9})(source, prefix)
+
+
+@both_search_paths
+def test_a_sentences_prefix_is_forced_whole_after_the_sentences_before_it_leave_the_batch():
+    """Sentence 0 (no prefix) is done after step 1 and leaves the batch; sentence 1's prefix of four
+    pieces is still forced at steps 2 and 3."""
+    decoder = ToyDecoder(leaving_early_with_a_prefix_table)
+    controls = [None, SentenceControls(prefix=[6, 6, 4, 4])]
+    options = SearchOptions(beam=2, nbest=2, lenpen=0.0, max_len_b=8, stop="exact")
+    batched = beam_search(decoder, sources([4], [5]), options, None, BatchControls.create(controls, CPU))
+    assert [sentences for _, sentences in decoder.calls][:3] == [2, 2, 1]  # at step 2, sentence 1 alone
+    assert all(h.tokens[:4] == [6, 6, 4, 4] for h in batched[1]), [h.tokens for h in batched[1]]
+    alone = beam_search(ToyDecoder(leaving_early_with_a_prefix_table), sources([5]), options, None,
+                        BatchControls.create(controls[1:], CPU))[0]
+    assert [(h.tokens, h.score) for h in batched[1]] == [(h.tokens, h.score) for h in alone]
+
+
 @both_search_paths
 def test_banned_phrases_never_appear():
     repeats = scripted_table({}, default={4: 0.5, 5: 0.3, 6: 0.1, EOS_ID: 0.05})

@@ -3,7 +3,10 @@ and how --quantize auto / --stop auto read it in `nmt generate`, the API, traini
 
 from __future__ import annotations
 
+import dataclasses
 import re
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,7 +22,8 @@ from nmt.checkpoint.averaging import average as average_checkpoints
 from nmt.checkpoint.format import load_checkpoint, model_from_checkpoint, save_checkpoint
 from nmt.checkpoint.names import BEST, numbered_checkpoints
 from nmt.data.dataset import DataDir
-from nmt.data.vocabulary import EOS_ID
+from nmt.data.meta import DatasetMeta
+from nmt.data.vocabulary import EOS_ID, Vocabulary
 from nmt.device import inference_device
 from nmt.device_options import InferenceDeviceOptions
 from nmt.errors import NmtError
@@ -408,3 +412,21 @@ def test_the_check_takes_every_validation_source_that_fits_the_model(untrained_c
     fitting = [source for source in sources if len(source) <= longest]
     assert decoded[0][2] == fitting
     assert choice.reason.startswith(f"validation check, {len(fitting)} sentences: ")
+
+
+@pytest.mark.parametrize("side", ["en", "de"])
+def test_the_check_is_skipped_where_the_data_directory_holds_another_vocabulary(untrained_checkpoint, tiny_data_dir,
+                                                                                tmp_path, side, monkeypatch,
+                                                                                messages):
+    """Token ids of another source or target vocabulary would be nonsense to the model: no check."""
+    decoded = spy_on_decoding(monkeypatch)
+    data = Path(shutil.copytree(tiny_data_dir, tmp_path / "data"))
+    Vocabulary.train([f"{word} {word}s" for word in ("zwei", "drei", "vier", "five", "six")] * 20,
+                     vocab_size=40).save(data / "other.model")
+    meta = DatasetMeta.load(data)
+    dataclasses.replace(meta, vocab_files={**meta.vocab_files, side: "other.model"}).save(data)
+    checkpoint = load_checkpoint(untrained_checkpoint)
+    train_config = {"train": {"data": str(data), "valid_subset": "valid"}}
+    assert check_with_training_data(checkpoint, train_config, "model.pt") is None and decoded == []
+    assert f"decoding check of model.pt skipped: {data} now holds other vocabularies than the checkpoints' " \
+           "(--quantize auto and --stop auto will decode it with none and exact)" in messages

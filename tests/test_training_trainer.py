@@ -135,7 +135,11 @@ def test_patience_stops_and_validation_interval(tiny_data_dir, tmp_path, monkeyp
 
     losses = itertools.chain([5.0, 4.0, 4.0], itertools.repeat(4.5))  # the third no lower, the fourth higher
     real = validation.validation_loss
-    monkeypatch.setattr(validation, "validation_loss", lambda *args: {**real(*args), "loss": next(losses)})
+
+    def given_loss(*args, **kwargs) -> dict[str, float]:
+        return {**real(*args, **kwargs), "loss": next(losses)}
+
+    monkeypatch.setattr(validation, "validation_loss", given_loss)
     summary = train(tiny_config(tiny_data_dir, tmp_path, validate_interval_updates=2, patience=2, max_epoch=5))
     assert summary.stop_reason == "no better validation loss in 2 validations (--patience)"
     assert summary.updates == 8 and summary.best_valid_loss == 4.0
