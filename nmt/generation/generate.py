@@ -172,9 +172,9 @@ def load_engine(options: GenerateOptions, device: torch.device) -> Engine:
 
 
 def backend_note(engine: object) -> str:
-    """The end of generate's last log line: what nmt's own decoder computed with (nmt/backends)."""
+    """For generate's last log line: what nmt's own decoder computed with (nmt/backends)."""
     backend = getattr(getattr(engine, "model", None), "backend", None)
-    return f"; decoding backend: {backend.describe()}" if backend is not None else ""
+    return f", decoding backend: {backend.describe()}" if backend is not None else ""
 
 
 def log_shortlist(search: SearchOptions, vocabs: Vocabularies, device: torch.device) -> None:
@@ -281,10 +281,10 @@ def generate(options: GenerateOptions, show_progress: bool = True) -> GenerateRe
     if options.print_attention:
         write_attention(translations, options.print_attention)
     output_tokens = sum(len(t.hypotheses[0].tokens) for t in translations)
-    logger.info("translated %d sentence%s in %.1f s (%.1f sentences/s, %.0f tokens/s, %s); precision: %s (%s)%s",
+    logger.info("translated %d sentence%s in %.1f s (%.1f sentences/s, %.0f tokens/s, %s%s); precision: %s (%s)%s",
                 len(translations), "" if len(translations) == 1 else "s", seconds,
                 len(translations) / max(seconds, 1e-9), output_tokens / max(seconds, 1e-9), huge_pages.describe(),
-                precision, reason, decoding + backend_note(engine))
+                backend_note(engine), precision, reason, decoding)
     scores = []
     if options.score_reference:
         scores = score_against_references(options, [t.best(vocabs) for t in translations], references,
