@@ -214,14 +214,15 @@ def source_ids(vocabs, lines: list[str]) -> list:
 def nmt_translator(path: Path, options) -> Translator:
     """nmt's own decoder, its precision chosen as `nmt generate` chooses it on ``options.compute.device``."""
     from nmt.device import inference_device
-    from nmt.generation.inference import prepare_model, translate_ids
+    from nmt.generation.inference import TranslationRequest, prepare_model, translate_ids
 
     device, precision, _ = inference_device(options.compute)
     model, vocabs = prepare_model(path, device, options.compute.quantize)
 
     def translate(lines: list[str]) -> list[list[int]]:
-        hypotheses = translate_ids(model, source_ids(vocabs, lines), options.search, options.batching, device=device,
-                                   precision=precision, shortlist=vocabs.shortlist, fork_workers=True)  # as generate
+        request = TranslationRequest(options.search, options.batching, device=device, precision=precision,
+                                     shortlist=vocabs.shortlist, fork_workers=True)  # as generate
+        hypotheses = translate_ids(model, source_ids(vocabs, lines), request)
         return [hyps[0].tokens for hyps in hypotheses]
 
     return translate
@@ -248,7 +249,7 @@ def make_translator(setting: str, path: Path, search: dict, exports: dict[str, s
     vocabulary map); the others score the whole vocabulary."""
     import dataclasses
 
-    from nmt.generation.decoding_check import decoding_settings
+    from nmt.generation.decoding_settings import decoding_settings
     from nmt.generation.options import GenerateOptions
     from nmt.options import build
 
