@@ -11,9 +11,10 @@ lenpen 1.4), from the repository root:
 
 Every timed run is a fresh process (``--worker``) that loads its engine, warms it up on 32 sentences
 and times one pass over the test set (loading excluded), so that neither engine inherits the other's
-threads, allocator, huge pages or warm caches: nmt's processes start themselves with huge pages for
-malloc as `nmt` does (nmt/huge_pages.py); CTranslate2's import neither torch nor nmt and run in the
-environment this script was started in.
+threads, allocator, huge pages or warm caches: nmt's processes start themselves as `nmt generate`
+does, with huge pages for malloc (nmt/huge_pages.py), then one malloc arena and small oneDNN caches
+(``nmt.tune_for_decoding``, nmt/tuning.py), and take their torch threads as its --threads sets them;
+CTranslate2's import neither torch nor nmt and run in the environment this script was started in.
 
 Two engines, three tables:
 
@@ -133,9 +134,11 @@ class Job:
 def worker() -> None:
     """``--worker``: time one run as stdin's JSON asks and print the Run as JSON."""
     if os.environ.get("NMT_BENCHMARK_ENGINE") == "nmt":
-        try:  # as `nmt` starts itself (an older checkout, --before, may have no huge pages yet)
+        try:  # as `nmt generate` starts itself (an older checkout, --before, may have neither yet)
             from nmt import huge_pages
             huge_pages.restart_with_huge_pages()  # stdin is not read yet: the new process reads it
+            from nmt import tune_for_decoding
+            tune_for_decoding()  # before torch is imported: one malloc arena, small oneDNN caches
         except ImportError:
             pass
     job = json.loads(sys.stdin.read())
@@ -188,7 +191,8 @@ def peer_run(job: dict[str, Any]) -> Run:
 
 
 def nmt_run(job: dict[str, Any]) -> Run:
-    """One of nmt's rows: ``make_translator``'s translator for the setting, on ``threads`` torch threads."""
+    """One of nmt's rows: ``make_translator``'s translator for the setting, on ``threads`` torch threads
+    (set as `nmt generate --threads` sets them, and as an older checkout, --before, can)."""
     import torch
 
     torch.set_num_threads(job["threads"])

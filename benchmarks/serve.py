@@ -50,10 +50,9 @@ ISSUE_REQUEST = {"text": ["a"] * 64, "beam": 16, "max_len_a": 4, "max_len_b": 51
 def start_server(path: Path, log: Path, threads: int, window_ms: float,
                  options: list[str]) -> tuple[subprocess.Popen, int]:
     command = [sys.executable, "-m", "nmt", "serve", "--path", str(path), "--port", "0", "--log-format", "json",
-               "--batch-window-ms", str(window_ms), *options]
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+               "--batch-window-ms", str(window_ms), "--threads", str(threads), *options]
     with open(log, "w") as stderr:
-        process = subprocess.Popen(command, stderr=stderr, stdout=subprocess.DEVNULL, env=env)
+        process = subprocess.Popen(command, stderr=stderr, stdout=subprocess.DEVNULL)
     while process.poll() is None:
         for line in log.read_text().splitlines():
             message = json.loads(line)["message"]

@@ -28,6 +28,14 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def use_threads(threads: int | None, processes: int = 1) -> None:
+    """--threads: torch's intra-op threads, ``threads`` in all shared by this machine's ``processes``
+    (at least one each), set before a model is built; None leaves torch's own count (OMP_NUM_THREADS,
+    else one per core)."""
+    if threads is not None:
+        torch.set_num_threads(max(1, threads // processes))
+
+
 def cpu_info() -> dict[str, str]:
     """The first processor's entry of /proc/cpuinfo (empty where there is none)."""
     try:

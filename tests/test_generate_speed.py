@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -92,3 +93,17 @@ def test_ctranslate2_alone_runs_without_torch_and_decodes_as_the_engine(exported
     engine = translate_ids_ctranslate2(translator, vocabs, ids, options, max_positions=max_positions)
     assert [[vocabs.target.processor.piece_to_id(p) for p in hyp] + [EOS_ID] for hyp in outputs] == \
         [hyps[0].tokens for hyps in engine]
+
+
+def test_nmt_rows_run_tuned_as_nmt_generate_before_torch_is_imported():
+    """nmt's timing process takes one malloc arena and small oneDNN caches (nmt.tune_for_decoding), as
+    `nmt generate` does, before torch is imported: the benchmark times nmt as it ships."""
+    code = ("import json, os, sys; sys.path.insert(0, sys.argv[1]); import generate_speed; "
+            "generate_speed.nmt_run = lambda job: generate_speed.Run(0.0, 0.0, [], json.dumps("
+            "[os.environ.get('ONEDNN_PRIMITIVE_CACHE_CAPACITY'), 'torch' in sys.modules])); generate_speed.worker()")
+    environment = {name: value for name, value in os.environ.items()
+                   if name not in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")}
+    environment["NMT_BENCHMARK_ENGINE"] = "nmt"
+    done = subprocess.run([sys.executable, "-c", code, str(SCRIPT.parent)], input=json.dumps({"engine": "nmt"}),
+                          text=True, capture_output=True, check=True, env=environment)
+    assert json.loads(json.loads(done.stdout.splitlines()[-1])["note"]) == ["16", False]

@@ -74,12 +74,12 @@ class BatchingOptions:
                 "32,000 on a GPU (2-3x as fast as 8,000 on an H200).", "min": 0})
     batch_size: int | None = field(default=None, metadata={"help": "Sentences per batch at most.", "min": 1})
     workers: int | None = field(default=None, metadata={
-        "help": "Batches decoded at the same time, sharing the CPU threads (CTranslate2's inter_threads); each gets "
-                "at least one, so more workers than threads share cores. On Linux a worker with one thread is a "
-                "process forked after loading (it shares the weights), else a thread. Unset: on CPU, "
-                "one per thread (at most one per sentence): a step's many small operations barely use a second "
-                "thread, a second batch does (--engine ctranslate2: one per thread, its inter_threads, set as it "
-                "loads); 1 with --sampling and on a GPU.",
+        "help": "Batches decoded at the same time, sharing the CPU threads (--threads; CTranslate2's "
+                "inter_threads); each gets at least one, so more workers than threads share cores. On Linux a "
+                "worker with one thread is a process forked after loading (it shares the weights), else a thread. "
+                "Unset: on CPU, one per thread (at most one per sentence): a step's many small operations barely "
+                "use a second thread, a second batch does (--engine ctranslate2: one per thread, its inter_threads, "
+                "set as it loads); 1 with --sampling and on a GPU.",
         "min": 1})
 
     def __post_init__(self) -> None:

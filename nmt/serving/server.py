@@ -37,6 +37,7 @@ import torch
 from nmt.checkpoint.format import load_checkpoint
 from nmt.checkpoint.names import split_paths
 from nmt.data.vocabulary import EOS_ID
+from nmt.device import use_threads
 from nmt.errors import NmtError, install_hint
 from nmt.generation.control_input import controls_from_lists
 from nmt.generation.inference import check_controls, check_lengths, encode_sources, translate_ids, uses_shortlist
@@ -352,6 +353,7 @@ def serve(options: ServeOptions) -> None:
         import uvicorn
     except ImportError:
         raise NmtError(f"nmt serve needs its optional dependencies: {install_hint('serve')}") from None
+    use_threads(options.compute.threads)
     translator = Translator.from_checkpoint(options.path, options.compute.device, options.compute.precision,
                                             options.compute.quantize, options.compute.backend)
     # torch's first call allocates its own buffers: before the memory at start is taken

@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from nmt.device import use_threads
 from nmt.errors import NmtError, Stopped
 from nmt.log import logger, setup_logging, state
 from nmt.training.config import TrainConfig
@@ -154,8 +155,8 @@ def _worker(rank: int, target: Callable[[Any], Any], argument: Any, world_size: 
     """One spawned process: the torchrun environment, the parent's logging, then ``target``."""
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
                       LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    if "OMP_NUM_THREADS" not in os.environ:
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
+    if "OMP_NUM_THREADS" not in os.environ:  # the cores shared, as --threads is (train_process)
+        use_threads(os.cpu_count() or 1, world_size)
     verbose, level, log_format = log_settings
     setup_logging(verbose, level > logging.INFO, log_format)
     try:
