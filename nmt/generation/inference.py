@@ -35,7 +35,7 @@ from nmt.generation.candidates import batch_candidates
 from nmt.generation.constraints import BatchControls, SentenceControls, contains
 from nmt.generation.ensemble import Ensemble
 from nmt.generation.options import BatchingOptions, SearchOptions, check_workers, choose_workers
-from nmt.generation.search import Hypothesis, beam_search, max_lengths, model_positions
+from nmt.generation.search import Hypothesis, SearchStopped, beam_search, max_lengths, model_positions
 from nmt.generation.workers import forks_workers, map_in_workers, share_one_malloc_arena
 from nmt.log import logger
 from nmt.models import int8
@@ -143,6 +143,8 @@ def translate_ids(model: nn.Module, sources: list[np.ndarray], search: SearchOpt
     shortlist = shortlist if uses_shortlist(search, shortlist, device.type) else None
 
     def search_batch(indices: np.ndarray) -> list[list[Hypothesis]]:
+        if should_stop is not None and should_stop():  # before the controls' tables are built, too
+            raise SearchStopped("stopped before the batch began")
         with torch.inference_mode(), autocast(device, precision):  # both are per thread
             batch = collate(indices, [sources[i] for i in indices]).to(device)
             batch_controls = BatchControls.create([controls[i] for i in indices], device) if controls else None

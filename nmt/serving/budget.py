@@ -10,6 +10,12 @@ sentences leave the batch), and while encoding, one layer's activations and atte
 A row leaves the batch when its sentence is done, by its own longest output at the latest, so
 each row counts up to that output only.
 
+Controls (nmt/generation/constraints.py) add, per sentence, their token tensors padded to the
+sentence's batch (prefix, constraints and their KMP tables, bans: 8-byte ids) and each step's
+work on them: every row compares its last tokens with every ban, and with constraints every
+candidate (2 x beam, plus each row's best token and next constraint pieces) gathers its
+sentence's constraint pieces and tables.
+
 Every tensor counts 4 bytes a number (fp32, what the CPU cache keeps; bf16 on a GPU takes half),
 so the estimate is an upper bound of what the search allocates, not of the allocator's slack.
 """
@@ -21,7 +27,9 @@ from dataclasses import dataclass
 
 from torch import nn
 
-FLOAT = 4
+from nmt.generation.constraints import SentenceControls
+
+FLOAT, LONG = 4, 8
 HYPOTHESIS_BYTES_PER_TOKEN = 12 * 2 + 80  # token id and score tensors (two copies while they grow), Python lists
 
 
@@ -74,3 +82,36 @@ class SearchMemory:
         source."""
         return sum(beam * self.row(limit) for limit in output_limits) + \
             len(output_limits) * self.sentence(longest_source, beam)
+
+
+@dataclass(frozen=True)
+class ControlShape:
+    """The size of a batch's controls, each count the largest of its sentences': what they are padded to."""
+
+    prefix: int = 0  # pieces
+    constraints: int = 0  # per sentence
+    constraint_pieces: int = 0
+    bans: int = 0
+    ban_pieces: int = 0
+
+    @classmethod
+    def of(cls, controls: list[SentenceControls | None]) -> ControlShape:
+        given = [c for c in controls if c]
+        return cls(max((len(c.prefix) for c in given), default=0),
+                   max((len(c.constraints) for c in given), default=0),
+                   max((len(p) for c in given for p in c.constraints), default=0),
+                   max((len(c.bans) for c in given), default=0),
+                   max((len(p) for c in given for p in c.bans), default=0))
+
+
+def control_bytes(shape: ControlShape, beam: int) -> int:
+    """One sentence's controls in a batch padded to ``shape``, at ``beam``: kept, and one step's work
+    (twice: the temporaries of gathers and comparisons)."""
+    count, pieces = shape.constraints, shape.constraint_pieces
+    table = count * (pieces + 1) * pieces
+    kept = (2 * shape.prefix + 3 * count * pieces + table + 3 * shape.bans * shape.ban_pieces) * LONG
+    rows = beam * 2 * count * LONG  # each row's matched pieces and met constraints
+    banning = beam * shape.bans * shape.ban_pieces * (LONG + 2)  # each row against each ban
+    candidates = (2 * beam + beam * (count + 1)) if count else 0
+    constraining = candidates * (count * pieces * (2 * LONG + 1) + table * LONG + 16 * LONG)
+    return kept + rows + 2 * (banning + constraining)
