@@ -1,6 +1,7 @@
 """nmt's C kernels for decoding's attention on CPU (nmt/models/cpu_kernels.py) against torch's."""
 
 import ctypes
+import hashlib
 import logging
 import os
 import platform
@@ -361,3 +362,102 @@ def test_the_attention_kernels_plain_loops_give_what_their_avx512_path_gives(tmp
     expected = cpu_kernels.grouped_attention(keys, values, allowed, grouped_query)
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5, equal_nan=True)
     assert expected.view(rows, heads, 64)[3, 1].isnan().all() and expected.isnan().sum() == 64
+
+
+PLANTED = """#include <stdio.h>
+#include <stdlib.h>
+__attribute__((constructor)) static void planted(void) {
+    FILE *f = fopen(getenv("NMT_PLANTED_MARKER"), "w");
+    if (f) fclose(f);
+}
+"""
+LOADS = [sys.executable, "-c", "from nmt.models import cpu_kernels; print(cpu_kernels.library() is not None)"]
+
+
+@pytest.fixture(scope="module")
+def built_with_a_loose_umask(tmp_path_factory):
+    """The kernels built into a fresh cache under umask 002 (a group-writable default): (cache, library)."""
+    root = tmp_path_factory.mktemp("kernel-cache")
+    environment = {**os.environ, "XDG_CACHE_HOME": str(root / "cache"), "TMPDIR": str(root)}
+    code = "import os; os.umask(0o002); " + LOADS[2]
+    result = subprocess.run([sys.executable, "-c", code], env=environment, capture_output=True, text=True)
+    assert result.stdout.strip() == "True", result.stderr
+    [library] = (root / "cache" / "nmt" / "kernels").glob("*.so")
+    return root / "cache", library
+
+
+def planted_library(directory: Path) -> Path:
+    """A library that, once loaded, leaves a file where $NMT_PLANTED_MARKER says: another user's code."""
+    source = directory / "planted.c"
+    source.write_text(PLANTED)
+    library = directory / "planted.so"
+    subprocess.run([*cpu_kernels.find_compiler(), "-shared", "-fPIC", str(source), "-o", str(library)], check=True,
+                   timeout=120)
+    return library
+
+
+def private_copy(library: Path, directory: Path) -> None:
+    """The built library, whole, in a cache directory of this user's alone."""
+    directory.mkdir(mode=0o700, parents=True)
+    shutil.copy(library, directory / library.name)
+    shutil.copy(library.with_name(library.name + ".sha256"), directory / (library.name + ".sha256"))
+
+
+def loads_with(cache: Path, temporary: Path, marker: Path) -> subprocess.CompletedProcess:
+    environment = {**os.environ, "XDG_CACHE_HOME": str(cache), "TMPDIR": str(temporary),
+                   "NMT_PLANTED_MARKER": str(marker)}
+    return subprocess.run(LOADS, env=environment, capture_output=True, text=True)
+
+
+@needs_kernels
+def test_the_cache_is_made_private_whatever_the_umask(built_with_a_loose_umask):
+    cache, library = built_with_a_loose_umask
+    for path in (cache / "nmt", cache / "nmt" / "kernels", library):
+        assert os.stat(path).st_mode & 0o077 == 0, path  # neither group nor others may write (or read) there
+
+
+@needs_kernels
+@pytest.mark.parametrize("how", ["a cache others may write into", "a symlink in place of the library"])
+def test_a_library_that_another_user_could_have_put_there_is_never_loaded(built_with_a_loose_umask, tmp_path, how):
+    """Its SHA-256 beside it matches (anyone who can write the file can write that too): the owner, the
+    mode and the file itself (not a symlink) are what is checked; the library is then taken from the
+    private directory in the temporary one."""
+    _, library = built_with_a_loose_umask
+    planted, marker = planted_library(tmp_path), tmp_path / "ran"
+    kernels = tmp_path / "cache" / "nmt" / "kernels"
+    private_copy(library, kernels)
+    if how == "a cache others may write into":
+        shutil.copy(planted, kernels / library.name)
+        kernels.chmod(0o777)
+    else:
+        (kernels / library.name).unlink()
+        (kernels / library.name).symlink_to(planted)
+    (kernels / (library.name + ".sha256")).write_text(hashlib.sha256(planted.read_bytes()).hexdigest())
+    private_copy(library, tmp_path / f"nmt-kernels-{os.getuid()}")
+    result = loads_with(tmp_path / "cache", tmp_path, marker)
+    assert result.stdout.strip() == "True", result.stderr
+    assert not marker.exists()
+
+
+@needs_kernels
+def test_the_library_is_hashed_and_loaded_from_one_descriptor(monkeypatch, tmp_path, built_with_a_loose_umask):
+    """Replaced between the hash and the load, a library by path would be another file: loaded through
+    its descriptor, it is the file that was hashed."""
+    from nmt.models import kernel_cache
+
+    _, library = built_with_a_loose_umask
+    private_copy(library, tmp_path / "kernels")
+    planted = planted_library(tmp_path)
+    hashed = kernel_cache.sha256_of
+
+    def then_replaced(fd):
+        digest = hashed(fd)
+        os.replace(planted, tmp_path / "kernels" / library.name)  # by another process, say
+        return digest
+
+    monkeypatch.setattr(kernel_cache, "sha256_of", then_replaced)
+    descriptor = kernel_cache.private_directory(tmp_path / "kernels")
+    found = kernel_cache.open_whole(descriptor, library.name)
+    os.close(descriptor)
+    assert found is not None
+    assert cpu_kernels.bind(kernel_cache.load(found)).attention_avx512() in (0, 1)  # the kernels, not the plant

@@ -6,8 +6,9 @@ follow the surviving beams. The C kernels read the cache through a table of each
 instead (nmt.models.kv_cache.IndexedDecoderCache), and also take the grouped (cross and encoder)
 attention, the log-softmax under a shortlist and beam search's top-k. They are compiled for this
 CPU (``-O3 -march=native``) with $CC, else Python's compiler, cc, gcc or clang, into a cache
-directory, once per source, compiler and CPU; without a compiler, or with ``NMT_CPU_KERNELS=0``,
-decoding uses torch's operations and the copying cache, with the same results up to float rounding.
+directory of this user's alone (nmt/models/kernel_cache.py), once per source, compiler and CPU;
+without a compiler, or with ``NMT_CPU_KERNELS=0``, decoding uses torch's operations and the
+copying cache, with the same results up to float rounding.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import os
 import platform
 import shlex
 import shutil
-import stat
 import subprocess
 import sysconfig
 import tempfile
@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 
 from nmt.log import logger
+from nmt.models import kernel_cache
 from nmt.switches import turned_off
 
 SOURCE = Path(__file__).with_suffix(".c")
@@ -51,8 +52,7 @@ def library() -> ctypes.CDLL | None:
             logger.info("decoding on CPU: torch's operations (no C compiler to build nmt's kernels, which decode "
                         "faster: install gcc or clang, or set CC)")
             return None
-        path = built(compiler)
-        return bind(ctypes.CDLL(str(path)))
+        return bind(built(compiler))
     except Exception as exc:  # noqa: BLE001 - whatever stops the build (a failed compile, no cache), torch's do
         logger.info("decoding on CPU: torch's operations (nmt's kernels could not be built: %s)",
                     " ".join(str(exc).split())[:300])
@@ -90,45 +90,51 @@ def int8_columns_usable(x: Tensor) -> bool:
     return usable(x) and bool(library().project_columns_int8_vnni())
 
 
-def built(compiler: list[str]) -> Path:
-    """The shared library for this source, compiler and CPU: from the cache when it is there whole
-    (its SHA-256 as recorded beside it: loading a damaged one could crash the process), else built."""
+def library_name(compiler: list[str]) -> str:
+    """The library's file name: one per source, compiler and CPU."""
     version = subprocess.run([*compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
     key = hashlib.sha256("\0".join([SOURCE.read_text(), *compiler, version, " ".join(FLAGS), platform.machine(),
                                     cpu_description()]).encode()).hexdigest()[:16]
-    name = f"cpu_kernels-{key}.so"
-    directories = cache_directories()
-    for directory in directories:
-        target = directory / name
-        if is_whole(target) and (directory != directories[-1] or is_private(directory)):
-            logger.debug("decoding on CPU: nmt's kernels (%s)", target)  # the usual case: said with -v
-            return target
-    directory = writable_cache_directory(directories)
-    target = directory / name
-    logger.info("decoding on CPU: building nmt's kernels with %s (once per compiler and CPU) into %s",
-                " ".join(compiler), directory)
-    with tempfile.TemporaryDirectory(dir=directory) as work:  # another process may build it at the same time
-        library_file = Path(work) / name
-        result = subprocess.run([*compiler, *FLAGS, str(SOURCE), "-o", str(library_file), "-lm"],
-                                capture_output=True, text=True, timeout=COMPILE_SECONDS)
-        if result.returncode != 0 or not library_file.exists():
-            raise OSError(result.stderr or f"{' '.join(compiler)} exited with {result.returncode} and no library")
-        digest = Path(work) / (name + ".sha256")
-        digest.write_text(sha256_of(library_file))
-        os.replace(library_file, target)
-        os.replace(digest, target.with_name(name + ".sha256"))
-    return target
+    return f"cpu_kernels-{key}.so"
 
 
-def sha256_of(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def is_whole(path: Path) -> bool:
+def built(compiler: list[str]) -> ctypes.CDLL:
+    """The shared library for this source, compiler and CPU, loaded: from a cache directory when it is there
+    whole and this user's alone (nmt/models/kernel_cache.py), else built into the first such directory."""
+    name = library_name(compiler)
+    for directory in cache_directories():
+        try:
+            descriptor = kernel_cache.private_directory(directory)
+        except OSError:
+            continue
+        try:
+            found = kernel_cache.open_whole(descriptor, name)
+        finally:
+            os.close(descriptor)
+        if found is not None:
+            logger.debug("decoding on CPU: nmt's kernels (%s)", directory / name)  # the usual case: said with -v
+            return kernel_cache.load(found)
+    directory, descriptor = writable_cache_directory(cache_directories())
     try:
-        return path.with_name(path.name + ".sha256").read_text().strip() == sha256_of(path)
-    except OSError:
-        return False
+        logger.info("decoding on CPU: building nmt's kernels with %s (once per compiler and CPU) into %s",
+                    " ".join(compiler), directory)
+        with tempfile.TemporaryDirectory(dir=directory) as work:  # another process may build it at the same time
+            library_file = Path(work) / name
+            result = subprocess.run([*compiler, *FLAGS, str(SOURCE), "-o", str(library_file), "-lm"],
+                                    capture_output=True, text=True, timeout=COMPILE_SECONDS)
+            if result.returncode != 0 or not library_file.exists():
+                raise OSError(result.stderr or f"{' '.join(compiler)} exited with {result.returncode} and no library")
+            os.chmod(library_file, 0o700)  # the compiler gives the umask's mode: maybe group-writable
+            with open(library_file, "rb") as handle:
+                (Path(work) / "digest").write_text(kernel_cache.sha256_of(handle.fileno()))
+            os.replace(library_file, name, dst_dir_fd=descriptor)
+            os.replace(Path(work) / "digest", name + ".sha256", dst_dir_fd=descriptor)
+        found = kernel_cache.open_whole(descriptor, name)
+        if found is None:
+            raise OSError(f"{directory / name} changed as it was written")
+        return kernel_cache.load(found)
+    finally:
+        os.close(descriptor)
 
 
 def cpu_description() -> str:
@@ -143,8 +149,8 @@ def cpu_description() -> str:
 
 def cache_directories() -> list[Path]:
     """Where built kernels are looked for: the user's cache ($XDG_CACHE_HOME when absolute, else
-    ~/.cache), then a directory of the temporary one that only this user owns and can write
-    (for a read-only or missing home: a library there is loaded and run)."""
+    ~/.cache), then one in the temporary directory (for a read-only or missing home, or a cache
+    that is not this user's alone); each is used only as kernel_cache.private_directory allows."""
     directories = []
     base = os.environ.get("XDG_CACHE_HOME", "")
     try:
@@ -155,27 +161,21 @@ def cache_directories() -> list[Path]:
     return directories
 
 
-def writable_cache_directory(directories: list[Path]) -> Path:
-    """The first of ``directories`` (cache_directories) that can be written, the private one last."""
-    first, private = directories[0], directories[-1]
-    if first != private:
+def writable_cache_directory(directories: list[Path]) -> tuple[Path, int]:
+    """The first of ``directories`` (cache_directories) that is this user's alone (made so if missing) and
+    can be written, with a descriptor of it."""
+    reasons = []
+    for directory in directories:
         try:
-            first.mkdir(parents=True, exist_ok=True)
-            if os.access(first, os.W_OK):
-                return first
-        except OSError:
-            pass
-    private.mkdir(mode=0o700, exist_ok=True)
-    if not is_private(private):
-        raise OSError(f"{private} is not a directory of this user's alone: not loading code from it")
-    return private
-
-
-def is_private(directory: Path) -> bool:
-    """A directory that this user owns and nobody else may write into."""
-    info = directory.lstat()
-    shared = info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
-    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid() and not shared
+            descriptor = kernel_cache.private_directory(directory, create=True)
+        except OSError as exc:
+            reasons.append(str(exc))
+            continue
+        if os.access(directory, os.W_OK):
+            return directory, descriptor
+        os.close(descriptor)
+        reasons.append(f"{directory} cannot be written")
+    raise OSError("; ".join(reasons))
 
 
 def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
