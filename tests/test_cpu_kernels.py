@@ -460,4 +460,4 @@ def test_the_library_is_hashed_and_loaded_from_one_descriptor(monkeypatch, tmp_p
     found = kernel_cache.open_whole(descriptor, library.name)
     os.close(descriptor)
     assert found is not None
-    assert cpu_kernels.bind(kernel_cache.load(found)).attention_avx512() in (0, 1)  # the kernels, not the plant
+    assert cpu_kernels.bind(kernel_cache.load_library(found)).attention_avx512() in (0, 1)  # the kernels, not the plant

@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from nmt.log import logger
-from nmt.models import kernel_cache
+from nmt.models.kernel_cache import load_library, open_whole, private_directory, sha256_of
 from nmt.switches import turned_off
 
 SOURCE = Path(__file__).with_suffix(".c")
@@ -104,16 +104,16 @@ def built(compiler: list[str]) -> ctypes.CDLL:
     name = library_name(compiler)
     for directory in cache_directories():
         try:
-            descriptor = kernel_cache.private_directory(directory)
+            descriptor = private_directory(directory)
         except OSError:
             continue
         try:
-            found = kernel_cache.open_whole(descriptor, name)
+            found = open_whole(descriptor, name)
         finally:
             os.close(descriptor)
         if found is not None:
             logger.debug("decoding on CPU: nmt's kernels (%s)", directory / name)  # the usual case: said with -v
-            return kernel_cache.load(found)
+            return load_library(found)
     directory, descriptor = writable_cache_directory(cache_directories())
     try:
         logger.info("decoding on CPU: building nmt's kernels with %s (once per compiler and CPU) into %s",
@@ -126,13 +126,13 @@ def built(compiler: list[str]) -> ctypes.CDLL:
                 raise OSError(result.stderr or f"{' '.join(compiler)} exited with {result.returncode} and no library")
             os.chmod(library_file, 0o700)  # the compiler gives the umask's mode: maybe group-writable
             with open(library_file, "rb") as handle:
-                (Path(work) / "digest").write_text(kernel_cache.sha256_of(handle.fileno()))
+                (Path(work) / "digest").write_text(sha256_of(handle.fileno()))
             os.replace(library_file, name, dst_dir_fd=descriptor)
             os.replace(Path(work) / "digest", name + ".sha256", dst_dir_fd=descriptor)
-        found = kernel_cache.open_whole(descriptor, name)
+        found = open_whole(descriptor, name)
         if found is None:
             raise OSError(f"{directory / name} changed as it was written")
-        return kernel_cache.load(found)
+        return load_library(found)
     finally:
         os.close(descriptor)
 
@@ -167,7 +167,7 @@ def writable_cache_directory(directories: list[Path]) -> tuple[Path, int]:
     reasons = []
     for directory in directories:
         try:
-            descriptor = kernel_cache.private_directory(directory, create=True)
+            descriptor = private_directory(directory, create=True)
         except OSError as exc:
             reasons.append(str(exc))
             continue

@@ -84,7 +84,7 @@ def sha256_of(fd: int) -> str:
     return digest.hexdigest()
 
 
-def load(fd: int) -> ctypes.CDLL:
+def load_library(fd: int) -> ctypes.CDLL:
     """The library open on ``fd``, loaded through the descriptor's own name (the file it was opened on,
     whatever its path names now)."""
     proc = f"/proc/self/fd/{fd}"
