@@ -612,3 +612,28 @@ def test_a_batch_is_searched_on_every_torch_thread(checkpoint, monkeypatch):
     assert [h[0].tokens for h in hypotheses] == [h[0].tokens for h in inference.translate_ids(
         translator.model, sources, search_options, device=translator.device)]
     assert len(searched_on) == 2
+
+
+def test_a_ctrl_c_right_after_the_serving_line_stops_the_server_in_two_steps_too(checkpoint, tmp_path):
+    """uvicorn handles signals once started: one between the line and that (here, a slow start) was a
+    KeyboardInterrupt in the middle of its start, with tracebacks."""
+    import signal
+
+    code = ("import sys, time, uvicorn\nrun = uvicorn.Server.run\n"
+            "def slow(self, *args, **kwargs):\n    time.sleep(1.5)\n    return run(self, *args, **kwargs)\n"
+            "uvicorn.Server.run = slow\nfrom nmt.cli import main\n"
+            f"sys.argv = ['nmt', 'serve', '--path', {str(checkpoint)!r}, '--port', '0']\nmain()\n")
+    log = tmp_path / "stderr.txt"
+    with open(log, "w") as stderr:
+        process = subprocess.Popen([sys.executable, "-c", code], stderr=stderr, stdout=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + GIVE_UP
+        while "serving " not in log.read_text() and time.monotonic() < deadline:
+            assert process.poll() is None, log.read_text()
+            time.sleep(0.05)
+        process.send_signal(signal.SIGINT)
+        assert process.wait(GIVE_UP) == 130
+    finally:
+        process.kill()
+    text = log.read_text()
+    assert "Ctrl-C: stopping once the requests in progress are answered" in text and "Traceback" not in text, text

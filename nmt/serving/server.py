@@ -26,9 +26,10 @@ import resource
 import signal
 import socket
 import sys
+import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import torch
@@ -54,6 +55,7 @@ MIB = 2 ** 20
 IDLE_CONNECTIONS_PER_REQUEST = 4  # open connections at most, per request the server handles at once
 CONNECTION_BYTES = 16 * 1024 + 256 * 1024  # a request head's buffer (h11's limit) and one read from its socket
 CLIENT_LEFT = 499  # nginx's status for a request whose client closed the connection: nobody reads it
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 def create_app(translator: Translator, options: ServeOptions, baseline: int = 0):
@@ -302,9 +304,11 @@ def serve(options: ServeOptions) -> None:
         raise NmtError(f"cannot bind {options.host}:{options.port}: {exc.strerror or exc}") from exc
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if family == socket.AF_INET6 else host
-    logger.info("serving %s on http://%s:%d (POST /translate, GET /health, GET /info); %s", translator.path, shown,
-                port, translator.decoding.describe())
-    server_stopping_in_two_steps(uvicorn.Server)(config).run(sockets=[sock])
+    server = server_stopping_in_two_steps(uvicorn.Server)(config)
+    with server.noting_early_signals():
+        logger.info("serving %s on http://%s:%d (POST /translate, GET /health, GET /info); %s", translator.path,
+                    shown, port, translator.decoding.describe())
+        server.run(sockets=[sock])
 
 
 def server_stopping_in_two_steps(base: type) -> type:
@@ -313,6 +317,35 @@ def server_stopping_in_two_steps(base: type) -> type:
     quietly (uvicorn's own second Ctrl-C cancels them in the middle: tracebacks, and 500s)."""
 
     class Server(base):
+        early_signals: list[int] = []
+        handlers: dict[int, Any] = {}  # before the early signals were noted
+
+        @contextlib.contextmanager
+        def noting_early_signals(self) -> Iterator[None]:
+            """Until uvicorn handles them (its capture_signals, where it has one), Ctrl-C and SIGTERM are
+            noted, then handled as it starts: one right after the `serving` line interrupted its start
+            with tracebacks."""
+            if not hasattr(base, "capture_signals") or threading.current_thread() is not threading.main_thread():
+                yield
+                return
+            self.early_signals = []
+            self.handlers = {sig: signal.signal(sig, lambda sig, frame: self.early_signals.append(sig))
+                             for sig in STOP_SIGNALS}
+            try:
+                yield
+            finally:
+                for sig, handler in self.handlers.items():
+                    signal.signal(sig, handler)
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            for sig, handler in self.handlers.items():  # what uvicorn puts back once it has served
+                signal.signal(sig, handler)
+            with super().capture_signals():
+                for sig in self.early_signals:
+                    self.handle_exit(sig, None)
+                yield
+
         def handle_exit(self, sig: int, frame: Any) -> None:
             name = "Ctrl-C" if sig == signal.SIGINT else signal.Signals(sig).name
             if self.should_exit:
