@@ -14,7 +14,6 @@ from typer.testing import CliRunner
 
 from nmt.cli import app
 from nmt.commands import COMMAND_OPTIONS
-from nmt.confinement import Confinement
 from nmt.device_options import InferenceDeviceOptions
 from nmt.errors import NmtError
 from nmt.generation.options import BatchingOptions, GenerateOptions, SearchOptions
@@ -150,8 +149,7 @@ def test_command_line_over_recipe_over_defaults(tmp_path):
     recipe = tmp_path / "r.yaml"
     recipe.write_text("preprocess: {destdir: bin}\narch: transformer_tiny\nmodel: {dropout: 0.2}\n"
                       "train: {max_tokens: 100, seed: 3}\n")
-    config = load_train_config({"seed": 9, "model": {"heads": "2"}}, recipe,
-                               Confinement(allow_outside=True))  # its `bin` is the working directory's
+    config = load_train_config({"seed": 9, "model": {"heads": "2"}}, recipe)
     assert (config.data, config.arch, config.max_tokens, config.seed) == ("bin", "transformer_tiny", 100, 9)
     assert config.model == {"dropout": 0.2, "heads": "2"} and config.warmup_updates == 4000
 
