@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from generate_speed import DEFAULT_DATA, cpu_seconds  # noqa: E402
 
 from nmt.huge_pages import restart_with_huge_pages  # noqa: E402
+from nmt.tuning import tune_for_decoding  # noqa: E402
 
 SETTINGS = {"fp32": ("fp32", "none"), "bf16": ("bf16", "none"), "int8": ("fp32", "int8"),  # (precision, quantize)
             "shipped": ("auto", "auto")}
@@ -51,6 +52,7 @@ def status_mib(field: str) -> float:
 def worker() -> None:
     """``--worker``: one run as stdin's JSON asks; prints loaded RSS, decoding peak and CPU seconds as JSON."""
     job = json.loads(sys.stdin.read())
+    tune_for_decoding()  # as `nmt generate` is tuned (nmt/__main__.py), before torch starts its threads
     import numpy as np
     import torch
 
@@ -59,8 +61,8 @@ def worker() -> None:
     from nmt.device import inference_device
     from nmt.device_options import InferenceDeviceOptions
     from nmt.files import read_lines
-    from nmt.generation.decoding_check import decoding_settings
-    from nmt.generation.inference import prepare_model, translate_ids
+    from nmt.generation.decoding_settings import decoding_settings
+    from nmt.generation.inference import TranslationRequest, prepare_model, translate_ids
     from nmt.generation.options import BatchingOptions, SearchOptions
 
     precision, quantize = SETTINGS[job["setting"]]
@@ -76,8 +78,9 @@ def worker() -> None:
     sampler = PssSampler()
     cpu = cpu_seconds()
     with sampler:
-        translate_ids(model, sources, SearchOptions(stop=decoding.stop), BatchingOptions(), precision=precision,
-                      shortlist=vocabs.shortlist, fork_workers=True)  # --shortlist auto; workers as generate's
+        translate_ids(model, sources, TranslationRequest(SearchOptions(stop=decoding.stop), BatchingOptions(),
+                                                         precision=precision, shortlist=vocabs.shortlist,
+                                                         fork_workers=True))  # --shortlist auto; generate's workers
     forked = sampler.peak > 0  # PSS then, before and during: shared pages counted once
     peak = sampler.peak if forked else status_mib("VmHWM")
     print(json.dumps({"loaded": loaded_pss if forked else loaded, "peak": peak, "measure": "PSS" if forked else "RSS",

@@ -1,8 +1,9 @@
 """nmt: neural machine translation with the Transformer."""
 
+from nmt.tuning import tune_for_decoding
 from nmt.version import __version__
 
-__all__ = ["Translator", "__version__"]
+__all__ = ["Translator", "tune_for_decoding", "__version__"]
 
 
 def __getattr__(name: str):

@@ -62,6 +62,14 @@ def archs(vocab_size: Annotated[int, typer.Option(help="Vocabulary size used for
     print_arch_table(vocab_size)
 
 
+@command(app, name="build-kernels")
+def build_kernels() -> None:
+    """Build nmt's C kernels for this CPU now, rather than on first use (decoding on a CPU needs them)."""
+    from nmt.backends.kernel_build import build_ahead
+
+    typer.echo(build_ahead())
+
+
 @command(app, AverageOptions)
 def average(given: dict, inputs_flag: Annotated[bool, typer.Option(
         "--inputs", help="Optional, fairseq's spelling: `--inputs a.pt b.pt` is the same as `a.pt b.pt`.")] = False
@@ -70,9 +78,11 @@ def average(given: dict, inputs_flag: Annotated[bool, typer.Option(
 
     Then, with the run's data here, records which of int8 and --stop finished keep its validation BLEU (auto's)."""
     from nmt.checkpoint.averaging import average as average_checkpoints
+    from nmt.training.decoding_check import check_averaged
 
     options = build(AverageOptions, given, "average")
-    average_checkpoints(options.inputs, options.output, options.num_epoch_checkpoints, options.num_update_checkpoints)
+    averaged = average_checkpoints(options.inputs, options.output, **options.selection())
+    check_averaged(options.output, averaged)
 
 
 @command(app, PreprocessOptions)

@@ -74,24 +74,6 @@ def resolve_precision(precision: str, device: torch.device) -> tuple[str, str]:
     return "fp32", f"auto: no bf16 detection for {device.type} devices"
 
 
-ONEDNN_CACHE_CAPACITY = 16  # entries, in each of the two caches below; both default to 1,024
-
-
-def bound_onednn_caches() -> None:
-    """Keep the caches behind torch's bf16 products on CPU small for decoding, unless the user sized them.
-
-    Those products run on oneDNN, which keeps a compiled primitive per matrix shape
-    (``ONEDNN_PRIMITIVE_CACHE_CAPACITY``), and torch keeps the arguments it prepared for each
-    shape (``LRU_CACHE_CAPACITY``). Decoding meets new shapes at nearly every step (a batch's rows
-    change as sentences finish), so large caches only grow: about 280 MiB of peak RSS over the
-    1,000 test sentences of transformer_small, for 3-6% more CPU time (docs/performance.md); 16
-    holds every shape in use at once. Both are read when first used, so this acts in a process that has not run bf16
-    products yet.
-    """
-    for variable in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY"):
-        os.environ.setdefault(variable, str(ONEDNN_CACHE_CAPACITY))
-
-
 def autocast(device: torch.device, precision: str) -> ContextManager:
     """Mixed precision through torch.amp: bf16 works on CPU and GPU, fp16 on GPU only."""
     if precision == "auto":

@@ -45,6 +45,11 @@ class InferenceDeviceOptions(DeviceOptions):
                 f"{BLEU_TOLERANCE}; `nmt average` and training's end record it) and --precision is auto or fp32, "
                 "else none.",
         "panel": PANEL})
+    backend: Literal["auto", "torch"] = field(default="auto", metadata={
+        "help": "What decoding computes with. auto: nmt's C kernels on a CPU where they can be built (faster: "
+                "docs/performance.md; `nmt build-kernels` builds them ahead), else PyTorch's operations; torch: "
+                "PyTorch's operations only (the same translations in fp32; NMT_CPU_KERNELS=0 does the same).",
+        "panel": PANEL})
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -18,3 +18,9 @@ class Stopped(BaseException):
     @property
     def exit_code(self) -> int:
         return 128 + self.signum
+
+
+def install_hint(extra: str) -> str:
+    """How to install an optional extra. nmt installs from its checkout: the package index's `nmt`
+    is another project, so `pip install 'nmt[serve]'` would install someone else's code."""
+    return f"pip install -e '.[{extra}]' in nmt's checkout"

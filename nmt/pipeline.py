@@ -109,9 +109,9 @@ def plan_recipe(path: str | Path, stages: tuple[str, ...] = STAGES, confinement:
     if (values := section(document, "average")) is not None:
         plan.average = build(AverageOptions, {"inputs": [str(save_dir)], "output": str(save_dir / "averaged.pt"),
                                               **values}, "average", where)
-        if (plan.average.num_epoch_checkpoints is None) == (plan.average.num_update_checkpoints is None):
-            raise NmtError(f"{where}: the `average:` section needs num_epoch_checkpoints or num_update_checkpoints "
-                           "(exactly one)")
+        if len(plan.average.selection()) != 1:
+            raise NmtError(f"{where}: the `average:` section needs num_epoch_checkpoints, num_update_checkpoints or "
+                           "epoch_share (exactly one)")
         model_path = Path(plan.average.output)
         if plan.train is not None and plan.average.inputs == [str(save_dir)]:  # averaging this run's checkpoints
             check_checkpoints_kept(plan.train, plan.average, where)
@@ -304,10 +304,12 @@ def run_plan(plan: Plan) -> PipelineReport:
 
     def run_average() -> str:
         from nmt.checkpoint.averaging import average
+        from nmt.training.decoding_check import check_averaged
 
         options = plan.average
-        used = average(options.inputs, options.output, options.num_epoch_checkpoints, options.num_update_checkpoints)
-        record_written(options.output)
+        used = average(options.inputs, options.output, **options.selection())
+        check_averaged(options.output, used)
+        record_written(options.output)  # after the check, which writes its record into the checkpoint
         return f"{options.output} (from {len(used)} checkpoints)"
 
     def run_generate() -> str:

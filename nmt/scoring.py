@@ -18,7 +18,7 @@ from typing import Literal, Sequence
 
 from sacrebleu.metrics import BLEU, CHRF, TER
 
-from nmt.errors import NmtError
+from nmt.errors import NmtError, install_hint
 from nmt.files import read_lines
 from nmt.options import check_values
 
@@ -26,7 +26,7 @@ METRICS = ("bleu", "chrf", "ter")
 STDIN = "-"
 AUTO = "auto"  # sacreBLEU's choice for the target language
 BleuTokenizer = Literal[(AUTO, *BLEU.TOKENIZERS)]  # sacreBLEU's tokenizer names, from sacreBLEU itself
-INSTALL_HINTS = {"ja-mecab": "nmt[ja]", "ko-mecab": "nmt[ko]"}  # tokenizers needing extra packages
+INSTALL_HINTS = {"ja-mecab": "ja", "ko-mecab": "ko"}  # tokenizers needing an extra (pyproject.toml)
 
 _BY_LANGUAGE = ", ".join(f"{lang}: {name}" for lang, name in BLEU._TOKENIZER_MAP.items())
 TOKENIZE_HELP = (f"BLEU tokenizer, sacreBLEU's names ({', '.join(BLEU.TOKENIZERS)}); auto: sacreBLEU's "
@@ -97,7 +97,7 @@ def bleu_metric(options: MetricOptions) -> BLEU:
         name = tokenize or BLEU._TOKENIZER_MAP.get(options.language or "", BLEU.TOKENIZER_DEFAULT)
         if name not in INSTALL_HINTS:
             raise
-        raise NmtError(f"BLEU tokenizer {name} needs extra packages: pip install '{INSTALL_HINTS[name]}' "
+        raise NmtError(f"BLEU tokenizer {name} needs extra packages: {install_hint(INSTALL_HINTS[name])} "
                        "(or choose another --tokenize)") from exc
     except OSError as exc:  # the spm/flores tokenizers download their sentencepiece model on first use
         raise NmtError(f"BLEU tokenizer {tokenize} could not fetch its sentencepiece model "

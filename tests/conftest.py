@@ -17,6 +17,7 @@ from typing import Iterator
 import pytest
 import torch
 
+from nmt.backends.torch_backend import TorchBackend
 from nmt.checkpoint.format import Vocabularies, load_checkpoint, model_state, save_checkpoint
 from nmt.cli import main
 from nmt.data.dataset import DataDir, write_token_array
@@ -124,7 +125,7 @@ def interrupted_at(stderr: str) -> int:
 
 
 needs_ct2 = pytest.mark.skipif(importlib.util.find_spec("ctranslate2") is None,
-                               reason="ctranslate2 is not installed (pip install 'nmt[ct2]')")
+                               reason="ctranslate2 is not installed (pip install -e '.[ct2]' in nmt's checkout)")
 
 
 def train_tiny_checkpoint(data_dir, save_dir) -> Path:
@@ -188,3 +189,25 @@ def messages():
     """The nmt logger's messages during the test."""
     with logged_messages() as records:
         yield records
+
+
+@pytest.fixture(params=["c", "torch"])
+def search_path(request, monkeypatch) -> Iterator[TorchBackend]:
+    """Run the test twice: with nmt's C kernels for the search's log-softmax and top-k (CPU), and with
+    torch's operations (what a GPU runs, and a CPU with NMT_CPU_KERNELS=0 or no compiler). Models
+    prepared for decoding choose theirs by NMT_CPU_KERNELS; the backend is given for toy models."""
+    from nmt.backends.cpu_backend import CpuKernelsBackend
+    from nmt.backends.kernel_build import built_kernels
+    from nmt.backends.torch_backend import TORCH
+
+    if request.param == "torch":
+        monkeypatch.setenv("NMT_CPU_KERNELS", "0")
+        yield TORCH
+    else:
+        kernels, why = built_kernels()
+        if kernels is None:
+            pytest.skip(f"nmt's CPU kernels could not be built here: {why}")
+        yield CpuKernelsBackend(kernels)
+
+
+both_search_paths = pytest.mark.usefixtures("search_path")

@@ -111,6 +111,23 @@ def test_last_update_checkpoints_sort_by_update_number(tmp_path):
                                               "checkpoint_3_11000.pt", "checkpoint_10_100000.pt"]
 
 
+@pytest.mark.parametrize(("epochs", "share", "expected"), [(40, 0.1, [37, 38, 39, 40]), (12, 0.1, [12]),
+                                                        (3, 0.1, [3]), (6, 1.0, [1, 2, 3, 4, 5, 6])])
+def test_an_epoch_share_follows_the_runs_length(tmp_path, epochs, share, expected):
+    """A tenth of a 40-epoch run (a fast machine) is 4 checkpoints, of a 12-epoch run 1.2 (rounded: 1)."""
+    touch_checkpoints(tmp_path, [f"checkpoint{epoch}.pt" for epoch in range(1, epochs + 1)] + ["checkpoint_last.pt"])
+    picked = last_checkpoints(tmp_path, epoch_share=share)
+    assert [path.name for path in picked] == [f"checkpoint{epoch}.pt" for epoch in expected]
+
+
+def test_an_epoch_share_needs_its_checkpoints_kept(tmp_path):
+    touch_checkpoints(tmp_path, [f"checkpoint{epoch}.pt" for epoch in (48, 49, 50)])  # --keep-last-epochs 3
+    with pytest.raises(NmtError, match=r"--epoch-share 0.1 of 50 epochs is the last 5 epoch checkpoints but .* 3"):
+        last_checkpoints(tmp_path, epoch_share=0.1)
+    with pytest.raises(NmtError, match="exactly one of"):
+        last_checkpoints(tmp_path, num_epoch_checkpoints=2, epoch_share=0.1)
+
+
 def test_too_few_checkpoints_is_an_error(tmp_path):
     touch_checkpoints(tmp_path, ["checkpoint1.pt", "checkpoint2.pt", "checkpoint_last.pt"])
     with pytest.raises(NmtError, match="last 3 epoch checkpoints but .* has 2"):

@@ -12,6 +12,7 @@ import pytest
 from nmt.generation.options import SearchOptions
 from nmt.generation.search import Hypothesis, SearchStopped
 from nmt.serving.batcher import Batcher, QueueFull
+from nmt.serving.budget import NO_CONTROLS, ControlShape, control_bytes
 
 
 def source(token: int) -> np.ndarray:
@@ -19,15 +20,15 @@ def source(token: int) -> np.ndarray:
 
 
 class RowMemory:
-    """A batch takes a byte per row, whatever its lengths (see SearchMemory)."""
+    """A batch takes a byte per row, whatever its lengths, and its sentences' controls (see SearchMemory)."""
 
     @staticmethod
     def row(longest_output: int) -> int:
         return 1
 
     @staticmethod
-    def sentence(longest_source: int, beam: int) -> int:
-        return 0
+    def sentence(longest_source: int, beam: int, controls: ControlShape = NO_CONTROLS) -> int:
+        return control_bytes(controls, beam)
 
     def batch(self, output_limits: list[int], beam: int, longest_source: int) -> int:
         return beam * len(output_limits)
@@ -113,10 +114,11 @@ def test_a_failed_translation_fails_its_requests_not_the_worker():
             await submit(batcher, [source(1)], SearchOptions())
         answer = await submit(batcher, [source(2)], SearchOptions())
         worker.cancel()
-        return answer, batcher.waiting
+        return answer, batcher.waiting, batcher.stats
 
-    answer, waiting = asyncio.run(scenario())
+    answer, waiting, stats = asyncio.run(scenario())
     assert len(answer) == 1 and waiting == 0
+    assert (stats.batches, stats.sentences, stats.abandoned) == (1, 1, 0)  # failed: neither translated nor abandoned
 
 
 def test_a_request_bigger_than_a_batch_takes_turns_with_those_that_arrive_meanwhile():
@@ -223,3 +225,86 @@ def test_controls_follow_their_sentences_across_turns_in_batches_of_their_own():
     asyncio.run(scenario())
     assert seen == [[SentenceControls(prefix=[7]), None], None,
                     [SentenceControls(bans=[[9]]), SentenceControls(prefix=[8])]]
+
+
+class LengthMemory:
+    """Memory by hand: a row takes its longest output, a sentence its batch's longest source per beam."""
+
+    @staticmethod
+    def row(longest_output: int) -> int:
+        return longest_output
+
+    @staticmethod
+    def sentence(longest_source: int, beam: int, controls: ControlShape = NO_CONTROLS) -> int:
+        return longest_source * beam
+
+    def batch(self, output_limits: list[int], beam: int, longest_source: int) -> int:
+        return sum(beam * self.row(limit) for limit in output_limits) + \
+            len(output_limits) * self.sentence(longest_source, beam)
+
+
+def sentence_of(token: int, length: int) -> np.ndarray:
+    """A source of ``length`` tokens, EOS included, its words all ``token``."""
+    return np.asarray([token] * (length - 1) + [3], dtype=np.int64)
+
+
+def test_a_sentence_joins_a_batch_only_when_the_batch_with_it_fits_the_budget():
+    """Beam 1, a budget of 23: each request (one sentence: source length, longest output) joins the
+    batch being gathered while the batch's memory with it (its own row, and every sentence padded to
+    the longest source) is at most 23; a batch's first sentence always goes."""
+    requests = {1: (2, 10), 2: (2, 9),  # 10 + 9 + 2 x 2 = 23: fits exactly
+                3: (2, 1), 4: (2, 30),  # 1 + 30 + 2 x 2 = 35: its own output does not fit
+                5: (9, 1), 6: (2, 1),  # 1 + 1 + 2 x 9 = 20: padded to the longer source, fits
+                7: (2, 1),  # 3 x 1 + 3 x 9 = 30: the third does not
+                8: (11, 1)}  # after 7: 1 + 1 + 2 x 11 = 24: its source pads the others past the budget
+
+    async def scenario():
+        translate = ScriptedTranslate()
+        batcher = Batcher(translate, window=0.0, memory=LengthMemory(), budget=23, max_waiting=100,
+                          long_search=10_000)
+        worker = asyncio.create_task(batcher.run())
+        options = SearchOptions(beam=1)
+        futures = [batcher.submit([sentence_of(0, 2)], options, [1])]
+        while batcher.line:  # the first request is being translated: the others pile up
+            await asyncio.sleep(0.01)
+        futures += [batcher.submit([sentence_of(token, length)], options, [limit])
+                    for token, (length, limit) in requests.items()]
+        translate.release.set()
+        for future in futures:
+            await future
+        worker.cancel()
+        return translate.calls, batcher.waiting
+
+    calls, waiting = asyncio.run(asyncio.wait_for(scenario(), 30))
+    assert [tokens for tokens, _ in calls] == [[0], [1, 2], [3], [4], [5, 6], [7], [8]]
+    assert waiting == 0
+
+
+def test_a_request_that_leaves_during_its_turn_stops_waiting_and_takes_no_other_turn():
+    """Its first two sentences are being translated (with another request's) when it goes: the third
+    never is, nothing of it counts as waiting, and the queue takes a full request again."""
+    async def scenario():
+        translate = ScriptedTranslate()
+        batcher = batcher_of(translate, budget=12, max_waiting=5)  # RowMemory, beam 4: three sentences a batch
+        worker = asyncio.create_task(batcher.run())
+        leaving = submit(batcher, [source(1), source(2), source(3), source(4)], SearchOptions())
+        while batcher.line:
+            await asyncio.sleep(0.01)
+        staying = submit(batcher, [source(5)], SearchOptions())
+        leaving.cancel()
+        await asyncio.sleep(0)  # the future's callbacks run
+        translate.release.set()
+        answer = await staying
+        deadline = time.monotonic() + 10
+        while batcher.waiting and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        waiting = batcher.waiting
+        assert waiting == 0, f"{waiting} sentences of nobody count as waiting"
+        again = await submit(batcher, [source(6 + i) for i in range(5)], SearchOptions())
+        worker.cancel()
+        return translate.calls, answer, again, batcher.stats
+
+    calls, answer, again, stats = asyncio.run(asyncio.wait_for(scenario(), 30))
+    assert [tokens for tokens, _ in calls] == [[1, 2, 3], [5], [6, 7, 8], [9, 10]]
+    assert answer[0][0].tokens == [5, 3] and len(again) == 5
+    assert (stats.sentences, stats.abandoned) == (9, 1)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import assert_one_line_error, needs_ct2, run_cli, run_nmt, train_tiny_checkpoint
+from conftest import assert_one_line_error, both_search_paths, needs_ct2, run_cli, run_nmt, train_tiny_checkpoint
 from test_search import VOCAB, WORDS, ToyDecoder, random_table, scripted_table, search, sources, table_logprob
 from test_translator import tiny_checkpoint
 
@@ -43,7 +43,7 @@ CPU = torch.device("cpu")
 def controlled(table, source: list[int], controls: SentenceControls | None, **options):
     """The hypotheses of one sentence with its controls."""
     generator = options.pop("generator", None)
-    return beam_search(ToyDecoder(table), sources(source), SearchOptions(**options), generator,
+    return beam_search(ToyDecoder(table), sources(source), SearchOptions(**{"stop": "exact", **options}), generator,
                        BatchControls.create([controls], CPU))[0]
 
 
@@ -183,6 +183,7 @@ CONTROLS = [SentenceControls(constraints=[[6]]), SentenceControls(constraints=[[
             SentenceControls(constraints=[[5]], bans=[[4, 5], [6, 6]])]
 
 
+@both_search_paths
 @pytest.mark.parametrize("controls", CONTROLS, ids=range(len(CONTROLS)))
 @pytest.mark.parametrize("lenpen", [0.0, 0.6])
 def test_a_full_beam_finds_the_best_output_that_obeys_the_controls(controls, lenpen):
@@ -204,6 +205,7 @@ def test_the_unconstrained_best_misses_these_constraints():
     assert missing == 2
 
 
+@both_search_paths
 @pytest.mark.parametrize("beam", [1, 2, 4])
 def test_every_constraint_appears_in_every_hypothesis_at_any_beam(beam):
     rng = random.Random(beam)
@@ -216,6 +218,7 @@ def test_every_constraint_appears_in_every_hypothesis_at_any_beam(beam):
             assert all(contains(hyp.tokens, p) for p in phrases), (phrases, hyp.tokens)
 
 
+@both_search_paths
 def test_an_unlikely_constraint_is_placed_and_the_score_is_the_models():
     table = scripted_table({}, default={4: 0.9, EOS_ID: 0.05})  # 6 has probability 0.01 everywhere
     assert 6 not in search(table, [4], beam=4, max_len_b=5)[0].tokens
@@ -224,6 +227,7 @@ def test_an_unlikely_constraint_is_placed_and_the_score_is_the_models():
     assert sum(hyp.positional_scores) == pytest.approx(table_logprob(table, (4, EOS_ID), hyp.tokens), abs=1e-5)
 
 
+@both_search_paths
 def test_hypotheses_that_meet_the_constraints_end_as_among_the_beam_best_of_their_bank():
     """Every likely output holds the constraint 6: both "6 4 EOS" and "6 5 EOS" end at step 2, the
     second as its bank's second best, and the search gives what it gives without the constraint (at
@@ -234,6 +238,7 @@ def test_hypotheses_that_meet_the_constraints_end_as_among_the_beam_best_of_thei
     assert found == [[6, 4, EOS_ID], [6, 5, EOS_ID]] == [h.tokens for h in search(table, [4], **options)]
 
 
+@both_search_paths
 def test_no_controls_give_todays_output():
     table = random_table(3)
     options = {"beam": 3, "nbest": 3, "max_len_b": 5}
@@ -244,12 +249,13 @@ def test_no_controls_give_todays_output():
         [(h.tokens, h.score, h.positional_scores) for h in today]
 
 
+@both_search_paths
 def test_a_mixed_batch_gives_each_sentence_what_it_gets_alone():
     decoder = ToyDecoder(random_table(5, sharpness=1.0))
     rows = [[4, 5, 6, 4, 5, 6, 4], [4], [6, 5, 4], [5, 5, 5, 5], [6, 4]]
     controls = [SentenceControls(constraints=[[6, 6], [UNK_ID]]), None, SentenceControls(prefix=[5, 4], bans=[[6]]),
                 SentenceControls(constraints=[[4, 5]], bans=[[5, 5]]), None]
-    options = SearchOptions(beam=3, nbest=3, max_len_b=6)
+    options = SearchOptions(beam=3, nbest=3, max_len_b=6, stop="exact")
     batched = beam_search(decoder, sources(*rows), options, None, BatchControls.create(controls, CPU))
     alone = [beam_search(decoder, sources(row), options, None, BatchControls.create([c], CPU))[0]
              for row, c in zip(rows, controls)]
@@ -257,6 +263,98 @@ def test_a_mixed_batch_gives_each_sentence_what_it_gets_alone():
         [[(h.tokens, h.score) for h in hyps] for hyps in alone]
 
 
+@both_search_paths
+def test_an_end_ranked_below_the_beam_best_of_its_bank_does_not_finish():
+    """Every output begins with the constraint, 6. At step 1 "6 EOS" is the third best of bank 1
+    (behind "6 4" and "6 5"): at beam 2 it does not finish, as plain beam search does not finish the
+    third of its candidates, though its score would beat every output the search finds."""
+    scripted = scripted_table({(6,): {4: 0.5, 5: 0.3, EOS_ID: 0.15}, (6, 4): {EOS_ID: 0.25, 4: 0.7},
+                               (6, 5): {EOS_ID: 0.25, 5: 0.7}}, default={EOS_ID: 0.3})
+
+    def table(source: tuple[int, ...], prefix: tuple[int, ...]) -> torch.Tensor:  # every output begins with 6
+        return torch.full((VOCAB,), NEG_INF).index_fill(0, torch.tensor([6]), 0.0) if not prefix else \
+            scripted(source, prefix)
+
+    options = {"beam": 2, "nbest": 2, "lenpen": 0.0, "max_len_b": 4}
+    found = [h.tokens for h in controlled(table, [4], SentenceControls(constraints=[[6]]), **options)]
+    plain = [h.tokens for h in search(table, [4], **options)]
+    assert found == plain and [6, EOS_ID] not in found
+    assert exhaustive_with(table, [4], 4, 0.0, SentenceControls(constraints=[[6]]))[0] == [6, EOS_ID]  # work to do
+
+
+def only_six_first_table(source: tuple[int, ...], prefix: tuple[int, ...]) -> torch.Tensor:
+    """A model that can say 6 only first, and after it only EOS; it prefers "4 4 4 ..." over it."""
+    probs = torch.zeros(VOCAB)
+    if prefix == ():
+        probs[[4, 5, 6]] = torch.tensor([0.9, 0.05, 0.05])
+    elif prefix == (6,):
+        probs[EOS_ID] = 1.0
+    else:
+        probs[[UNK_ID, 4, 5, EOS_ID]] = torch.tensor([0.01, 0.9, 0.01, 0.08])
+    return probs.log()
+
+
+@both_search_paths
+def test_once_a_hypothesis_ended_with_every_constraint_none_ends_at_the_max_length_without_them():
+    """"6 EOS" ends at step 1; the other beams can never place 6 and are forced to end at the max
+    length: the sentence had an output with its constraint, so they do not finish."""
+    for nbest in (1, 2):
+        hyps = controlled(only_six_first_table, [4], SentenceControls(constraints=[[6]]), beam=2, nbest=nbest,
+                          lenpen=0.0, max_len_a=0.0, max_len_b=3)
+        assert [h.tokens for h in hyps] == [[6, EOS_ID]]
+    # the beams forced to end score better: they would come first
+    assert table_logprob(only_six_first_table, (4, EOS_ID), [4, 4, 4, EOS_ID]) > \
+        table_logprob(only_six_first_table, (4, EOS_ID), [6, EOS_ID])
+
+
+def leaving_early_table(source: tuple[int, ...], prefix: tuple[int, ...]) -> torch.Tensor:
+    """Source "4" ends after one word; source "5" says "5 5 6 EOS" (6 at its third step) unless 6 is banned."""
+    if source == (4, EOS_ID):
+        return scripted_table({}, default={EOS_ID: 0.95})(source, prefix)
+    rules = {(): {5: 0.9}, (5,): {5: 0.9}, (5, 5): {6: 0.9}, (5, 5, 6): {EOS_ID: 0.9}}
+    return scripted_table(rules, default={EOS_ID: 0.6})(source, prefix)
+
+
+@both_search_paths
+@pytest.mark.parametrize("stop", ["exact", "finished"])
+def test_a_sentences_bans_hold_after_the_sentences_before_it_leave_the_batch(stop):
+    """Sentence 0 is done after step 1 and leaves the batch; sentence 1 bans 6, which its model says
+    at step 2: its bans move with it (not sentence 0's, which banned UNK, read in its place)."""
+    decoder = ToyDecoder(leaving_early_table)
+    controls = [SentenceControls(bans=[[UNK_ID]]), SentenceControls(bans=[[6]])]
+    options = SearchOptions(beam=2, nbest=2, lenpen=0.0, max_len_b=6, stop=stop)
+    batched = beam_search(decoder, sources([4], [5]), options, None, BatchControls.create(controls, CPU))
+    alone = beam_search(ToyDecoder(leaving_early_table), sources([5]), options, None,
+                        BatchControls.create(controls[1:], CPU))[0]
+    assert [sentences for _, sentences in decoder.calls][:3] == [2, 2, 1]  # at step 2, sentence 1 alone
+    assert not any(6 in h.tokens for h in batched[1]), [h.tokens for h in batched[1]]
+    assert [(h.tokens, h.score) for h in batched[1]] == [(h.tokens, h.score) for h in alone]
+    assert 6 in search(leaving_early_table, [5], beam=2, lenpen=0.0, max_len_b=6)[0].tokens  # the ban has work to do
+
+
+def leaving_early_with_a_prefix_table(source: tuple[int, ...], prefix: tuple[int, ...]) -> torch.Tensor:
+    """Source "4" ends after one word; source "5" says "5 5 5 5 EOS"."""
+    if source == (4, EOS_ID):
+        return scripted_table({}, default={EOS_ID: 0.95})(source, prefix)
+    return scripted_table({}, default={5: 0.9} if len(prefix) < 4 else {EOS_ID: 0.9})(source, prefix)
+
+
+@both_search_paths
+def test_a_sentences_prefix_is_forced_whole_after_the_sentences_before_it_leave_the_batch():
+    """Sentence 0 (no prefix) is done after step 1 and leaves the batch; sentence 1's prefix of four
+    pieces is still forced at steps 2 and 3."""
+    decoder = ToyDecoder(leaving_early_with_a_prefix_table)
+    controls = [None, SentenceControls(prefix=[6, 6, 4, 4])]
+    options = SearchOptions(beam=2, nbest=2, lenpen=0.0, max_len_b=8, stop="exact")
+    batched = beam_search(decoder, sources([4], [5]), options, None, BatchControls.create(controls, CPU))
+    assert [sentences for _, sentences in decoder.calls][:3] == [2, 2, 1]  # at step 2, sentence 1 alone
+    assert all(h.tokens[:4] == [6, 6, 4, 4] for h in batched[1]), [h.tokens for h in batched[1]]
+    alone = beam_search(ToyDecoder(leaving_early_with_a_prefix_table), sources([5]), options, None,
+                        BatchControls.create(controls[1:], CPU))[0]
+    assert [(h.tokens, h.score) for h in batched[1]] == [(h.tokens, h.score) for h in alone]
+
+
+@both_search_paths
 def test_banned_phrases_never_appear():
     repeats = scripted_table({}, default={4: 0.5, 5: 0.3, 6: 0.1, EOS_ID: 0.05})
     assert contains(search(repeats, [4], beam=2, max_len_b=6)[0].tokens, [4, 4])  # the ban has work to do
@@ -267,6 +365,7 @@ def test_banned_phrases_never_appear():
                 assert not any(contains(hyp.tokens, ban) for ban in bans.bans), hyp.tokens
 
 
+@both_search_paths
 @pytest.mark.parametrize("sampling", [False, True])
 def test_output_starts_with_exactly_the_prefix_whose_tokens_score_zero(sampling):
     prefix = [6, 6, UNK_ID]
@@ -281,6 +380,7 @@ def test_output_starts_with_exactly_the_prefix_whose_tokens_score_zero(sampling)
             assert sum(hyp.positional_scores) == pytest.approx(continuation, abs=1e-5)
 
 
+@both_search_paths
 def test_a_blocked_constraint_still_gives_a_translation_and_a_named_warning(messages):
     """A ban on the constraint's context can block it; the sentence ends at its max length without it."""
     table = scripted_table({}, default={4: 0.9, EOS_ID: 0.05})
@@ -294,7 +394,7 @@ def test_a_blocked_constraint_still_gives_a_translation_and_a_named_warning(mess
 # --- the max length --------------------------------------------------------------------------------
 
 def test_constraints_that_cannot_fit_are_left_out_with_a_warning_naming_the_sentence(messages):
-    options = SearchOptions(max_len_a=0.0, max_len_b=3)
+    options = SearchOptions(max_len_a=0.0, max_len_b=3, stop="exact")
     sources_ = [torch.tensor([4, EOS_ID]).numpy()] * 3
     fits = SentenceControls(prefix=[4], constraints=[[5, 6]])
     inside_prefix = SentenceControls(prefix=[4, 5, 6], constraints=[[5, 6]])  # met by the prefix

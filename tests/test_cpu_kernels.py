@@ -1,4 +1,5 @@
-"""nmt's C kernels for decoding's attention on CPU (nmt/models/cpu_kernels.py) against torch's."""
+"""nmt's C kernels for decoding on CPU (nmt/backends/kernels.py, kernel_build.py, cpu_backend.py) against
+torch's operations (nmt/backends/torch_backend.py)."""
 
 import ctypes
 import hashlib
@@ -14,25 +15,68 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from nmt.backends import kernel_build
+from nmt.backends.cpu_backend import CpuKernelsBackend
+from nmt.backends.indexed_cache import IndexedDecoderCache
+from nmt.backends.kernels import SOURCE, Kernels, prototypes
+from nmt.backends.kv_cache import DecoderCache
+from nmt.backends.torch_backend import TORCH
+from nmt.generation.inference import choose_backend
 from nmt.log import logger
-from nmt.models import cpu_kernels
-from nmt.models.kv_cache import DecoderCache, IndexedDecoderCache
 from nmt.models.registry import build_model, get_arch, resolve_config
 
-needs_kernels = pytest.mark.skipif(cpu_kernels.library() is None,
-                                   reason="nmt's CPU kernels could not be built here (no C compiler?)")
+KERNELS = kernel_build.built_kernels()[0]
+needs_kernels = pytest.mark.skipif(KERNELS is None, reason="nmt's CPU kernels could not be built here (no C compiler?)")
 
 
 @pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None, reason="no C compiler here")
 def test_with_a_c_compiler_the_kernels_build():
     """Else every test that needs them would be skipped, and a broken kernel source would pass."""
-    assert cpu_kernels.library() is not None
+    assert KERNELS is not None, kernel_build.built_kernels()[1]
+
+
+def test_every_exported_kernel_is_typed_from_its_c_prototype():
+    """The argument types come from kernels.c's declarations: every exported function is found, with
+    as many parameters as its declaration has, pointers typed by their C type."""
+    found = prototypes(SOURCE.read_text())
+    assert set(found) == {"append_position", "append_position_bf16", "self_attention", "self_attention_bf16",
+                          "grouped_attention", "log_softmax_rows", "select_top", "project_columns_int8",
+                          "attention_avx512", "project_columns_int8_vnni"}
+    grouped = found["grouped_attention"]
+    assert [p.name for p in grouped.parameters] == ["keys", "values", "allowed", "rows", "sentences", "group", "heads",
+                                                    "length", "head_dim", "query", "out", "scores"]
+    assert grouped.parameters[2].dtypes == (torch.bool, torch.uint8) and grouped.parameters[3].nullable
+    assert not grouped.parameters[0].nullable and grouped.parameters[4].dtypes == ()
+    assert found["self_attention_bf16"].parameters[0].dtypes == (torch.bfloat16,)
+    assert found["attention_avx512"].parameters == () and found["attention_avx512"].returns is ctypes.c_int
+
+
+@needs_kernels
+def test_a_kernel_refuses_what_its_prototype_does_not_take():
+    """A tensor of another dtype, a strided one, None where the C side does not take NULL, too few arguments,
+    or tensors whose shapes do not fit together: an error, not memory read at random."""
+    logits, which = torch.zeros(4, 10), torch.zeros(2, dtype=torch.int64)
+    with pytest.raises(ValueError, match="logits takes a contiguous CPU tensor of torch.float32, got torch.float64"):
+        KERNELS.call("log_softmax_rows", logits.double(), 4, 10, None, None, 1)
+    with pytest.raises(ValueError, match="not contiguous"):
+        KERNELS.call("log_softmax_rows", torch.zeros(10, 4).t(), 4, 10, None, None, 1)
+    with pytest.raises(ValueError, match="which takes a contiguous CPU tensor of torch.int64, got torch.int32"):
+        KERNELS.call("log_softmax_rows", logits, 4, 10, torch.zeros(2, 10), which.int(), 2)
+    with pytest.raises(ValueError, match="logits takes"):
+        KERNELS.call("log_softmax_rows", None, 4, 10, None, None, 1)
+    with pytest.raises(TypeError, match="takes 6 arguments"):
+        KERNELS.call("log_softmax_rows", logits, 4, 10)
+    with pytest.raises(ValueError, match="shapes that do not fit together"):
+        KERNELS.log_softmax_(logits, torch.zeros(2, 9), which)
+    cache = torch.zeros(3, 2, 2, 4)  # 3 slots
+    with pytest.raises(ValueError, match="shapes that do not fit together"):
+        KERNELS.append_position(cache, 2, torch.zeros(2, 2, 1, 4), torch.zeros(2, 2, 1, 4))  # slots 2 and 3
 
 
 @needs_kernels
 def test_beam_search_finds_what_torchs_operations_find(fresh_library, monkeypatch):
     """Beams, sentences leaving, padding, the shortlist-free path: the same translations and scores."""
-    from nmt.generation.inference import translate_ids
+    from nmt.generation.inference import TranslationRequest, translate_ids
     from nmt.generation.options import BatchingOptions, SearchOptions
 
     arch = get_arch("transformer_tiny")
@@ -41,11 +85,12 @@ def test_beam_search_finds_what_torchs_operations_find(fresh_library, monkeypatc
     g = torch.Generator().manual_seed(4)
     sources = [torch.cat([torch.randint(4, 30, (n,), generator=g), torch.tensor([3])]).numpy()
                for n in (3, 9, 5, 12, 1, 7)]
-    search = SearchOptions(beam=4, nbest=2, max_len_b=8, stop="exact")
-    with_kernels = translate_ids(model, sources, search, BatchingOptions(batch_size=4, max_tokens=None))
-    monkeypatch.setenv("NMT_CPU_KERNELS", "0")
-    cpu_kernels.library.cache_clear()
-    with_torch = translate_ids(model, sources, search, BatchingOptions(batch_size=4, max_tokens=None))
+    request = TranslationRequest(SearchOptions(beam=4, nbest=2, max_len_b=8, stop="exact"),
+                                 BatchingOptions(batch_size=4, max_tokens=None))
+    model.backend = CpuKernelsBackend(KERNELS)
+    with_kernels = translate_ids(model, sources, request)
+    model.backend = TORCH
+    with_torch = translate_ids(model, sources, request)
     assert [[h.tokens for h in hyps] for hyps in with_kernels] == [[h.tokens for h in hyps] for hyps in with_torch]
     torch.testing.assert_close(torch.tensor([[h.score for h in hyps] for hyps in with_kernels]),
                                torch.tensor([[h.score for h in hyps] for hyps in with_torch]), rtol=0, atol=1e-5)
@@ -65,7 +110,7 @@ def test_self_attention_reads_each_rows_history(rows, length, heads, head_dim):
     gathered = cache[starts[:length].unsqueeze(1) + history]  # (length, rows, 2, heads, head_dim)
     keys, values = gathered[:, :, 0].permute(1, 2, 0, 3), gathered[:, :, 1].permute(1, 2, 0, 3)
     expected = F.scaled_dot_product_attention(query.unsqueeze(2), keys, values).squeeze(2)
-    out = cpu_kernels.self_attention(cache, starts, history, length, query)
+    out = KERNELS.self_attention(cache, starts, history, length, query)
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
 
 
@@ -80,13 +125,13 @@ def test_a_bf16_cache_holds_torchs_rounding_and_is_read_as_its_float32_widening(
     cache = torch.zeros(length * rows, 2, heads, head_dim, dtype=torch.bfloat16)
     keys, values = torch.randn(2, length, rows, heads, 1, head_dim, generator=g) * 3
     for p in range(length):
-        cpu_kernels.append_position(cache, p * rows, keys[p], values[p])
+        KERNELS.append_position(cache, p * rows, keys[p], values[p])
     torch.testing.assert_close(cache[:, 0], keys.reshape(-1, heads, head_dim).to(torch.bfloat16), rtol=0, atol=0)
     torch.testing.assert_close(cache[:, 1], values.reshape(-1, heads, head_dim).to(torch.bfloat16), rtol=0, atol=0)
     history = torch.randint(0, rows, (length, rows), dtype=torch.int32, generator=g)
     query = torch.randn(rows, heads, head_dim, generator=g)
-    out = cpu_kernels.self_attention(cache, starts, history, length, query)
-    widened = cpu_kernels.self_attention(cache.float(), starts, history, length, query)
+    out = KERNELS.self_attention(cache, starts, history, length, query)
+    widened = KERNELS.self_attention(cache.float(), starts, history, length, query)
     torch.testing.assert_close(out, widened, rtol=1e-5, atol=1e-5)
 
 
@@ -94,15 +139,12 @@ def test_a_bf16_cache_holds_torchs_rounding_and_is_read_as_its_float32_widening(
 def test_int8_and_bf16_decoding_keep_a_bf16_cache_and_fp32_a_float32_one():
     """bf16 only where the keys and values were no more exact than that already."""
     from nmt.device import autocast
-    from nmt.models.int8 import quantize
 
-    arch = get_arch("transformer_tiny")
-    model = build_model(arch.model_name, resolve_config(arch.config, {}), 20, 20, 0).eval()
-    with torch.inference_mode():
-        assert {layer.dtype for layer in model.new_cache().layers} == {torch.float32}
-        assert {layer.dtype for layer in quantize(model).new_cache().layers} == {torch.bfloat16}
-        with autocast(torch.device("cpu"), "bf16"):
-            assert {layer.dtype for layer in model.new_cache().layers} == {torch.bfloat16}
+    fp32, int8 = CpuKernelsBackend(KERNELS), CpuKernelsBackend(KERNELS, int8=True)
+    assert {layer.dtype for layer in fp32.new_cache(2).layers} == {torch.float32}
+    assert {layer.dtype for layer in int8.new_cache(2).layers} == {torch.bfloat16}
+    with autocast(torch.device("cpu"), "bf16"):
+        assert {layer.dtype for layer in fp32.new_cache(2).layers} == {torch.bfloat16}
 
 
 @needs_kernels
@@ -117,12 +159,12 @@ def test_grouped_attention_keeps_to_each_sentence_and_skips_padding(head_dim):
     query = torch.randn(sentences, group, heads, head_dim, generator=g)
     expected = F.scaled_dot_product_attention(query.transpose(1, 2), keys, values,
                                               attn_mask=allowed[:, None, None, :]).transpose(1, 2)
-    out = cpu_kernels.grouped_attention(keys, values, allowed, query)
+    out = KERNELS.grouped_attention(keys, values, allowed, query)
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(out[2], values[2, :, 0].unsqueeze(0).expand(group, -1, -1))
     keys[1, :, 6:] = 1e4  # padding's keys and values count for nothing
     values[1, :, 6:] = float("nan")
-    torch.testing.assert_close(cpu_kernels.grouped_attention(keys, values, allowed, query), out)
+    torch.testing.assert_close(KERNELS.grouped_attention(keys, values, allowed, query), out)
 
 
 @needs_kernels
@@ -135,10 +177,10 @@ def test_grouped_attention_reads_each_sentence_from_its_row():
     allowed[:, 0] = True
     rows = torch.tensor([3, 1, 3])
     query = torch.randn(3, 2, 2, 16, generator=g)
-    expected = cpu_kernels.grouped_attention(keys[rows], values[rows], allowed[rows], query)
-    assert torch.equal(cpu_kernels.grouped_attention(keys, values, allowed, query, rows), expected)
+    expected = KERNELS.grouped_attention(keys[rows], values[rows], allowed[rows], query)
+    assert torch.equal(KERNELS.grouped_attention(keys, values, allowed, query, rows), expected)
     with pytest.raises(ValueError, match="rows"):
-        cpu_kernels.grouped_attention(keys, values, allowed, query, torch.tensor([0, 4, 1]))
+        KERNELS.grouped_attention(keys, values, allowed, query, torch.tensor([0, 4, 1]))
 
 
 @needs_kernels
@@ -150,13 +192,13 @@ def test_log_softmax_keeps_each_row_to_its_sentences_columns():
     banned[0, 100:] = -float("inf")
     banned[2, ::2] = -float("inf")
     expected = torch.log_softmax(logits.view(3, 2, 300) + banned.unsqueeze(1), dim=-1).view(6, 300)
-    out = cpu_kernels.log_softmax_(logits.clone(), banned)
+    out = KERNELS.log_softmax_(logits.clone(), banned, torch.arange(3))
     assert torch.equal(out.isinf(), expected.isinf())
     torch.testing.assert_close(out[expected.isfinite()], expected[expected.isfinite()], rtol=1e-6, atol=1e-5)
-    torch.testing.assert_close(cpu_kernels.log_softmax_(logits.clone()), torch.log_softmax(logits, dim=-1),
-                               rtol=1e-6, atol=1e-5)
+    torch.testing.assert_close(KERNELS.log_softmax_(logits.clone(), None, torch.arange(3)),
+                               torch.log_softmax(logits, dim=-1), rtol=1e-6, atol=1e-5)
     left = torch.tensor([2, 0])  # sentence 1 has left the batch: rows 0-1 are sentence 2's, 2-3 sentence 0's
-    out = cpu_kernels.log_softmax_(logits[:4].clone(), banned, left)
+    out = KERNELS.log_softmax_(logits[:4].clone(), banned, left)
     expected = torch.log_softmax(logits[:4].view(2, 2, 300) + banned[left].unsqueeze(1), dim=-1).view(4, 300)
     assert torch.equal(out.isinf(), expected.isinf())
     torch.testing.assert_close(out[expected.isfinite()], expected[expected.isfinite()], rtol=1e-6, atol=1e-5)
@@ -164,19 +206,16 @@ def test_log_softmax_keeps_each_row_to_its_sentences_columns():
 
 @needs_kernels
 @pytest.mark.parametrize("columns", [3, 64, 300])
-def test_select_top_chooses_as_torchs_operations(columns, monkeypatch):
+def test_select_top_chooses_as_torchs_operations(columns):
     """The best 2*beam continuations over a sentence's rows, in order; fewer columns than that (a tiny
     vocabulary) are filled with dead (-inf) candidates, banned columns are never chosen over others."""
-    from nmt.generation import search
-
     g = torch.Generator().manual_seed(columns)
     scores = torch.randn(5, 4, generator=g) * 3
     scores[1, 2] = -float("inf")  # a dead beam
     logprobs = torch.log_softmax(torch.randn(20, columns, generator=g) * 4, dim=-1)
     logprobs[:, ::3] = -float("inf")
-    chosen = cpu_kernels.select_top(scores, logprobs, 8)
-    monkeypatch.setattr(search, "select_top_in_c", lambda *args: None)
-    expected = search.select_top(scores, logprobs, 4)
+    chosen = CpuKernelsBackend(KERNELS).select_top(scores, logprobs, 4)
+    expected = TORCH.select_top(scores, logprobs, 4)
     torch.testing.assert_close(chosen[0], expected[0])
     finite = expected[0].isfinite()
     assert torch.equal(chosen[1][finite], expected[1][finite]) and torch.equal(chosen[2][finite], expected[2][finite])
@@ -185,63 +224,78 @@ def test_select_top_chooses_as_torchs_operations(columns, monkeypatch):
 @needs_kernels
 def test_the_encoder_attends_the_same_with_them(monkeypatch):
     calls = []
-    real = cpu_kernels.grouped_attention
-    monkeypatch.setattr(cpu_kernels, "grouped_attention", lambda *args: calls.append(1) or real(*args))
+    backend = CpuKernelsBackend(KERNELS)
+    real = KERNELS.grouped_attention
+    monkeypatch.setattr(KERNELS, "grouped_attention", lambda *args: calls.append(1) or real(*args))
     arch = get_arch("transformer_tiny")
     model = build_model(arch.model_name, resolve_config(arch.config, {}), 20, 20, 0).eval()
     src = torch.randint(4, 20, (3, 7), generator=torch.Generator().manual_seed(0))
     src[1, 4:] = 0  # padding
     with torch.inference_mode():
+        expected = model.encode(src)  # training's (and any unprepared model's): torch's operations
+        model.backend = backend
         with_kernels = model.encode(src)
-    with torch.no_grad():  # training's validation: torch's kernel
-        expected = model.encode(src)
     torch.testing.assert_close(with_kernels.states, expected.states, rtol=1e-5, atol=1e-5)
-    assert len(calls) == len(model.encoder_layers)  # the kernel did the encoder's attention, under inference_mode only
+    assert len(calls) == len(model.encoder_layers)  # the kernel did the encoder's attention, with its backend only
 
 
 @pytest.fixture
 def fresh_library(monkeypatch):
-    """library() is asked once per process: forget its answer before and after the test."""
-    cpu_kernels.library.cache_clear()
+    """built_kernels() is asked once per process: forget its answer before and after the test."""
+    kernel_build.built_kernels.cache_clear()
     monkeypatch.setattr(logger, "propagate", True)  # the CLI's logging set-up turns it off; caplog listens at root
     yield
-    cpu_kernels.library.cache_clear()
+    kernel_build.built_kernels.cache_clear()
 
 
-def test_without_a_compiler_decoding_uses_torchs_kernel_and_says_so(fresh_library, monkeypatch, caplog):
-    caplog.set_level(logging.INFO, logger="nmt")
-    monkeypatch.setenv("CC", "/nonexistent/cc")
-    assert cpu_kernels.library() is None
-    assert "CC='/nonexistent/cc': /nonexistent/cc not found" in caplog.text
-    arch = get_arch("transformer_tiny")
-    model = build_model(arch.model_name, resolve_config(arch.config, {}), 20, 20, 0)
-    assert type(model.new_cache()) is DecoderCache
+def decoding_backend_lines(caplog) -> list[str]:
+    return [record.getMessage() for record in caplog.records if record.getMessage().startswith("decoding backend")]
 
 
-def test_nmt_cpu_kernels_0_turns_them_off(fresh_library, monkeypatch, caplog):
-    caplog.set_level(logging.INFO, logger="nmt")
+@needs_kernels
+def test_the_backend_is_chosen_once_and_said_in_one_line(fresh_library, monkeypatch, caplog):
+    caplog.set_level(logging.DEBUG, logger="nmt")  # -v; generate's last line names the backend
+    assert isinstance(choose_backend(torch.device("cpu"), "int8"), CpuKernelsBackend)
+    assert decoding_backend_lines(caplog) == [f"decoding backend: nmt's C kernels ({KERNELS.describe()})"]
+    assert choose_backend(torch.device("cpu"), backend="torch") is TORCH
     monkeypatch.setenv("NMT_CPU_KERNELS", "0")
-    assert cpu_kernels.library() is None and "NMT_CPU_KERNELS=0" in caplog.text
+    assert choose_backend(torch.device("cpu")) is TORCH
+    assert choose_backend(torch.device("cuda")) is TORCH  # only chosen here, never run
+    assert decoding_backend_lines(caplog)[1:] == ["decoding backend: PyTorch's operations (--backend torch)",
+                                                  "decoding backend: PyTorch's operations (NMT_CPU_KERNELS=0)",
+                                                  "decoding backend: PyTorch's operations (on cuda)"]
+
+
+def test_without_a_compiler_decoding_uses_torchs_operations_and_says_so(fresh_library, monkeypatch, caplog):
+    caplog.set_level(logging.DEBUG, logger="nmt")
+    monkeypatch.setenv("CC", "/nonexistent/cc")
+    assert choose_backend(torch.device("cpu")) is TORCH
+    [line] = decoding_backend_lines(caplog)
+    assert "CC='/nonexistent/cc': /nonexistent/cc not found" in line
 
 
 @needs_kernels
 def test_a_build_is_cached_and_reused(fresh_library, monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    assert cpu_kernels.library() is not None
+    assert kernel_build.built_kernels()[0] is not None
     built = sorted((tmp_path / "nmt" / "kernels").iterdir())
     assert [path.suffix for path in built] == [".so", ".sha256"]
     stamp = built[0].stat().st_mtime_ns
-    real_run, builds = cpu_kernels.subprocess.run, []
+    real_run, builds = kernel_build.subprocess.run, []
 
     def run(args, **kwargs):
         builds.extend([args] if "-o" in args else [])
         return real_run(args, **kwargs)
 
-    monkeypatch.setattr(cpu_kernels.subprocess, "run", run)
-    cpu_kernels.library.cache_clear()
-    assert cpu_kernels.library() is not None
+    monkeypatch.setattr(kernel_build.subprocess, "run", run)
+    kernel_build.built_kernels.cache_clear()
+    assert kernel_build.built_kernels()[0] is not None
     assert builds == [] and sorted((tmp_path / "nmt" / "kernels").iterdir()) == built
     assert built[0].stat().st_mtime_ns == stamp
+
+
+LOADS = [sys.executable, "-c",
+         "from nmt.backends import kernel_build; print(kernel_build.built_kernels()[0] is not None)"]
 
 
 @needs_kernels
@@ -250,23 +304,25 @@ def test_a_damaged_library_in_the_cache_is_built_again(tmp_path, damage):
     """Checked against the SHA-256 recorded beside it before it is loaded: loading a truncated one
     crashed the process (SIGBUS), another library fell back to torch's operations for good."""
     environment = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}
-    loads = [sys.executable, "-c", "from nmt.models import cpu_kernels; print(cpu_kernels.library() is not None)"]
-    assert subprocess.run(loads, env=environment, capture_output=True, text=True).stdout.strip() == "True"
+    assert subprocess.run(LOADS, env=environment, capture_output=True, text=True).stdout.strip() == "True"
     [built] = (tmp_path / "nmt" / "kernels").glob("*.so")
     whole = built.read_bytes()
     built.write_bytes(whole[:4096] if damage == "truncated" else Path(sys.executable).read_bytes())
-    result = subprocess.run(loads, env=environment, capture_output=True, text=True)
+    result = subprocess.run(LOADS, env=environment, capture_output=True, text=True)
     assert result.returncode == 0 and result.stdout.strip() == "True", result.stderr
     assert built.read_bytes() == whole  # built again, not torch's operations for good
 
 
 @needs_kernels
-def test_the_model_decodes_with_them_on_cpu():
+def test_a_model_prepared_for_decoding_on_cpu_decodes_with_them_and_trainings_never(untrained_checkpoint):
+    from nmt.generation.inference import prepare_model
+
+    model, _ = prepare_model(untrained_checkpoint, torch.device("cpu"))
+    assert isinstance(model.backend, CpuKernelsBackend) and isinstance(model.new_cache(), IndexedDecoderCache)
+    assert prepare_model(untrained_checkpoint, torch.device("cpu"), backend="torch")[0].backend is TORCH
     arch = get_arch("transformer_tiny")
-    model = build_model(arch.model_name, resolve_config(arch.config, {}), 20, 20, 0)
-    with torch.inference_mode():
-        assert type(model.new_cache()) is IndexedDecoderCache
-    assert type(model.new_cache()) is DecoderCache  # training, or a test under no_grad: torch's operations
+    model = build_model(arch.model_name, resolve_config(arch.config, {}), 20, 20, 0)  # as training builds it
+    assert model.backend is TORCH and type(model.new_cache()) is DecoderCache
 
 
 def int8_projection_case(dim: int, group: int, seed: int = 0):
@@ -296,70 +352,64 @@ def int8_projection_case(dim: int, group: int, seed: int = 0):
 @pytest.mark.parametrize("group", [1, 4])
 def test_the_int8_projection_gives_each_row_its_sentences_columns(dim, group):
     x, weight, columns, sums, counts, expected = int8_projection_case(dim, group)
-    out = cpu_kernels.project_columns_int8(x, weight, 0.01, columns, sums, counts)
+    out = KERNELS.project_columns_int8(x, weight, 0.01, columns, sums, counts)
     assert torch.equal(out.isinf(), expected.isinf())
     torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-6)
     assert (out[0, :40] == 0).all()  # a row of zeros: its logits are 0
     x[1, 3], x[2, 0] = float("nan"), float("inf")
-    out = cpu_kernels.project_columns_int8(x, weight, 0.01, columns, sums, counts)
+    out = KERNELS.project_columns_int8(x, weight, 0.01, columns, sums, counts)
     own = expected[1:3].isfinite()
     assert out[1:3][own].isnan().all() and out[1:3][~own].isneginf().all()  # a row with a NaN or an inf: no logits
-    with pytest.raises(ValueError, match="rows of"):
-        cpu_kernels.project_columns_int8(x[:, 1:], weight, 0.01, columns, sums, counts)
+    with pytest.raises(ValueError, match="shapes that do not fit together"):
+        KERNELS.project_columns_int8(x[:, 1:], weight, 0.01, columns, sums, counts)
 
 
-@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64") or cpu_kernels.find_compiler() is None,
-                    reason="needs x86 and a C compiler")
+def plain_build(directory: Path, without: str) -> Kernels:
+    """The kernels built without an instruction set (``-mno-...``), loaded beside this CPU's."""
+    library = directory / "plain.so"
+    subprocess.run([*kernel_build.find_compiler(), *kernel_build.FLAGS, f"-mno-{without}", str(SOURCE),
+                    "-o", str(library), "-lm"], check=True, timeout=120)
+    return Kernels(ctypes.CDLL(str(library)))
+
+
+@needs_kernels
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="needs x86")
 def test_the_int8_projections_plain_loops_give_what_its_vnni_path_gives(tmp_path):
     """Built without AVX512-VNNI, the kernel takes its plain loops; their integer sums are the same,
     and so are the logits, to the bit."""
-    library = tmp_path / "plain.so"
-    subprocess.run([*cpu_kernels.find_compiler(), *cpu_kernels.FLAGS, "-mno-avx512vnni", str(cpu_kernels.SOURCE),
-                    "-o", str(library), "-lm"], check=True, timeout=120)
-    plain = cpu_kernels.bind(ctypes.CDLL(str(library)))
-    assert plain.project_columns_int8_vnni() == 0
+    plain = plain_build(tmp_path, "avx512vnni")
+    assert not plain.int8_vnni
     x, weight, columns, sums, counts, expected = int8_projection_case(100, 4, seed=1)
-    out, quantized = torch.empty(12, 40), torch.empty(128, dtype=torch.uint8)
-    plain.project_columns_int8(x.data_ptr(), 3, 4, 100, weight.data_ptr(), 0.01, columns.data_ptr(), sums.data_ptr(),
-                               counts.data_ptr(), 40, out.data_ptr(), quantized.data_ptr())
+    out = plain.project_columns_int8(x, weight, 0.01, columns, sums, counts)
     torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-6)
-    if cpu_kernels.library() is not None:
-        assert torch.equal(out, cpu_kernels.project_columns_int8(x, weight, 0.01, columns, sums, counts))
+    assert torch.equal(out, KERNELS.project_columns_int8(x, weight, 0.01, columns, sums, counts))
 
 
-@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64") or cpu_kernels.find_compiler() is None
-                    or cpu_kernels.library() is None or not cpu_kernels.library().attention_avx512(),
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64") or KERNELS is None or not KERNELS.attention_avx512,
                     reason="needs x86 with AVX-512, a C compiler and the kernels built here")
 def test_the_attention_kernels_plain_loops_give_what_their_avx512_path_gives(tmp_path):
     """Built without AVX-512, head size 64 takes the plain loops: the same attention, the sums in
     another order; a NaN query gives NaN for its row and head alone, either way."""
-    library = tmp_path / "plain.so"
-    subprocess.run([*cpu_kernels.find_compiler(), *cpu_kernels.FLAGS, "-mno-avx512f", str(cpu_kernels.SOURCE),
-                    "-o", str(library), "-lm"], check=True, timeout=120)
-    plain = cpu_kernels.bind(ctypes.CDLL(str(library)))
-    assert plain.attention_avx512() == 0
+    plain = plain_build(tmp_path, "avx512f")
+    assert not plain.attention_avx512
     g = torch.Generator().manual_seed(5)
     rows, length, heads, sentences = 8, 19, 4, 2
     starts = torch.arange(length + 1, dtype=torch.int64) * rows
     history = torch.randint(0, rows, (length, rows), dtype=torch.int32, generator=g)
     query = torch.randn(rows, heads, 64, generator=g)
     query[3, 1, 7] = float("nan")
-    for dtype, kernel in ((torch.float32, plain.self_attention), (torch.bfloat16, plain.self_attention_bf16)):
+    for dtype in (torch.float32, torch.bfloat16):
         cache = torch.randn(length * rows, 2, heads, 64, generator=g).to(dtype)
-        out, scores = torch.empty(rows, heads, 64), torch.empty(rows * heads * length)
-        kernel(cache.data_ptr(), starts.data_ptr(), history.data_ptr(), length, rows, heads, 64, query.data_ptr(),
-               out.data_ptr(), scores.data_ptr())
-        expected = cpu_kernels.self_attention(cache, starts, history, length, query)
+        out = plain.self_attention(cache, starts, history, length, query)
+        expected = KERNELS.self_attention(cache, starts, history, length, query)
         torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5, equal_nan=True)
         assert expected[3, 1].isnan().all() and expected.isnan().sum() == 64
     keys, values = (torch.randn(sentences, heads, length, 64, generator=g) for _ in range(2))
     allowed = torch.ones(sentences, length, dtype=torch.bool)
     allowed[1, 11:] = False
     grouped_query = query.view(sentences, rows // sentences, heads, 64)
-    out, scores = torch.empty_like(grouped_query), torch.empty(length)
-    plain.grouped_attention(keys.data_ptr(), values.data_ptr(), allowed.data_ptr(), None, sentences, rows // sentences,
-                            heads, length, 64, grouped_query.data_ptr(), out.data_ptr(), scores.data_ptr())
-    expected = cpu_kernels.grouped_attention(keys, values, allowed, grouped_query)
+    out = plain.grouped_attention(keys, values, allowed, grouped_query)
+    expected = KERNELS.grouped_attention(keys, values, allowed, grouped_query)
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5, equal_nan=True)
     assert expected.view(rows, heads, 64)[3, 1].isnan().all() and expected.isnan().sum() == 64
 
@@ -371,7 +421,6 @@ __attribute__((constructor)) static void planted(void) {
     if (f) fclose(f);
 }
 """
-LOADS = [sys.executable, "-c", "from nmt.models import cpu_kernels; print(cpu_kernels.library() is not None)"]
 
 
 @pytest.fixture(scope="module")
@@ -391,7 +440,7 @@ def planted_library(directory: Path) -> Path:
     source = directory / "planted.c"
     source.write_text(PLANTED)
     library = directory / "planted.so"
-    subprocess.run([*cpu_kernels.find_compiler(), "-shared", "-fPIC", str(source), "-o", str(library)], check=True,
+    subprocess.run([*kernel_build.find_compiler(), "-shared", "-fPIC", str(source), "-o", str(library)], check=True,
                    timeout=120)
     return library
 
@@ -443,21 +492,19 @@ def test_a_library_that_another_user_could_have_put_there_is_never_loaded(built_
 def test_the_library_is_hashed_and_loaded_from_one_descriptor(monkeypatch, tmp_path, built_with_a_loose_umask):
     """Replaced between the hash and the load, a library by path would be another file: loaded through
     its descriptor, it is the file that was hashed."""
-    from nmt.models import kernel_cache
-
     _, library = built_with_a_loose_umask
     private_copy(library, tmp_path / "kernels")
     planted = planted_library(tmp_path)
-    hashed = kernel_cache.sha256_of
+    hashed = kernel_build.sha256_of
 
     def then_replaced(fd):
         digest = hashed(fd)
         os.replace(planted, tmp_path / "kernels" / library.name)  # by another process, say
         return digest
 
-    monkeypatch.setattr(kernel_cache, "sha256_of", then_replaced)
-    descriptor = kernel_cache.private_directory(tmp_path / "kernels")
-    found = kernel_cache.open_whole(descriptor, library.name)
+    monkeypatch.setattr(kernel_build, "sha256_of", then_replaced)
+    descriptor = kernel_build.private_directory(tmp_path / "kernels")
+    found = kernel_build.open_whole(descriptor, library.name)
     os.close(descriptor)
     assert found is not None
-    assert cpu_kernels.bind(kernel_cache.load_library(found)).attention_avx512() in (0, 1)  # the kernels, not the plant
+    assert Kernels(kernel_build.load_library(found)).functions  # the kernels, not the plant

@@ -3,43 +3,54 @@ and how --quantize auto / --stop auto read it in `nmt generate`, the API, traini
 
 from __future__ import annotations
 
+import dataclasses
 import re
+import shutil
+from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from conftest import logged_messages, tiny_config
 
-import nmt.generation.decoding_check as decoding_check_module
+import nmt.training.decoding_check as decoding_check_module
 import nmt.training.validation as validation_module
 from nmt import Translator
-from nmt.checkpoint.averaging import average
+from nmt.backends.int8 import Int8Linear
+from nmt.backends.torch_backend import TORCH
+from nmt.checkpoint.averaging import average as average_checkpoints
 from nmt.checkpoint.format import load_checkpoint, model_from_checkpoint, save_checkpoint
 from nmt.checkpoint.names import BEST, numbered_checkpoints
 from nmt.data.dataset import DataDir
+from nmt.data.meta import DatasetMeta
+from nmt.data.vocabulary import EOS_ID, Vocabulary
 from nmt.device import inference_device
 from nmt.device_options import InferenceDeviceOptions
 from nmt.errors import NmtError
-from nmt.generation.decoding_check import (
-    CANDIDATES,
+from nmt.generation.decoding_settings import (
     NO_RECORD,
     RECORD_KEY,
-    REFERENCE,
     DecodingSettings,
-    Setting,
-    check_decoding,
-    choose_decoding,
     decoding_settings,
     read_records,
     resolve_decoding,
     stop_for,
-    timed_check,
 )
 from nmt.generation.generate import generate
-from nmt.generation.inference import inference_model, translate_ids
+from nmt.generation.inference import TranslationRequest, inference_model, translate_ids
 from nmt.generation.options import GenerateOptions, SearchOptions
-from nmt.models.int8 import Int8Linear
+from nmt.generation.search import Hypothesis
 from nmt.options import build
 from nmt.scoring import MetricOptions, score
+from nmt.training.decoding_check import (
+    CANDIDATES,
+    REFERENCE,
+    check_averaged,
+    check_decoding,
+    check_with_training_data,
+    choose_decoding,
+    timed_check,
+)
 from nmt.training.trainer import train
 
 INT8_FINISHED, INT8_EXACT, FP32_FINISHED = CANDIDATES
@@ -53,6 +64,11 @@ def checks_on_forty_sentences():
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(decoding_check_module, "MIN_CHECK_SENTENCES", 40)
         yield
+
+
+def average(inputs, output, **count):
+    """`nmt average`: the average, then its decoding check."""
+    check_averaged(output, average_checkpoints(inputs, output, **count))
 
 
 FAST = DecodingSettings("int8", "finished", "validation check, 40 sentences: ...")
@@ -81,7 +97,7 @@ def test_a_candidate_that_loses_more_than_the_tolerance_is_passed_over():
 
 def test_when_no_candidate_keeps_bleu_the_reference_setting_is_chosen():
     choice = choose_decoding(99.2, [(INT8_FINISHED, 93.3), (INT8_EXACT, 98.9), (FP32_FINISHED, 93.3)], 300)
-    assert (choice.quantize, choice.stop) == tuple(REFERENCE) == ("none", "exact")
+    assert (choice.quantize, choice.stop) == (REFERENCE.quantize, REFERENCE.stop) == ("none", "exact")
     assert choice.reason.endswith("fp32 finished 93.30 BLEU: no faster setting kept it (within 0.2)")
 
 
@@ -185,8 +201,8 @@ def test_the_check_measures_the_reference_setting_on_the_validation_sentences(tr
     sources, references = [valid.source[i] for i in range(len(valid))], [valid.target[i] for i in range(len(valid))]
     choice = check_decoding(checkpoint, sources, references, torch.device("cpu"))
     model, vocabs = model_from_checkpoint(checkpoint)
-    model = inference_model(model, "none")
-    found = translate_ids(model, sources, SearchOptions(stop="exact"), shortlist=vocabs.shortlist)
+    model = inference_model(model, "none", TORCH)  # fp32: the same translations whichever backend
+    found = translate_ids(model, sources, TranslationRequest(SearchOptions(stop="exact"), shortlist=vocabs.shortlist))
     (bleu,) = score([vocabs.target.decode(h[0].tokens) for h in found],
                     [[vocabs.target.decode(r) for r in references]], options=MetricOptions(language="de"))
     assert choice.reason.startswith(f"validation check, 40 sentences: fp32 exact {bleu.score:.2f}, int8 finished ")
@@ -290,9 +306,9 @@ def test_auto_with_an_explicit_bf16_keeps_bf16(trained, tmp_path):
 def test_training_validation_bleu_searches_exactly_whatever_the_defaults(tiny_data_dir, tmp_path, monkeypatch):
     searched = []
 
-    def spy(model, sources, search, *args, **kwargs):
-        searched.append(search.stop)
-        return translate_ids(model, sources, search, *args, **kwargs)
+    def spy(model, sources, request, *args, **kwargs):
+        searched.append(request.search.stop)
+        return translate_ids(model, sources, request, *args, **kwargs)
 
     monkeypatch.setattr(validation_module, "translate_ids", spy)
     train(tiny_config(tiny_data_dir, tmp_path, max_update=9, eval_bleu=True, check_decoding=False))
@@ -301,8 +317,7 @@ def test_training_validation_bleu_searches_exactly_whatever_the_defaults(tiny_da
 
 def test_the_defaults_are_auto():
     assert SearchOptions().stop == "auto" and InferenceDeviceOptions().quantize == "auto"
-    assert list(CANDIDATES) == [Setting("int8", "finished"), Setting("int8", "exact"),
-                                                    Setting("none", "finished")]
+    assert [setting.name() for setting in CANDIDATES] == ["int8 finished", "int8 exact", "fp32 finished"]
 
 
 
@@ -327,10 +342,10 @@ def test_the_check_decodes_each_setting_as_named(trained, tiny_data_dir, monkeyp
     sources, references = [valid.source[i] for i in range(len(valid))], [valid.target[i] for i in range(len(valid))]
     decoded, real = [], decoding_check_module.translate_ids
 
-    def spy(model, sources, search, *args, **kwargs):
+    def spy(model, sources, request, *args, **kwargs):
         int8 = any(isinstance(m, Int8Linear) for m in model.modules())
-        decoded.append(("int8" if int8 else "none", search.stop))
-        return real(model, sources, search, *args, **kwargs)
+        decoded.append(("int8" if int8 else "none", request.search.stop))
+        return real(model, sources, request, *args, **kwargs)
 
     scores = iter([30.0, 20.0, 20.0, 20.0])  # the reference, then candidates that lose 10 BLEU
     monkeypatch.setattr(decoding_check_module, "translate_ids", spy)
@@ -346,3 +361,72 @@ def test_a_search_the_check_did_not_run_is_exact_and_the_reason_says_so(trained,
     assert (settings.quantize, settings.stop) == ("int8", "exact")
     assert settings.reason.endswith("stop exact: the check searched with generate's beam, length penalty and length "
                                     "limits, not these")
+
+
+# -- which settings and sentences the check decodes ------------------------------------------------------
+
+def spy_on_decoding(monkeypatch) -> list[tuple[str, str, list[list[int]]]]:
+    """Each decoding of the check as (quantize, stop, its sources), without decoding: every output is
+    "EOS" and every BLEU 20 (so no candidate loses and only the fastest is decoded after the reference)."""
+    decoded = []
+
+    def translate(model, sources, request, *args, **kwargs):
+        int8 = any(isinstance(m, Int8Linear) for m in model.modules())
+        decoded.append(("int8" if int8 else "none", request.search.stop, [list(map(int, s)) for s in sources]))
+        return [[Hypothesis([EOS_ID], 0.0)] for _ in sources]
+
+    monkeypatch.setattr(decoding_check_module, "translate_ids", translate)
+    monkeypatch.setattr(decoding_check_module, "score", lambda *a, **k: [type("B", (), {"score": 20.0})()])
+    return decoded
+
+
+def test_off_the_cpu_the_check_never_tries_int8(untrained_checkpoint, monkeypatch):
+    """int8 is for CPU decoding: on a GPU (here "meta", another device than the CPU) the check decodes
+    fp32 only, chooses among fp32's settings and says why."""
+    decoded = spy_on_decoding(monkeypatch)
+    sources = [np.asarray([5, EOS_ID])] * 40
+    checkpoint = load_checkpoint(untrained_checkpoint)
+    choice = check_decoding(checkpoint, sources, sources, torch.device("meta"))
+    assert [(quantize, stop) for quantize, stop, _ in decoded] == [("none", "exact"), ("none", "finished")]
+    assert (choice.quantize, choice.stop) == ("none", "finished")
+    assert choice.reason.endswith("; int8 not tried on meta")
+    decoded.clear()
+    assert check_decoding(checkpoint, sources, sources, torch.device("cpu")).quantize == "int8"  # where it is tried
+    assert [(quantize, stop) for quantize, stop, _ in decoded] == [("none", "exact"), ("int8", "finished")]
+
+
+def test_the_check_takes_every_validation_source_that_fits_the_model(untrained_checkpoint, tiny_data_dir,
+                                                                     monkeypatch):
+    """A source of exactly max_positions tokens (EOS included) fits the model and is checked; a longer
+    one is left out."""
+    monkeypatch.setattr(decoding_check_module, "MIN_CHECK_SENTENCES", 1)
+    decoded = spy_on_decoding(monkeypatch)
+    valid = DataDir.open(tiny_data_dir).split("valid")
+    sources = [list(map(int, valid.source[i])) for i in range(len(valid))]
+    longest = sorted(len(source) for source in sources)[len(sources) // 2]
+    assert any(len(s) == longest for s in sources) and any(len(s) > longest for s in sources)
+    checkpoint = load_checkpoint(untrained_checkpoint)
+    checkpoint["model_config"]["max_positions"] = longest
+    checkpoint["train_config"] = {"train": {"data": str(tiny_data_dir), "valid_subset": "valid"}}
+    choice = check_with_training_data(checkpoint, checkpoint["train_config"], "model.pt")
+    fitting = [source for source in sources if len(source) <= longest]
+    assert decoded[0][2] == fitting
+    assert choice.reason.startswith(f"validation check, {len(fitting)} sentences: ")
+
+
+@pytest.mark.parametrize("side", ["en", "de"])
+def test_the_check_is_skipped_where_the_data_directory_holds_another_vocabulary(untrained_checkpoint, tiny_data_dir,
+                                                                                tmp_path, side, monkeypatch,
+                                                                                messages):
+    """Token ids of another source or target vocabulary would be nonsense to the model: no check."""
+    decoded = spy_on_decoding(monkeypatch)
+    data = Path(shutil.copytree(tiny_data_dir, tmp_path / "data"))
+    Vocabulary.train([f"{word} {word}s" for word in ("zwei", "drei", "vier", "five", "six")] * 20,
+                     vocab_size=40).save(data / "other.model")
+    meta = DatasetMeta.load(data)
+    dataclasses.replace(meta, vocab_files={**meta.vocab_files, side: "other.model"}).save(data)
+    checkpoint = load_checkpoint(untrained_checkpoint)
+    train_config = {"train": {"data": str(data), "valid_subset": "valid"}}
+    assert check_with_training_data(checkpoint, train_config, "model.pt") is None and decoded == []
+    assert f"decoding check of model.pt skipped: {data} now holds other vocabularies than the checkpoints' " \
+           "(--quantize auto and --stop auto will decode it with none and exact)" in messages

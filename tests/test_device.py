@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -86,17 +85,3 @@ def test_training_logs_and_stores_the_resolved_precision(tiny_data_dir, tmp_path
     written = yaml.safe_load((tmp_path / "config.yaml").read_text())
     assert written["train"]["precision"] == expected
     assert load_checkpoint(tmp_path / "checkpoint_last.pt")["train_config"]["train"]["precision"] == expected
-
-
-def test_a_model_prepared_for_decoding_bounds_onednn_caches_unless_the_user_sized_them(monkeypatch):
-    """The caches behind bf16 products keep an entry per product shape; decoding's shapes change at every step."""
-    from nmt.generation.inference import inference_model
-
-    monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", raising=False)
-    monkeypatch.delenv("LRU_CACHE_CAPACITY", raising=False)
-    inference_model(torch.nn.Linear(2, 2), "none")
-    assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == os.environ["LRU_CACHE_CAPACITY"] == \
-        str(device_module.ONEDNN_CACHE_CAPACITY)
-    monkeypatch.setenv("LRU_CACHE_CAPACITY", "512")
-    inference_model(torch.nn.Linear(2, 2), "none")
-    assert os.environ["LRU_CACHE_CAPACITY"] == "512"

@@ -16,7 +16,7 @@ from nmt.checkpoint.format import load_checkpoint, model_from_checkpoint
 from nmt.data.dataset import DataDir
 from nmt.data.vocabulary import BOS_ID, Vocabulary
 from nmt.generation.ensemble import Ensemble
-from nmt.generation.inference import prepare_model, translate_ids
+from nmt.generation.inference import TranslationRequest, prepare_model, translate_ids
 from nmt.generation.options import SearchOptions
 from nmt.scoring import score
 from nmt.training.config import load_train_config
@@ -59,7 +59,7 @@ def test_an_ensemble_of_one_model_is_that_model(data_dir, tmp_path):
     checkpoint = tiny_checkpoint(tmp_path / "a.pt", DataDir.open(data_dir).vocabulary("en"))
     model, _ = prepare_model(checkpoint, torch.device("cpu"))
     sources = source_arrays(data_dir)
-    alone, ensembled = (translate_ids(m, sources, OPTIONS) for m in (model, Ensemble([model])))
+    alone, ensembled = (translate_ids(m, sources, TranslationRequest(OPTIONS)) for m in (model, Ensemble([model])))
     assert tokens(ensembled) == tokens(alone)
     for a, b in zip(alone, ensembled):
         for h, g in zip(a, b):
@@ -91,7 +91,8 @@ def test_a_trained_pair_scores_at_least_as_well_as_the_worse_model(trained_pair,
 
     def translate(path: str) -> tuple[list[str], float]:
         model, _ = prepare_model(path, torch.device("cpu"))
-        best = [vocab.decode(hyps[0].tokens) for hyps in translate_ids(model, source_arrays(data_dir), options)]
+        found = translate_ids(model, source_arrays(data_dir), TranslationRequest(options))
+        best = [vocab.decode(hyps[0].tokens) for hyps in found]
         return best, score(best, [references])[0].score
 
     (first, first_bleu), (second, second_bleu) = translate(str(trained_pair[0])), translate(str(trained_pair[1]))

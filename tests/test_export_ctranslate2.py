@@ -17,7 +17,7 @@ from nmt.errors import NmtError
 from nmt.export.ctranslate2 import export_ctranslate2
 from nmt.export.options import ExportOptions
 from nmt.generation.generate import generate
-from nmt.generation.inference import prepare_model, translate_ids
+from nmt.generation.inference import TranslationRequest, prepare_model, translate_ids
 from nmt.generation.options import GenerateOptions
 from nmt.models.registry import build_model, get_arch, resolve_config
 from nmt.options import build
@@ -58,13 +58,15 @@ def ct2_hypotheses(exported, sources, options):
 def test_greedy_and_beam_outputs_equal_nmts_own(trained, exported, sources, beam, workers):
     options = options_of_generate(beam=beam, lenpen=0.0, max_tokens=2000, stop="exact")  # alpha 0: CTranslate2's rule
     model, _ = prepare_model(trained, torch.device("cpu"))
-    ours = [hyps[0].tokens for hyps in translate_ids(model, sources, options.search, options.batching)]
+    ours = [hyps[0].tokens for hyps in translate_ids(model, sources,
+                                                     TranslationRequest(options.search, options.batching))]
     # workers: several batches at once on both sides (CTranslate2's inter_threads)
     parallel = options_of_generate(beam=beam, lenpen=0.0, max_tokens=200, workers=workers, stop="exact")
     theirs = [hyps[0].tokens for hyps in ct2_hypotheses(exported, sources, parallel)]
     assert len(set(map(tuple, ours))) > 20  # varied translations, not one degenerate output
     assert theirs == ours
-    assert [hyps[0].tokens for hyps in translate_ids(model, sources, parallel.search, parallel.batching)] == ours
+    found = translate_ids(model, sources, TranslationRequest(parallel.search, parallel.batching))
+    assert [hyps[0].tokens for hyps in found] == ours
 
 
 @needs_ct2
@@ -244,7 +246,7 @@ def test_exact_search_asked_of_ctranslate2_is_a_warning_where_it_could_differ(tr
 def test_missing_ctranslate2_is_a_one_line_hint(trained, tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "ctranslate2", None)  # import fails as if not installed
     code, _, err = run_cli(monkeypatch, capsys, "export", "ctranslate2", str(trained), str(tmp_path / "out"))
-    assert code == 1 and err == "error: CTranslate2 is not installed: pip install 'nmt[ct2]'\n"
+    assert code == 1 and err == "error: CTranslate2 is not installed: pip install -e '.[ct2]' in nmt's checkout\n"
 
 
 @needs_ct2
@@ -262,7 +264,7 @@ def test_outputs_end_before_the_models_last_position_as_in_nmts_own_search(tmp_p
     source = [np.asarray(vocab.encode("five") + [EOS_ID])]
     (hypotheses,) = translate(source, None)  # CTranslate2 refused position 16 before the cap
     model, _ = prepare_model(str(checkpoint), torch.device("cpu"))
-    (ours,) = translate_ids(model, source, options.search, options.batching)
+    (ours,) = translate_ids(model, source, TranslationRequest(options.search, options.batching))
     assert len(ours[0].tokens) == 16 and len(hypotheses[0].tokens) == 16  # 15 tokens and EOS, as nmt's own
 
 
@@ -286,3 +288,115 @@ def test_by_default_ctranslate2_decodes_one_batch_per_thread_on_a_cpu(exported, 
     load_ctranslate2(options_of_generate(path=[str(exported)], engine="ctranslate2", sampling=True),
                      torch.device("cpu"))
     assert opened == [3, 1, 1]
+
+
+class RecordingTranslator:
+    """A CTranslate2 translator that records the keyword arguments and sizes of its translate_batch calls."""
+
+    def __init__(self, translator):
+        self.translator, self.calls = translator, []
+
+    def __getattr__(self, name):
+        return getattr(self.translator, name)
+
+    def translate_batch(self, source, target_prefix=None, **options):
+        self.calls.append({"sentences": len(source), **options})
+        return self.translator.translate_batch(source, target_prefix, **options)
+
+
+def controls_for(vocabs, count: int):
+    """Every fifth sentence starts with a prefix, every third bans a word (so the bans differ between sentences)."""
+    from nmt.generation.constraints import SentenceControls
+
+    ban = vocabs.target.encode("hundert")
+    return [SentenceControls(prefix=vocabs.target.encode("drei") if i % 5 == 0 else [],
+                             bans=[ban] if i % 3 == 0 else []) or None for i in range(count)]
+
+
+@needs_ct2
+def test_batching_and_workers_never_change_the_outputs(exported, sources):
+    """Whatever the batches and workers, each sentence gets what CTranslate2 gives it alone (a batch of one,
+    the way the engine called it before it let CTranslate2 batch), prefixes and its own bans included,
+    in the input's order."""
+    from nmt.generation.ctranslate2_engine import open_translator, translate_ids_ctranslate2
+
+    translator, vocabs, max_positions = open_translator(exported, torch.device("cpu"), "default")
+    sources = sources[:30] + [np.asarray([EOS_ID])]  # and an empty line, answered at once
+    controls = controls_for(vocabs, len(sources) - 1) + [None]
+    search = dict(beam=4, nbest=2, lenpen=0.6, lenpen_style="fairseq", format="fairseq")
+    piece = vocabs.target.piece
+    alone = []
+    for source, control in zip(sources[:-1], controls):
+        limit = len(source) - 1 + 200  # the default max length rule, a = 1, b = 200
+        (result,) = translator.translate_batch(
+            [[vocabs.source.piece(i) for i in source[:-1]]], [[piece(i) for i in control.prefix]]
+            if control and control.prefix else None, beam_size=4, num_hypotheses=2, length_penalty=0.6,
+            max_decoding_length=limit, suppress_sequences=[[piece(i) for i in ban] for ban in control.bans]
+            if control and control.bans else None, max_input_length=0, return_scores=True, return_end_token=True)
+        ids = [[vocabs.target.processor.piece_to_id(t) for t in tokens] for tokens in result.hypotheses]
+        alone.append([hyp if hyp[-1] == EOS_ID else hyp + [EOS_ID] for hyp in ids])
+    for batching in ({}, {"batch_size": 1, "max_tokens": None}, {"batch_size": 3, "max_tokens": 300},
+                     {"max_tokens": 40}, {"workers": 2}, {"workers": 3, "max_tokens": 100000}):
+        options = options_of_generate(**search, **batching, max_len_b=200)
+        translator, vocabs, max_positions = open_translator(exported, torch.device("cpu"), "default",
+                                                            options.batching.workers)
+        hypotheses = translate_ids_ctranslate2(translator, vocabs, sources, options, max_positions=max_positions,
+                                               controls=controls)
+        assert [[h.tokens for h in hyps] for hyps in hypotheses[:-1]] == alone, batching
+        assert all(h.tokens[-1] == EOS_ID and len(h.positional_scores) == len(h.tokens)
+                   for hyps in hypotheses for h in hyps)
+        assert [h.tokens for h in hypotheses[-1]] == [[EOS_ID]] * 2
+    assert alone[0][0][:len(controls[0].prefix)] == controls[0].prefix  # the prefix was kept
+
+
+@needs_ct2
+def test_ctranslate2_cuts_its_own_batches_of_one_max_length(exported, sources):
+    """One asynchronous call per max length (and list of bans): CTranslate2's own batches, by tokens. The
+    default on a CPU is its best (CPU_BATCH_TOKENS); --max-tokens is shared as by nmt's decoder (source tokens x
+    beam, among the workers); --batch-size alone is sentences; with --max-tokens it caps each call."""
+    from nmt.generation.ctranslate2_engine import CPU_BATCH_TOKENS, open_translator, translate_ids_ctranslate2
+
+    lengths = {len(s) for s in sources}
+
+    def calls(**batching) -> list[dict]:
+        options = options_of_generate(beam=4, lenpen=0.0, **batching)
+        translator, vocabs, max_positions = open_translator(exported, torch.device("cpu"), "default",
+                                                            options.batching.workers)
+        recorder = RecordingTranslator(translator)
+        translate_ids_ctranslate2(recorder, vocabs, sources, options, max_positions=max_positions)
+        assert all(call["asynchronous"] for call in recorder.calls)
+        return recorder.calls
+
+    default = calls()
+    assert len(default) == len(lengths) and sum(c["sentences"] for c in default) == len(sources)  # max len a = 1
+    assert len({c["max_decoding_length"] for c in default}) == len(lengths)
+    assert {(c["max_batch_size"], c["batch_type"]) for c in default} == {(CPU_BATCH_TOKENS, "tokens")}
+    assert {(c["max_batch_size"], c["batch_type"]) for c in calls(max_tokens=2000, workers=2)} == {(250, "tokens")}
+    assert {(c["max_batch_size"], c["batch_type"]) for c in calls(batch_size=8, max_tokens=None)} == {(8, "examples")}
+    capped = calls(batch_size=3, max_tokens=2000)
+    assert max(c["sentences"] for c in capped) == 3 and sum(c["sentences"] for c in capped) == len(sources)
+
+
+@needs_ct2
+def test_the_threads_go_to_inter_threads_as_ctranslate2_advises(exported, monkeypatch):
+    """--workers unset on a CPU: inter_threads = the threads, one intra-op thread each (CTranslate2's docs: prefer
+    inter_threads to intra_threads, their product at most the cores); --workers 1: one translator, all threads."""
+    import ctranslate2
+
+    from nmt.generation.ctranslate2_engine import load_ctranslate2
+
+    made = []
+    real = ctranslate2.Translator
+
+    def translator(*args, **kwargs):
+        made.append({k: kwargs[k] for k in ("inter_threads", "intra_threads", "max_queued_batches")})
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ctranslate2, "Translator", translator)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    for workers in (None, 1, 2):
+        load_ctranslate2(options_of_generate(path=[str(exported)], engine="ctranslate2", workers=workers),
+                         torch.device("cpu"))
+    assert made == [{"inter_threads": 2, "intra_threads": 1, "max_queued_batches": -1},
+                    {"inter_threads": 1, "intra_threads": 2, "max_queued_batches": -1},
+                    {"inter_threads": 2, "intra_threads": 1, "max_queued_batches": -1}]

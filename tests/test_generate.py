@@ -19,6 +19,7 @@ import torch
 from conftest import assert_one_line_error, make_data_dir, numbers_pairs, run_cli, run_nmt
 
 import nmt.generation.inference as inference_module
+from nmt.backends.int8 import Int8Linear
 from nmt.checkpoint.format import Vocabularies, model_state, save_checkpoint
 from nmt.data.dataset import DataDir
 from nmt.data.vocabulary import EOS_ID, PAD_ID
@@ -26,10 +27,9 @@ from nmt.device import inference_device
 from nmt.device_options import InferenceDeviceOptions
 from nmt.errors import NmtError
 from nmt.generation.generate import generate
-from nmt.generation.inference import prepare_model, translate_ids
+from nmt.generation.inference import TranslationRequest, prepare_model, translate_ids
 from nmt.generation.options import BatchingOptions, GenerateOptions, SearchOptions, check_workers, choose_workers
 from nmt.generation.workers import forks_workers, map_in_workers
-from nmt.models.int8 import Int8Linear
 from nmt.models.registry import build_model, get_arch, resolve_config
 from nmt.options import build
 from nmt.scoring import MetricOptions, score
@@ -102,7 +102,7 @@ def test_hypotheses_do_not_depend_on_batching_or_input_order(data_dir, checkpoin
 
     def run(order: np.ndarray, **batching) -> list[list[list[int]]]:
         chosen = options(checkpoint, **search, **batching)
-        hyps = translate_ids(model, [sources[i] for i in order], chosen.search, chosen.batching)
+        hyps = translate_ids(model, [sources[i] for i in order], TranslationRequest(chosen.search, chosen.batching))
         restored = [None] * len(sources)
         for position, index in enumerate(order):
             restored[index] = [h.tokens for h in hyps[position]]
@@ -139,7 +139,7 @@ def test_workers_run_batches_at_the_same_time_with_their_share_of_the_threads(ch
     monkeypatch.setattr(torch, "get_num_threads", lambda: 4)  # as if the process had 4 threads: 2 per worker
     monkeypatch.setattr(torch, "set_num_threads", set_threads.append)
     chosen = options(checkpoint, beam=2, max_len_b=4, batch_size=4, max_tokens=None, workers=2)
-    translate_ids(model, sources, chosen.search, chosen.batching)
+    translate_ids(model, sources, TranslationRequest(chosen.search, chosen.batching))
     assert len(seen) >= 3 and set_threads == [2, 2, 4]  # once per worker, then the caller's count set back
     assert len({thread for thread, _ in seen}) == 2 and threading.get_ident() not in {t for t, _ in seen}
     assert all(inference for _, inference in seen)  # inference mode is per thread: each worker enters it
@@ -166,7 +166,8 @@ def test_cpu_decoding_runs_one_worker_per_thread_by_default_sharing_the_token_bu
     longest = max(len(s) for s in sources)
     for workers, threads in ((None, 2), (1, 1)):
         chosen = options(checkpoint, beam=2, max_len_b=4, max_tokens=8 * longest, workers=workers)
-        translate_ids(model, sources, chosen.search, chosen.batching, fork_workers=True)  # as `nmt generate` does
+        # fork_workers: as `nmt generate` asks
+        translate_ids(model, sources, TranslationRequest(chosen.search, chosen.batching, fork_workers=True))
         batches = []
         while not seen.empty():
             batches.append(seen.get())
@@ -190,7 +191,7 @@ def test_several_workers_take_the_longest_batches_first(checkpoint, monkeypatch)
     monkeypatch.setattr(inference_module, "map_in_workers", record)
     for workers in (1, 2):
         chosen = options(checkpoint, beam=2, max_len_b=3, max_tokens=24, workers=workers)
-        translate_ids(model, sources, chosen.search, chosen.batching)
+        translate_ids(model, sources, TranslationRequest(chosen.search, chosen.batching))
     assert len(given[2]) > 2 and given[2] == sorted(given[2], reverse=True) and given[1] == sorted(given[1])
 
 
@@ -204,7 +205,7 @@ def test_forked_workers_translate_as_one_worker_and_report_errors(checkpoint, da
 
     def tokens(**batching) -> list[list[list[int]]]:
         chosen = options(checkpoint, beam=3, max_len_b=6, stop="exact", quantize="none", **batching)
-        found = translate_ids(model, sources, chosen.search, chosen.batching, fork_workers=True)
+        found = translate_ids(model, sources, TranslationRequest(chosen.search, chosen.batching, fork_workers=True))
         return [[h.tokens for h in hyps] for hyps in found]
 
     assert tokens(batch_size=3, max_tokens=None, workers=2) == tokens(batch_size=3, max_tokens=None, workers=1)
@@ -286,8 +287,9 @@ def test_workers_are_threads_unless_the_caller_may_fork_with_one_thread_each(che
 
     monkeypatch.setattr(inference_module, "beam_search", watched)
     chosen = options(checkpoint, beam=2, max_len_b=4, batch_size=4, max_tokens=None, workers=2)
-    translate_ids(model, sources, chosen.search, chosen.batching)  # a library call: threads
-    translate_ids(model, sources, chosen.search, chosen.batching, fork_workers=True, should_stop=lambda: False)
+    translate_ids(model, sources, TranslationRequest(chosen.search, chosen.batching))  # a library call: threads
+    translate_ids(model, sources, TranslationRequest(chosen.search, chosen.batching, fork_workers=True,
+                                                     should_stop=lambda: False))
     seen = set()
     while not processes.empty():
         seen.add(processes.get())
@@ -322,22 +324,38 @@ def has_glibc() -> bool:
         return False
 
 
+DECODE_IN_THREADS = """
+import ctypes, os, sys, numpy, torch
+import nmt
+from nmt.generation.inference import TranslationRequest, translate_ids
+from nmt.generation.options import BatchingOptions
+before = dict(os.environ)
+if sys.argv[2] == "tuned":
+    nmt.tune_for_decoding()
+torch.set_num_threads(2)
+translator = nmt.Translator.from_checkpoint(sys.argv[1], device="cpu")
+translator.translate(["five", "seven"], stop="exact")
+sources = [numpy.array([5 + i % 7, 6, 2]) for i in range(40)]
+translate_ids(translator.model, sources, TranslationRequest(batching=BatchingOptions(max_tokens=40, workers=2)))
+print(sorted(set(os.environ.items()) ^ set(before.items())))
+ctypes.CDLL(None).malloc_stats()
+"""
+
+
 @pytest.mark.skipif(not has_glibc(), reason="glibc's malloc arenas")
-def test_decoding_threads_allocate_from_one_malloc_arena(checkpoint):
-    """glibc gives each thread an arena that keeps what was freed in it: torch's threads and the
-    workers share the main one."""
-    code = ("import ctypes, sys, numpy, torch\n"
-            "from nmt.generation.inference import prepare_model, translate_ids\n"
-            "from nmt.generation.options import BatchingOptions\n"
-            "torch.set_num_threads(2)\n"
-            "model, _ = prepare_model(sys.argv[1], torch.device('cpu'))\n"
-            "sources = [numpy.array([5 + i % 7, 6, 2]) for i in range(40)]\n"
-            "translate_ids(model, sources, batching=BatchingOptions(max_tokens=40, workers=2))\n"
-            "ctypes.CDLL(None).malloc_stats()\n")
-    env = {key: value for key, value in os.environ.items() if key != "MALLOC_ARENA_MAX"}
-    done = subprocess.run([sys.executable, "-c", code, str(checkpoint)], capture_output=True, text=True, env=env,
-                          check=True)
-    assert done.stderr.count("Arena ") == 1, done.stderr
+@pytest.mark.parametrize("tuned", [False, True])
+def test_the_api_leaves_the_allocator_and_environment_alone_unless_asked(checkpoint, tuned):
+    """Loading and translating through the Python API changes neither the process's environment nor
+    its allocator: its threads get their own malloc arenas, as glibc gives them. ``nmt.tune_for_decoding``
+    (what `nmt generate` and `nmt serve` do) makes them share the main one and bounds oneDNN's caches."""
+    env = {key: value for key, value in os.environ.items()
+           if key not in ("MALLOC_ARENA_MAX", "LRU_CACHE_CAPACITY", "ONEDNN_PRIMITIVE_CACHE_CAPACITY")}
+    done = subprocess.run([sys.executable, "-c", DECODE_IN_THREADS, str(checkpoint), "tuned" if tuned else "plain"],
+                          capture_output=True, text=True, env=env, check=True)
+    changed = "[('LRU_CACHE_CAPACITY', '16'), ('ONEDNN_PRIMITIVE_CACHE_CAPACITY', '16')]" if tuned else "[]"
+    assert done.stdout.strip() == changed, done.stderr
+    arenas = done.stderr.count("Arena ")
+    assert arenas == 1 if tuned else arenas > 1, done.stderr
 
 
 def test_workers_leave_the_callers_thread_count_as_it_was():

@@ -55,8 +55,9 @@ def test_the_command_starts_again_as_it_was_started_with_the_tunable(monkeypatch
     ("/usr/bin/my_service.py", False), ("/venv/lib/python3.12/site-packages/pytest/__main__.py", False)])
 def test_only_nmt_itself_starts_again_never_a_program_that_calls_its_main(monkeypatch, program, restarts):
     called = []
-    monkeypatch.setattr(sys, "argv", [program, "--version"])
+    monkeypatch.setattr(sys, "argv", [program, "generate", "--help"])
     monkeypatch.setattr(nmt.__main__, "restart_with_huge_pages", lambda: called.append(True))
+    monkeypatch.setattr(nmt.__main__, "tune_for_decoding", lambda: None)
     with pytest.raises(SystemExit):
         nmt.__main__.main()
     assert bool(called) == restarts

@@ -84,3 +84,57 @@ def test_the_command_line_starts_without_torch(argv):
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stderr.strip().endswith("NO TORCH"), f"`nmt {' '.join(argv)}` imported torch"
+
+
+# Lower layers never import higher ones; a module may import its own layer's and those below.
+LAYERS = [
+    ["nmt.version", "nmt.errors", "nmt.switches", "nmt.options", "nmt.log", "nmt.files", "nmt.parallel",
+     "nmt.recipe", "nmt.scoring", "nmt.commands", "nmt.device_options", "nmt.device", "nmt.huge_pages",
+     "nmt.tuning", "nmt.demo_data"],
+    ["nmt.data"],
+    ["nmt.backends"],  # what decoding computes with: below the model, which calls it
+    ["nmt.models"],
+    ["nmt.checkpoint"],
+    ["nmt.export"],
+    ["nmt.generation"],
+    ["nmt.training"],
+    ["nmt.serving", "nmt.plot", "nmt.pipeline", "nmt.demo"],
+    ["nmt.cli"],
+    ["nmt.__main__", "nmt"],
+]
+
+
+def layer_of(module: str) -> int:
+    found = [i for i, layer in enumerate(LAYERS) for name in layer if module == name or module.startswith(name + ".")]
+    assert found, f"{module} is in no layer of LAYERS"
+    return max(found)
+
+
+def test_no_module_imports_a_layer_above_its_own():
+    upward = [f"{module} -> {target}" for module, targets in import_graph().items() for target in targets
+              if layer_of(target) > layer_of(module)]
+    assert not upward, f"imports that run upward: {upward}"
+
+
+# The CPU fast path (nmt/backends/cpu_backend.py and what only it uses): plugged in when a model is
+# prepared for decoding, never imported by the model or the search, which read as plain PyTorch.
+FAST_PATH = {"nmt.backends.cpu_backend", "nmt.backends.indexed_cache", "nmt.backends.kernels",
+             "nmt.backends.kernel_build", "nmt.backends.int8"}
+PLAIN = ["nmt.models.transformer", "nmt.models.attention", "nmt.generation.search", "nmt.generation.searchable"]
+
+
+def imported_by(module: str, graph: dict[str, set[str]]) -> set[str]:
+    """Every nmt module that importing ``module`` imports, directly or not."""
+    seen, todo = set(), [module]
+    while todo:
+        for target in graph[todo.pop()] - seen:
+            seen.add(target)
+            todo.append(target)
+    return seen
+
+
+@pytest.mark.parametrize("module", PLAIN)
+def test_the_model_and_the_search_import_nothing_of_the_fast_path(module):
+    graph = import_graph()
+    assert FAST_PATH <= set(graph), "FAST_PATH names a module that is gone"
+    assert not imported_by(module, graph) & FAST_PATH

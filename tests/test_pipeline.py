@@ -6,14 +6,14 @@ import pytest
 import yaml
 from conftest import MULTI30K, run_cli, run_nmt
 
-import nmt.generation.decoding_check as decoding_check
+import nmt.training.decoding_check as decoding_check
 from nmt.checkpoint.format import load_checkpoint
 from nmt.confinement import Confinement
 from nmt.data.preprocess import PreprocessOptions, preprocess
 from nmt.demo import demo_recipe
 from nmt.demo_data import write_demo_corpus
 from nmt.errors import NmtError
-from nmt.generation.decoding_check import RECORD_KEY
+from nmt.generation.decoding_settings import RECORD_KEY
 from nmt.models.registry import get_arch
 from nmt.options import build
 from nmt.pipeline import plan_recipe, run_recipe

@@ -15,7 +15,7 @@ from nmt.plot.curves import plot_curves
 from nmt.plot.options import PlotAttentionOptions, PlotCurvesOptions
 from nmt.training.metrics_file import MetricsFile
 
-matplotlib = pytest.importorskip("matplotlib", reason="nmt plot needs the plot extra (pip install 'nmt[plot]')")
+matplotlib = pytest.importorskip("matplotlib", reason="nmt plot needs matplotlib: pip install -e '.[plot]'")
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
@@ -74,7 +74,7 @@ def test_curves_without_metrics_is_a_one_line_error(tmp_path):
 
 def test_missing_matplotlib_names_the_extra(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
-    with pytest.raises(NmtError, match=r"pip install 'nmt\[plot\]'"):
+    with pytest.raises(NmtError, match=r"pip install -e '\.\[plot\]' in nmt's checkout"):
         plot_curves(PlotCurvesOptions(save_dir=str(tmp_path), output=str(tmp_path / "c.png")))
 
 

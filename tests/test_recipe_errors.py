@@ -73,12 +73,12 @@ CASES = [  # section, key, value, what the error says
     ("generate", "lenpen", 7, "--lenpen must be between -5.0 and 5.0, got 7"),
     ("train", "warmup_updates", 0, "--warmup-updates must be at least 1, got 0"),
     ("score", "metrics", "blue", "unknown metric blue"),
-    ("average", "num_update_checkpoints", None, "the `average:` section needs num_epoch_checkpoints or"),
+    ("average", "num_update_checkpoints", None, "the `average:` section needs num_epoch_checkpoints, num_update"),
     # Sections that are each valid but would fail together after training.
     ("train", "keep_interval_updates", 0, "`average:` takes the last 1 update checkpoints but `train: "
                                           "keep_interval_updates: 0` keeps 0"),
     ("train", "save_interval_updates", 0, "`average:` takes update checkpoints, which training saves only with"),
-    ("average", "num_epoch_checkpoints", 5, "num_update_checkpoints (exactly one)"),
+    ("average", "num_epoch_checkpoints", 5, "epoch_share (exactly one)"),
 ]
 
 

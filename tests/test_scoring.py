@@ -167,8 +167,8 @@ def test_mecab_tokenizers_without_mecab_are_a_one_line_error(tmp_path):
     reference = write(tmp_path / "test.ja", ["今日はいい天気です。"])
     result = run_nmt("score", "--sys", system, "--ref", reference)
     assert result.returncode == 1 and "Traceback" not in result.stderr
-    assert result.stderr.strip() == ("error: BLEU tokenizer ja-mecab needs extra packages: pip install 'nmt[ja]' "
-                                     "(or choose another --tokenize)")
+    assert result.stderr.strip() == ("error: BLEU tokenizer ja-mecab needs extra packages: pip install -e '.[ja]' in "
+                                     "nmt's checkout (or choose another --tokenize)")
 
 
 def test_a_tokenizer_that_cannot_download_its_model_is_an_error(monkeypatch):

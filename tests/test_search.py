@@ -10,7 +10,9 @@ from typing import Callable
 
 import pytest
 import torch
+from conftest import both_search_paths
 
+from nmt.backends.torch_backend import TORCH
 from nmt.data.vocabulary import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from nmt.errors import NmtError
 from nmt.generation.options import SearchOptions
@@ -23,9 +25,17 @@ from nmt.generation.search import (
     is_done,
     length_penalty,
     max_lengths,
-    select_top,
 )
 from nmt.models.registry import build_model, get_arch, resolve_config
+
+# Every test twice: with nmt's C kernels for the log-softmax and the top-k, and with torch's operations.
+pytestmark = both_search_paths
+
+
+@pytest.fixture(autouse=True)
+def toy_backend(search_path, monkeypatch):
+    """The toy decoders compute their log-softmax and top-k with the path under test."""
+    monkeypatch.setattr(ToyDecoder, "backend", search_path)
 
 VOCAB = 7  # PAD UNK BOS EOS + three words; UNK counts as a word too
 WORDS = (UNK_ID, 4, 5, 6)
@@ -36,6 +46,9 @@ class ToyCache:
     def __init__(self) -> None:
         self.prefix: torch.Tensor | None = None  # (rows, steps) the decoder inputs so far, BOS first
 
+    def reserve(self, positions: int, rows: int) -> None:
+        pass
+
     def reorder(self, indices: torch.Tensor) -> None:
         self.prefix = self.prefix.index_select(0, indices)
 
@@ -43,6 +56,8 @@ class ToyCache:
 class ToyDecoder:
     """The model API beam_search uses, with next-token log-probabilities from ``table(source, prefix)``:
     ``source`` the sentence's ids (EOS included), ``prefix`` the tokens generated so far."""
+
+    backend = TORCH
 
     def __init__(self, table: Table):
         self.table = table
@@ -166,7 +181,7 @@ def test_no_repeat_ngram_bans_exactly_the_repeating_token():
 def test_select_top_returns_best_continuations_with_their_beams():
     logprobs = torch.full((2, 4), -10.0)
     logprobs[1, 3], logprobs[0, 2], logprobs[1, 0] = -1.0, -2.5, -3.0
-    best, beams, tokens = select_top(torch.tensor([[0.0, -0.5]]), logprobs, beam=2)
+    best, beams, tokens = TORCH.select_top(torch.tensor([[0.0, -0.5]]), logprobs, beam=2)
     assert best[0].tolist() == [-1.5, -2.5, -3.5, -10.0]
     assert beams[0, :3].tolist() == [1, 0, 1] and tokens[0, :3].tolist() == [3, 2, 0]
 
@@ -183,7 +198,7 @@ def test_select_top_equals_ranking_every_continuation(vocab, width):
     logprobs[:, :2] = NEG_INF
     logprobs[0, -5:] += 20.0  # sentence 0's best continuations all in one row's last block
     scores[1, -1] = NEG_INF  # a dead row
-    best, beams, tokens = select_top(scores, logprobs, beam)
+    best, beams, tokens = TORCH.select_top(scores, logprobs, beam)
     everything = (scores.unsqueeze(2) + logprobs.view(sentences, width, vocab)).view(sentences, -1)
     expected = everything.topk(min(2 * beam, width * vocab), dim=1)
     count = expected.values.size(1)
@@ -192,6 +207,37 @@ def test_select_top_equals_ranking_every_continuation(vocab, width):
     assert torch.equal((beams[:, :count] * vocab + tokens[:, :count])[finite], expected.indices[finite])
     assert torch.isinf(best[:, count:]).all()
     assert ((tokens >= 0) & (tokens < vocab)).all()
+
+
+def test_select_top_never_chooses_a_nan_over_a_finite_continuation(search_path):
+    """A NaN (a row whose model overflowed) counts as -inf: the finite continuations of the other rows
+    come first, best first, wherever the NaN lies (first row, a block of its own, the only row)."""
+    generator = torch.Generator().manual_seed(0)
+    scores = torch.tensor([[0.0, -1.0, -2.0], [-0.5, 0.0, -3.0]])
+    logprobs = torch.randn(6, 200, generator=generator).log_softmax(dim=1)
+    logprobs[0] = float("nan")  # sentence 0: its best row
+    logprobs[4, 64:128] = float("nan")  # sentence 1: one block of its best row
+    best, beams, tokens = search_path.select_top(scores, logprobs, beam=3)
+    clean = logprobs.nan_to_num(nan=NEG_INF)
+    expected = (scores.unsqueeze(2) + clean.view(2, 3, 200)).view(2, -1).topk(6, dim=1)
+    assert torch.equal(best, expected.values)
+    assert torch.equal(beams * 200 + tokens, expected.indices)
+    dead = search_path.select_top(torch.zeros(1, 1), torch.full((1, 7), float("nan")), beam=2)[0]
+    assert not (dead > NEG_INF).any()  # nothing finite to choose: no candidate is alive
+
+
+def nan_after_five(source: tuple[int, ...], prefix: tuple[int, ...]) -> torch.Tensor:
+    """The model's output is NaN for every row whose output begins with 5, its likeliest first word."""
+    if prefix[:1] == (5,):
+        return torch.full((VOCAB,), float("nan"))
+    return scripted_table({(): {5: 0.6, 4: 0.3}, (4,): {6: 0.8}, (4, 6): {EOS_ID: 0.9}})(source, prefix)
+
+
+def test_a_beam_whose_scores_are_nan_is_dropped_and_the_others_go_on():
+    hyps = search(nan_after_five, [4], beam=2, nbest=2, lenpen=0.0, max_len_b=5)
+    assert hyps[0].tokens == [4, 6, EOS_ID]
+    assert hyps[0].score == pytest.approx(math.log(0.3 * 0.8 * 0.9), abs=1e-5)
+    assert all(h.tokens[0] != 5 and math.isfinite(h.score) for h in hyps)
 
 
 def test_is_done_only_when_no_alive_hypothesis_can_beat_the_worst_finished():
@@ -354,7 +400,7 @@ def test_nbest_is_sorted_and_distinct():
 def test_batched_search_equals_one_sentence_at_a_time_on_a_toy_decoder():
     decoder = ToyDecoder(random_table(5, sharpness=1.0))
     rows = [[4, 5, 6, 4, 5, 6, 4], [4], [6, 5, 4], [5, 5, 5, 5], [6, 4]]
-    options = SearchOptions(beam=3, nbest=3, max_len_b=6)
+    options = SearchOptions(beam=3, nbest=3, max_len_b=6, stop="exact")
     batched = beam_search(decoder, sources(*rows), options)
     alone = [beam_search(decoder, sources(row), options)[0] for row in rows]
     assert [[(h.tokens, h.score) for h in hyps] for hyps in batched] == \
@@ -366,7 +412,7 @@ def test_the_encoder_output_keeps_one_row_per_alive_sentence(sampling):
     """Beams share their sentence's encoder row (never copied per beam), and sentences that are
     done leave both the decoder rows and the encoder output."""
     decoder = ToyDecoder(random_table(5, sharpness=1.0))
-    options = SearchOptions(beam=3, nbest=3, max_len_b=6, sampling=sampling)
+    options = SearchOptions(beam=3, nbest=3, max_len_b=6, sampling=sampling, stop="exact")
     beam_search(decoder, sources([4, 5, 6, 4, 5, 6, 4], [4], [6, 5, 4]), options, torch.Generator().manual_seed(1))
     widths = [rows // sentences for rows, sentences in decoder.calls]
     assert widths == [1 if not sampling else 3] + [3] * (len(widths) - 1)
@@ -409,7 +455,7 @@ def test_samples_are_independent_draws_whatever_the_beam(beam):
     table = scripted_table({}, default={EOS_ID: 0.25})
     count = 2000
     source = torch.tensor([[4, 5, 6, EOS_ID]] * (count // beam))
-    options = SearchOptions(beam=beam, nbest=beam, sampling=True, max_len_b=100)
+    options = SearchOptions(beam=beam, nbest=beam, sampling=True, max_len_b=100, stop="exact")
     results = beam_search(ToyDecoder(table), source, options, torch.Generator().manual_seed(beam))
     lengths = torch.tensor([len(h.tokens) for hyps in results for h in hyps], dtype=torch.float64)
     assert len(lengths) == count
@@ -456,7 +502,8 @@ def test_transformer_beam_one_is_greedy_over_full_forward_passes():
     for seed in range(3):
         model = peaky_model(seed)
         source = sources([4, 5, 6, 7, 8])
-        found = beam_search(model, source, SearchOptions(beam=1, lenpen=0.0, max_len_a=0.0, max_len_b=8))[0][0]
+        options = SearchOptions(beam=1, lenpen=0.0, max_len_a=0.0, max_len_b=8, stop="exact")
+        found = beam_search(model, source, options)[0][0]
         assert found.tokens == greedy(model_table(model, source), [4, 5, 6, 7, 8], max_len=8)
 
 
@@ -464,7 +511,7 @@ def test_transformer_beam_one_is_greedy_over_full_forward_passes():
 def test_transformer_batched_with_padding_equals_one_sentence_at_a_time():
     model = peaky_model(seed=5)
     rows = [[4, 5, 6, 7, 8, 9, 10], [4], [11, 10, 9], [5, 5, 5, 5], [6, 7]]
-    options = SearchOptions(beam=3, nbest=3, max_len_a=1.0, max_len_b=4)
+    options = SearchOptions(beam=3, nbest=3, max_len_a=1.0, max_len_b=4, stop="exact")
     batched = beam_search(model, sources(*rows), options)
     alone = [beam_search(model, sources(row), options)[0] for row in rows]
     assert [[h.tokens for h in hyps] for hyps in batched] == [[h.tokens for h in hyps] for hyps in alone]
@@ -498,7 +545,7 @@ def test_a_search_past_the_models_positions_ends_at_its_last_one():
     model = build_model(arch.model_name,
                         resolve_config(arch.config, {"d_model": 32, "ffn_dim": 64, "max_positions": 12}),
                         12, 12, PAD_ID).eval()
-    found = beam_search(model, sources([4, 5, 6]), SearchOptions(beam=2, min_len=30, max_len_b=100))
+    found = beam_search(model, sources([4, 5, 6]), SearchOptions(beam=2, min_len=30, max_len_b=100, stop="exact"))
     assert [len(h.tokens) for h in found[0]] == [12]  # 11 tokens and the forced EOS: positions 0..11 read
 
 
@@ -518,16 +565,20 @@ def test_should_stop_ends_the_search_before_the_next_step():
         return len(asked) == 4
 
     with pytest.raises(SearchStopped):
-        beam_search(model, sources([4, 5], [6]), SearchOptions(beam=2, min_len=30, max_len_b=30), None,
+        beam_search(model, sources([4, 5], [6]), SearchOptions(beam=2, min_len=30, max_len_b=30, stop="exact"), None,
                     should_stop=should_stop)
     assert asked == [0, 1, 2, 3] and len(model.calls) == 3
 
 
-def test_the_default_stop_rule_is_auto_which_the_search_takes_as_exact():
+def test_the_default_stop_rule_is_auto_which_the_search_never_sees():
     """finished kept a truncated number on the demo task (BLEU 93 against exact's 99): only a model's
-    own validation check makes it its default (decoding_check.py); an auto left unresolved is exact."""
+    own validation check makes it its default (nmt/training/decoding_check.py). auto is resolved before
+    the search (nmt/generation/decoding_settings.py: without a record, exact); the search refuses it."""
+    from nmt.generation.decoding_settings import DecodingSettings, stop_for
+
     assert SearchOptions().stop == "auto"
-    rules = {(): {4: 0.5, 5: 0.45}, (4,): {EOS_ID: 0.6, 4: 0.38}, (4, 4): {EOS_ID: 0.99}, (5,): {6: 0.999},
-             (5, 6): {6: 0.999}, (5, 6, 6): {6: 0.999}, (5, 6, 6, 6): {EOS_ID: 0.999}}
-    hyps = search(scripted_table(rules), [4], beam=2, nbest=2, lenpen=0.6, max_len_a=0.0, max_len_b=10, stop="auto")
-    assert [h.tokens for h in hyps] == [[5, 6, 6, 6, EOS_ID], [4, EOS_ID]]  # exact's (see the test above)
+    assert stop_for(SearchOptions(), None) == "exact"
+    assert stop_for(SearchOptions(), DecodingSettings("int8", "finished")) == "finished"
+    assert stop_for(SearchOptions(beam=5), DecodingSettings("int8", "finished")) == "exact"  # not what was checked
+    with pytest.raises(ValueError, match="auto"):
+        search(random_table(0), [4], stop="auto")

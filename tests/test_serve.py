@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("starlette", reason="nmt serve needs the serve extra: pip install -e '.[serve]'")
-pytest.importorskip("uvicorn", reason="nmt serve needs the serve extra: pip install -e '.[serve]'")
+pytest.importorskip("starlette", reason="nmt serve needs the serve extra: pip install -e '.[serve]' in nmt's checkout")
+pytest.importorskip("uvicorn", reason="nmt serve needs the serve extra: pip install -e '.[serve]' in nmt's checkout")
 
 from conftest import numbers_pairs  # noqa: E402
 from test_translator import tiny_checkpoint  # noqa: E402
@@ -269,8 +269,8 @@ def test_without_the_extra_the_error_says_what_to_install(checkpoint):
             f"sys.argv = ['nmt', 'serve', '--path', {str(checkpoint)!r}]; main()")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=GIVE_UP)
     assert result.returncode == 1
-    assert result.stderr == ("error: nmt serve needs its optional dependencies: pip install -e '.[serve]' (from a "
-                             "checkout of nmt)\n")
+    assert result.stderr == ("error: nmt serve needs its optional dependencies: pip install -e '.[serve]' in nmt's "
+                             "checkout\n")
 
 
 def test_a_sentence_too_long_for_the_model_is_refused_alone(vocab_for_serving, tmp_path_factory):
@@ -314,7 +314,7 @@ def test_bad_json_leaves_no_traceback_in_the_log(server):
     assert "Traceback" not in log and "failed" not in log
 
 
-HEAVY = {"beam": 16, "max_len_a": 0, "max_len_b": 40, "min_len": 40}  # every beam runs its 40 steps
+HEAVY = {"beam": 16, "max_len_a": 0, "max_len_b": 200, "min_len": 200}  # every beam runs its 200 steps
 
 
 def test_a_heavy_request_is_translated_in_batches_that_fit_the_memory_budget(checkpoint, tmp_path_factory):
@@ -326,13 +326,14 @@ def test_a_heavy_request_is_translated_in_batches_that_fit_the_memory_budget(che
     sentences = [f"number {i}" for i in range(8)]
     lengths = {len(source) for source in translator.vocabs.source.encode_batch(sentences)}
     assert len(lengths) == 1  # one length: the batch's memory is the sum of its sentences'
-    one = SearchMemory(translator.model).batch([HEAVY["max_len_b"]], HEAVY["beam"], lengths.pop() + 1)
+    memory = SearchMemory(translator.model, translator.precision, translator.device.type)
+    one = memory.batch([HEAVY["max_len_b"]], HEAVY["beam"], lengths.pop() + 1)
     budget_mib = math.ceil(2.5 * one / 2 ** 20)
     per_batch = budget_mib * 2 ** 20 // one
     assert per_batch in (2, 3)
     expected = translator.translate(sentences, **HEAVY)
     for address in run_server(checkpoint, tmp_path_factory, "--max-batch-memory", str(budget_mib),
-                              "--max-output-length", "40", "--max-characters", "80",
+                              "--max-output-length", "200", "--max-characters", "80",
                               "--max-constraints", "0", "--max-bans", "0"):  # no room for controls' memory
         status, answer = request(address, "POST", "/translate", {"text": sentences, **HEAVY})
         assert status == 200 and answer["translations"] == expected
@@ -340,8 +341,8 @@ def test_a_heavy_request_is_translated_in_batches_that_fit_the_memory_budget(che
 
 
 def test_a_budget_that_cannot_hold_one_sentence_is_refused_at_start(checkpoint):
-    result = subprocess.run(serve_command(checkpoint, "--max-batch-memory", "1", "--max-output-length", "256"),
-                            capture_output=True, text=True, timeout=GIVE_UP)
+    result = subprocess.run(serve_command(checkpoint, "--max-batch-memory", "1", "--max-output-length", "256",
+                                          "--quiet"), capture_output=True, text=True, timeout=GIVE_UP)  # no info lines
     assert result.returncode == 1 and re.fullmatch(
         r"error: --max-batch-memory 1 MiB cannot hold one sentence at --max-beam 16 and --max-output-length 256 "
         r"\(\d+ MiB for this model\): raise it or lower those\n", result.stderr), result.stderr
@@ -595,6 +596,7 @@ def test_a_batch_is_searched_on_every_torch_thread(checkpoint, monkeypatch):
 
     import nmt.generation.inference as inference
     from nmt.generation.inference import encode_sources
+    from nmt.generation.options import BatchingOptions
     from nmt.serving.server import batch_translator
 
     translator = Translator.from_checkpoint(checkpoint, device="cpu")
@@ -610,7 +612,7 @@ def test_a_batch_is_searched_on_every_torch_thread(checkpoint, monkeypatch):
     search_options, _ = translator.options(max_len_b=5)
     hypotheses = batch_translator(translator)(sources, search_options, None, lambda: False)
     assert [h[0].tokens for h in hypotheses] == [h[0].tokens for h in inference.translate_ids(
-        translator.model, sources, search_options, device=translator.device)]
+        translator.model, sources, translator.request(search_options, BatchingOptions()))]
     assert len(searched_on) == 2
 
 

@@ -23,8 +23,8 @@ from nmt.models.registry import build_model, get_arch, resolve_config
 from nmt.serving.batcher import Batcher
 from nmt.serving.budget import SearchMemory
 
-pytest.importorskip("starlette", reason="nmt serve needs the serve extra: pip install -e '.[serve]'")
-pytest.importorskip("uvicorn", reason="nmt serve needs the serve extra: pip install -e '.[serve]'")
+pytest.importorskip("starlette", reason="nmt serve needs the serve extra: pip install -e '.[serve]' in nmt's checkout")
+pytest.importorskip("uvicorn", reason="nmt serve needs the serve extra: pip install -e '.[serve]' in nmt's checkout")
 
 from test_serve import request, run_server  # noqa: E402
 from test_translator import tiny_checkpoint  # noqa: E402
@@ -104,7 +104,8 @@ class Recorded:
 def run_requests(translate, requests: list[tuple[list[int], list | None]], budget: int, window: float = 0.2):
     """Submit the requests together to a batcher over the tiny model's memory estimate; their answers or errors."""
     async def scenario():
-        batcher = Batcher(translate, window, SearchMemory(tiny_model()), budget, 1000, long_search=10 ** 9)
+        memory = SearchMemory(tiny_model(), "fp32", "cpu")
+        batcher = Batcher(translate, window, memory, budget, 1000, long_search=10 ** 9)
         worker = asyncio.create_task(batcher.run())
         futures = [batcher.submit([source(t) for t in tokens], SearchOptions(), [10] * len(tokens), controls)
                    for tokens, controls in requests]
@@ -120,7 +121,7 @@ BANS = [[5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20 + i] for i in
 
 def test_a_requests_controls_count_in_its_batches_memory():
     """Eight sentences whose search fits one batch take several once their bans are counted."""
-    memory = SearchMemory(tiny_model())
+    memory = SearchMemory(tiny_model(), "fp32", "cpu")
     budget = int(1.05 * memory.batch([10] * 8, 4, 2))
     translate = Recorded()
     answers, waiting = run_requests(translate, [(list(range(30, 38)), [SentenceControls(bans=BANS)] * 8)], budget)
@@ -149,13 +150,13 @@ def test_a_failing_batch_fails_only_the_request_that_causes_it():
 def test_a_stopped_search_builds_no_control_tables(monkeypatch):
     """transitions() and the control tensors are built before the search's first step: a request whose
     client has gone must not pay for them."""
-    from nmt.generation.inference import translate_ids
+    from nmt.generation.inference import TranslationRequest, translate_ids
 
     built = []
     monkeypatch.setattr(BatchControls, "create", classmethod(lambda cls, *args: built.append(args)))
     with pytest.raises(SearchStopped):
-        translate_ids(tiny_model(), [source(30)], SearchOptions(), controls=[SentenceControls(bans=BANS)],
-                      should_stop=lambda: True)
+        translate_ids(tiny_model(), [source(30)], TranslationRequest(controls=[SentenceControls(bans=BANS)],
+                                                                     should_stop=lambda: True))
     assert built == []
 
 

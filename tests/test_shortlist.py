@@ -11,6 +11,9 @@ import torch
 from conftest import make_data_dir, needs_ct2, numbers_pairs, tiny_config
 
 from nmt import Translator
+from nmt.backends.cpu_backend import CpuKernelsBackend, Int8Columns
+from nmt.backends.kernel_build import built_kernels
+from nmt.backends.torch_backend import TorchBackend
 from nmt.checkpoint.averaging import average_checkpoints
 from nmt.checkpoint.format import load_checkpoint, model_state, save_checkpoint
 from nmt.data.dataset import DataDir
@@ -22,10 +25,8 @@ from nmt.export.ctranslate2 import ExportOptions, export_ctranslate2
 from nmt.generation.candidates import batch_candidates
 from nmt.generation.constraints import SentenceControls
 from nmt.generation.generate import log_shortlist
-from nmt.generation.inference import prepare_model, translate_ids, uses_shortlist
+from nmt.generation.inference import TranslationRequest, prepare_model, translate_ids, uses_shortlist
 from nmt.generation.options import BatchingOptions, GenerateOptions, SearchOptions
-from nmt.models import cpu_kernels
-from nmt.models.int8 import Int8Columns, Int8Linear
 from nmt.models.registry import build_model, get_arch, resolve_config
 from nmt.options import build
 from nmt.training.trainer import train
@@ -71,6 +72,19 @@ def test_a_joint_vocabulary_lets_every_piece_be_copied():
     assert joint.translations[33].tolist() == [33, 0]  # unseen in training, still itself
     separate = learn_shortlist(source, target, 40, 40, joint=False, per_piece=2, frequent=0)
     assert 10 not in separate.translations[10]
+
+
+def test_a_piece_already_among_its_own_translations_keeps_every_other_one():
+    """With a joint vocabulary each piece is its own candidate: added in a free slot or, in a full
+    row, over the least likely translation; a piece that already translates to itself loses none."""
+    pairs = [([10], [10, 20])] * 4 + [([11], [21, 22, 23])] * 4
+    source, target = corpus(pairs)
+    joint = learn_shortlist(source, target, 40, 40, joint=True, per_piece=2, frequent=0)
+    assert sorted(joint.translations[10].tolist()) == [10, 20]  # full, itself included: as learned
+    assert 11 in joint.translations[11] and len(set(joint.translations[11].tolist()) - {11}) == 1
+    separate = learn_shortlist(source, target, 40, 40, joint=False, per_piece=2, frequent=0)
+    assert sorted(separate.translations[10].tolist()) == [10, 20]
+    assert joint.translations[11][0] == separate.translations[11][0]  # the likeliest stays; the other gave way
 
 
 def test_a_large_corpus_is_learned_from_a_seeded_sample():
@@ -185,23 +199,24 @@ def whole_vocabulary(size: int) -> Shortlist:
 
 
 def hypotheses(model, sources, given: Shortlist | None, precision="fp32", **search):
-    found = translate_ids(model, sources, SearchOptions(**{"beam": 3, "nbest": 2, "max_len_b": 8, **search}),
-                          BatchingOptions(max_tokens=None, batch_size=7), precision=precision,
-                          shortlist=given)
+    search = SearchOptions(**{"beam": 3, "nbest": 2, "max_len_b": 8, **search})
+    request = TranslationRequest(search, BatchingOptions(max_tokens=None, batch_size=7), precision=precision,
+                                 shortlist=given)
+    found = translate_ids(model, sources, request)
     return [[(h.tokens, h.score, h.positional_scores) for h in hyps] for hyps in found]
 
 
 @pytest.mark.parametrize("quantize,precision", [("none", "fp32"), ("int8", "fp32"), ("none", "bf16")])
 def test_a_shortlist_of_the_whole_vocabulary_changes_nothing(checkpoint, sources, quantize, precision, monkeypatch):
     """int8 through torch's products here; nmt's C projection quantizes each row on its own (below)."""
-    monkeypatch.setattr(Int8Linear, "columns", lambda self, columns: None)
+    monkeypatch.setattr(CpuKernelsBackend, "column_projection", TorchBackend.column_projection)
     model, vocabs = prepare_model(checkpoint, torch.device("cpu"), quantize)
     everything = whole_vocabulary(len(vocabs.target))
     assert hypotheses(model, sources, everything, precision, no_repeat_ngram_size=2) == \
         hypotheses(model, sources, None, precision, no_repeat_ngram_size=2)
 
 
-@pytest.mark.skipif(cpu_kernels.library() is None or not cpu_kernels.library().project_columns_int8_vnni(),
+@pytest.mark.skipif(built_kernels()[0] is None or not built_kernels()[0].int8_vnni,
                     reason="needs nmt's CPU kernels built with AVX512-VNNI (else the union's product)")
 def test_int8_on_cpu_projects_each_sentences_rows_onto_its_own_columns_in_c(checkpoint, vocabs, sources):
     model, _ = prepare_model(checkpoint, torch.device("cpu"), "int8")
@@ -252,8 +267,8 @@ def test_with_a_shortlist_translations_do_not_depend_on_the_batch(checkpoint, so
     search = SearchOptions(beam=3, nbest=3, max_len_b=8)
 
     def run(order, **batching):
-        found = translate_ids(model, [sources[i] for i in order], search, BatchingOptions(**batching),
-                              shortlist=vocabs.shortlist)
+        found = translate_ids(model, [sources[i] for i in order],
+                              TranslationRequest(search, BatchingOptions(**batching), shortlist=vocabs.shortlist))
         restored = [None] * len(sources)
         for position, index in enumerate(order):
             restored[index] = [h.tokens for h in found[position]]
@@ -274,8 +289,9 @@ def test_with_a_shortlist_controls_keep_to_each_sentences_columns_whatever_the_b
                  SentenceControls(bans=[[6]]), None][i % 4] for i in range(len(sources))]
 
     def run(batch_size):
-        found = translate_ids(model, sources, search, BatchingOptions(batch_size=batch_size, max_tokens=None),
-                              controls=controls, shortlist=vocabs.shortlist)
+        batching = BatchingOptions(batch_size=batch_size, max_tokens=None)
+        found = translate_ids(model, sources,
+                              TranslationRequest(search, batching, controls=controls, shortlist=vocabs.shortlist))
         return [hyps[0].tokens for hyps in found]
 
     batched = run(20)
@@ -374,7 +390,8 @@ def test_the_export_writes_a_vocabulary_map_that_ctranslate2_decodes_with(traine
         options = build(GenerateOptions, {"input": "-", "beam": 1, "lenpen": 0.0, "batch_size": 1, "max_tokens": None,
                                           "shortlist": shortlist})
         if engine == "nmt":
-            found = translate_ids(model, sources, options.search, options.batching, shortlist=vocabs.shortlist)
+            found = translate_ids(model, sources,
+                                  TranslationRequest(options.search, options.batching, shortlist=vocabs.shortlist))
         else:
             found = translate_ids_ctranslate2(translator, ct2_vocabs, sources, options, max_positions=max_positions)
         return [hyps[0].tokens for hyps in found]

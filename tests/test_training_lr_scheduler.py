@@ -72,3 +72,22 @@ def test_make_schedule_defaults_the_peak_to_the_papers_and_needs_a_budget():
     with pytest.raises(NmtError, match="give --max-update or --max-time"):
         TrainConfig(data="d", lr_schedule="linear", max_tokens=100)
     TrainConfig(data="d", lr_schedule="linear", max_tokens=100, max_time="10m")  # a budget: fine
+
+
+def test_a_warmup_share_is_the_same_share_of_the_budget_on_a_fast_and_a_slow_machine():
+    """10% of a 600-second budget is 60 s whatever the update count reached by then."""
+    schedule = BudgetDecaySchedule("linear", 4000, peak_lr=1e-3, max_update=None, max_seconds=600.0, warmup_share=0.1)
+    for step in (50, 5000):  # a slow and a fast machine, 30 s in: half-way up the warm-up
+        assert schedule.lr_at(step, elapsed=30.0) == pytest.approx(0.5e-3)
+    assert schedule.lr_at(9999, elapsed=60.0) == pytest.approx(1e-3)  # the peak at 10%
+    assert schedule.lr_at(9999, elapsed=330.0) == pytest.approx(0.5e-3)  # half of the other 90% spent
+    assert schedule.lr_at(9999, elapsed=600.0) == 0.0
+    by_updates = BudgetDecaySchedule("cosine", 4000, 1e-3, max_update=1000, max_seconds=None, warmup_share=0.2)
+    assert by_updates.lr_at(100) == pytest.approx(0.5e-3) and by_updates.lr_at(200) == pytest.approx(1e-3)
+    assert by_updates.lr_at(600) == pytest.approx(0.5e-3)  # the cosine's middle
+
+
+def test_a_warmup_share_needs_a_budget_decay():
+    with pytest.raises(NmtError, match="--warmup-share is a share of the budget"):
+        TrainConfig(data="d", warmup_share=0.1, max_tokens=100, max_time="10m")
+    TrainConfig(data="d", warmup_share=0.1, lr_schedule="cosine", max_tokens=100, max_time="10m")

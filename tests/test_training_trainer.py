@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import re
 import signal
@@ -125,12 +126,24 @@ def test_resume_refuses_another_arch_or_vocabulary_but_not_another_dropout(tiny_
         train(tiny_config(other, tmp_path, max_update=2))
 
 
-def test_patience_stops_and_validation_interval(tiny_data_dir, tmp_path, messages):
-    # A learning rate this small cannot beat the first validation's loss for long.
-    summary = train(tiny_config(tiny_data_dir, tmp_path, lr=1e-9, validate_interval_updates=2, patience=2,
-                                max_epoch=5))
-    assert "--patience" in summary.stop_reason and summary.updates < 40
-    assert sum("valid on 'valid'" in message for message in messages) == 3
+def test_patience_stops_and_validation_interval(tiny_data_dir, tmp_path, monkeypatch, messages):
+    """--validate-interval-updates 2 validates at updates 2, 4, 6, 8 (before the epoch's end at 9);
+    --patience 2 stops after two validations in a row without a lower loss. The losses are given, not
+    trained for: a learning rate too small to learn moves the real loss by float rounding, down on
+    some CPUs, and a loss lower by any amount restarts the patience."""
+    from nmt.training import validation
+
+    losses = itertools.chain([5.0, 4.0, 4.0], itertools.repeat(4.5))  # the third no lower, the fourth higher
+    real = validation.validation_loss
+
+    def given_loss(*args, **kwargs) -> dict[str, float]:
+        return {**real(*args, **kwargs), "loss": next(losses)}
+
+    monkeypatch.setattr(validation, "validation_loss", given_loss)
+    summary = train(tiny_config(tiny_data_dir, tmp_path, validate_interval_updates=2, patience=2, max_epoch=5))
+    assert summary.stop_reason == "no better validation loss in 2 validations (--patience)"
+    assert summary.updates == 8 and summary.best_valid_loss == 4.0
+    assert valid_losses(messages) == [5.0, 4.0, 4.0, 4.5]
 
 
 def test_tensorboard_dir_without_tensorboard_is_a_clear_error(tiny_data_dir, tmp_path):
@@ -179,7 +192,7 @@ def test_out_of_memory_batches_are_skipped_then_fatal(tiny_data_dir, tmp_path, m
 @pytest.mark.slow
 def test_eval_bleu_reports_bleu_of_the_validation_set(tiny_data_dir, tmp_path, messages):
     from nmt.data.dataset import DataDir
-    from nmt.generation.inference import prepare_model, translate_ids
+    from nmt.generation.inference import TranslationRequest, prepare_model, translate_ids
     from nmt.generation.options import SearchOptions
     from nmt.scoring import MetricOptions, score
 
@@ -189,7 +202,8 @@ def test_eval_bleu_reports_bleu_of_the_validation_set(tiny_data_dir, tmp_path, m
     # split against its target side, as `generate` would score them.
     model, vocabs = prepare_model(tmp_path / "checkpoint_last.pt", torch.device("cpu"))
     valid = DataDir.open(tiny_data_dir).split("valid")
-    hypotheses = translate_ids(model, [valid.source[i] for i in range(len(valid))], SearchOptions(beam=2))
+    hypotheses = translate_ids(model, [valid.source[i] for i in range(len(valid))],
+                               TranslationRequest(SearchOptions(beam=2)))
     expected = score([vocabs.target.decode(hyps[0].tokens) for hyps in hypotheses],
                      [[vocabs.target.decode(valid.target[i]) for i in range(len(valid))]],
                      options=MetricOptions(language="de"))[0].score

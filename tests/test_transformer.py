@@ -3,24 +3,33 @@ import math
 import pytest
 import torch
 
+from nmt.backends.cpu_backend import CpuKernelsBackend
+from nmt.backends.indexed_cache import IndexedDecoderCache
+from nmt.backends.kernel_build import built_kernels
+from nmt.backends.torch_backend import TORCH, TorchBackend
 from nmt.data.vocabulary import BOS_ID, EOS_ID, PAD_ID
-from nmt.models import cpu_kernels
-from nmt.models.kv_cache import DecoderCache, IndexedDecoderCache
 from nmt.models.registry import build_model, count_parameters, get_arch, resolve_config
 from nmt.models.transformer import Transformer, TransformerConfig, sinusoidal_positions
 
 VOCAB = 50
-# Decoding's two caches: torch's kernel over a cache copied at every reorder, and nmt's C kernels
-# over a cache read through each row's history (where they could be built: nmt/models/cpu_kernels.py).
-CACHES = [DecoderCache, pytest.param(IndexedDecoderCache, marks=pytest.mark.skipif(
-    cpu_kernels.library() is None, reason="nmt's CPU kernels could not be built here (no C compiler?)"))]
+KERNELS = built_kernels()[0]
+needs_kernels = pytest.mark.skipif(KERNELS is None, reason="nmt's CPU kernels could not be built here (no C compiler?)")
+# Decoding's two backends: torch's kernel over a cache copied at every reorder, and nmt's C kernels
+# over a cache read through each row's history (where they could be built: nmt/backends/cpu_backend.py).
+BACKENDS = ["torch", pytest.param("kernels", marks=needs_kernels)]
 
 
-def make_model(seed: int = 0, **overrides) -> Transformer:
+def backend_named(name: str) -> TorchBackend:
+    return TORCH if name == "torch" else CpuKernelsBackend(KERNELS)
+
+
+def make_model(seed: int = 0, backend: str = "torch", **overrides) -> Transformer:
     torch.manual_seed(seed)
     arch = get_arch("transformer_tiny")
     config = resolve_config(arch.config, {"dropout": 0.0, **overrides})
-    return build_model(arch.model_name, config, VOCAB, VOCAB, PAD_ID).eval()
+    model = build_model(arch.model_name, config, VOCAB, VOCAB, PAD_ID).eval()
+    model.backend = backend_named(backend)
+    return model
 
 
 def random_tokens(batch: int, length: int, seed: int = 1) -> torch.Tensor:
@@ -59,31 +68,31 @@ def test_decoder_is_causal():
 
 
 @pytest.mark.parametrize("normalize_before", [False, True])
-@pytest.mark.parametrize("cache_type", CACHES)
-def test_incremental_decoding_equals_full_forward(normalize_before, cache_type):
-    model = make_model(normalize_before=normalize_before)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_incremental_decoding_equals_full_forward(normalize_before, backend):
+    model = make_model(normalize_before=normalize_before, backend=backend)
     src = random_tokens(2, 7)
     src[1, 5:] = PAD_ID
     prev = torch.cat([torch.full((2, 1), BOS_ID), random_tokens(2, 5, seed=2)], dim=1)
     encoder_out = model.encode(src)
     full = model.decode(prev, encoder_out)
-    cache = cache_type(len(model.decoder_layers))
+    cache = model.new_cache()
     steps = [model.decode(prev[:, t:t + 1], encoder_out, cache) for t in range(prev.size(1))]
     torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=0, atol=1e-5)
 
 
-@pytest.mark.skipif(cpu_kernels.library() is None, reason="nmt's CPU kernels could not be built here")
+@needs_kernels
 @pytest.mark.parametrize("reserve", [False, True])
 def test_a_bf16_cache_decodes_within_bf16s_rounding(reserve):
     """Several positions at once, then one at a time, with the buffers reserved up front or grown:
     the logits within bf16's rounding of the exact ones, and not the same (bf16 was stored)."""
-    model = make_model()
+    model = make_model(backend="kernels")
     src = random_tokens(2, 7)
     prev = torch.cat([torch.full((2, 1), BOS_ID), random_tokens(2, 9, seed=2)], dim=1)
     with torch.inference_mode():
         encoder_out = model.encode(src)
         full = model.decode(prev, encoder_out)
-        cache = IndexedDecoderCache(len(model.decoder_layers), torch.bfloat16)
+        cache = IndexedDecoderCache(len(model.decoder_layers), KERNELS, model.backend.buffers, torch.bfloat16)
         if reserve:
             cache.reserve(prev.size(1), 2)
         steps = [model.decode(prev[:, :3], encoder_out, cache)]
@@ -94,13 +103,13 @@ def test_a_bf16_cache_decodes_within_bf16s_rounding(reserve):
     assert not torch.allclose(decoded, full, rtol=0, atol=1e-6)
 
 
-@pytest.mark.parametrize("cache_type", CACHES)
-def test_cache_reorder_follows_beam_indices(cache_type):
-    model = make_model()
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_cache_reorder_follows_beam_indices(backend):
+    model = make_model(backend=backend)
     src = random_tokens(2, 5)
     prev = torch.cat([torch.full((2, 1), BOS_ID), random_tokens(2, 3, seed=3)], dim=1)
     encoder_out = model.encode(src)
-    cache = cache_type(len(model.decoder_layers))
+    cache = model.new_cache()
     with torch.no_grad():  # a cache is for inference
         model.decode(prev[:, :3], encoder_out, cache)
         order = torch.tensor([1, 1, 0])
@@ -111,16 +120,16 @@ def test_cache_reorder_follows_beam_indices(cache_type):
     assert cache.length == 4
 
 
-@pytest.mark.parametrize("cache_type", CACHES)
-def test_cache_follows_reorders_that_drop_rows_over_many_steps(cache_type):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_cache_follows_reorders_that_drop_rows_over_many_steps(backend):
     """Rows leave (sentences finish) and positions grow past each buffer's room, with and without
     reorders in between: every step still equals decoding the rows' whole prefixes at once."""
-    model = make_model()
+    model = make_model(backend=backend)
     src = random_tokens(6, 5)
     prev = torch.cat([torch.full((6, 1), BOS_ID), random_tokens(6, 39, seed=5)], dim=1)
     encoder_out = model.encode(src)
     rows = torch.arange(6)  # which original row each cached row continues
-    cache = cache_type(len(model.decoder_layers))
+    cache = model.new_cache()
     with torch.no_grad():
         for t in range(prev.size(1)):
             step = model.decode(prev[rows, t:t + 1], model.reorder_encoder_out(encoder_out, rows), cache)
@@ -133,17 +142,39 @@ def test_cache_follows_reorders_that_drop_rows_over_many_steps(cache_type):
     assert cache.length == 40 and len(rows) == 3
 
 
-@pytest.mark.parametrize("cache_type", CACHES)
-def test_a_reserved_cache_never_replaces_its_buffers(cache_type):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_several_positions_at_once_after_reorders_read_each_rows_ancestors(backend):
+    """Positions given several at a time (a forced prefix, say) after reorders that duplicate, swap
+    and drop rows: each row attends to its ancestors' keys and values, as decoding its whole prefix does."""
+    model = make_model(backend=backend)
+    src = random_tokens(3, 5)
+    prev = torch.cat([torch.full((3, 1), BOS_ID), random_tokens(3, 9, seed=7)], dim=1)
+    encoder_out = model.encode(src)
+    cache = model.new_cache()
+    rows = torch.arange(3)
+    with torch.no_grad():
+        model.decode(prev[:, :3], encoder_out, cache)
+        for order, start, stop in ((torch.tensor([2, 0, 0]), 3, 4), (torch.tensor([1, 2, 0]), 4, 7),
+                                   (torch.tensor([2, 1]), 7, 10)):
+            cache.reorder(order)
+            rows = rows[order]
+            step = model.decode(prev[rows, start:stop], model.reorder_encoder_out(encoder_out, rows), cache)
+            full = model.decode(prev[rows, :stop], model.reorder_encoder_out(encoder_out, rows))[:, start:]
+            torch.testing.assert_close(step, full, rtol=0, atol=1e-5)
+    assert cache.length == 10 and rows.tolist() == [2, 0]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_reserved_cache_never_replaces_its_buffers(backend):
     """Search reserves room for its longest output on CPU: each layer's buffer and the spare are made
     once, however the rows change, and decoding is the same as with buffers that grow."""
-    model = make_model()
+    model = make_model(backend=backend)
     src = random_tokens(3, 5)
     prev = torch.cat([torch.full((6, 1), BOS_ID), random_tokens(6, 29, seed=6)], dim=1)
     encoder_out = model.reorder_encoder_out(model.encode(src), torch.tensor([0, 0, 1, 1, 2, 2]))
     outputs, storages = [], set()
     for reserve in (True, False):
-        cache = cache_type(len(model.decoder_layers))
+        cache = model.new_cache()
         if reserve:
             cache.reserve(prev.size(1), 6)
         with torch.no_grad():
@@ -155,24 +186,24 @@ def test_a_reserved_cache_never_replaces_its_buffers(cache_type):
                 rows = rows[order]
                 if reserve:
                     storages |= {layer.buffer.data_ptr() for layer in cache.layers}
-                    storages |= {cache.spare.data_ptr()} if cache_type is DecoderCache else set()
+                    storages |= {cache.spare.data_ptr()} if backend == "torch" else set()
         outputs.append(torch.cat([step[:4] for step in steps], dim=1))
-    assert len(storages) == len(model.decoder_layers) + (cache_type is DecoderCache)
+    assert len(storages) == len(model.decoder_layers) + (backend == "torch")
     torch.testing.assert_close(outputs[0], outputs[1], rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("cache_type", CACHES)
-def test_rows_grouped_per_sentence_read_their_own_source(cache_type):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_rows_grouped_per_sentence_read_their_own_source(backend):
     """Beam search keeps one encoder row per sentence for its k beams (k consecutive decoder rows):
     that must equal decoding with each sentence's encoder output copied k times."""
-    model = make_model()
+    model = make_model(backend=backend)
     src = random_tokens(2, 6)
     src[0, 4:] = PAD_ID
     prev = torch.cat([torch.full((6, 1), BOS_ID), random_tokens(6, 3, seed=4)], dim=1)  # 3 rows per sentence
     encoder_out = model.encode(src)
     copied = model.reorder_encoder_out(encoder_out, torch.tensor([0, 0, 0, 1, 1, 1]))
     with torch.no_grad():
-        grouped, cache = [], cache_type(len(model.decoder_layers))
+        grouped, cache = [], model.new_cache()
         for t in range(prev.size(1)):
             grouped.append(model.decode(prev[:, t:t + 1], encoder_out, cache))
     torch.testing.assert_close(torch.cat(grouped, dim=1), model.decode(prev, copied), rtol=0, atol=1e-5)
@@ -275,19 +306,19 @@ def test_bf16_autocast_runs_on_cpu():
     assert torch.isfinite(logits.float()).all()
 
 
-@pytest.mark.parametrize("cache_type", CACHES)
-def test_bf16_decoding_on_cpu_caches_and_attends_in_fp32(cache_type):
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bf16_decoding_on_cpu_caches_and_attends_in_fp32(backend):
     """torch's CPU attention kernel is slow in bf16 for one query: the decoding steps attend in fp32,
     while the projections stay bf16; torch's cache keeps keys and values in fp32 (nmt's kernels, given
-    the cache model.new_cache makes, in bf16: see test_cpu_kernels.py)."""
+    a cache made under bf16 autocast, keep bf16: see test_cpu_kernels.py)."""
     from nmt.device import autocast
 
-    model = make_model()
+    model = make_model(backend=backend)
     src = random_tokens(2, 7)
     prev = torch.cat([torch.full((2, 1), BOS_ID), random_tokens(2, 4, seed=2)], dim=1)
+    cache = model.new_cache()  # outside autocast: float32 whichever backend
     with torch.inference_mode(), autocast(torch.device("cpu"), "bf16"):
         encoder_out = model.encode(src)
-        cache = cache_type(len(model.decoder_layers))
         steps = torch.cat([model.decode(prev[:, t:t + 1], encoder_out, cache) for t in range(prev.size(1))], dim=1)
     assert all(k.dtype == v.dtype == torch.float32 for k, v in encoder_out.memory)
     assert all(layer.buffer.dtype == torch.float32 for layer in cache.layers)
@@ -366,15 +397,14 @@ def test_dropout_drops_p_and_rescales_the_rest(dtype):
     assert torch.equal(Dropout(0.0).train()(x), x)
 
 
-@pytest.mark.skipif(cpu_kernels.library() is None, reason="nmt's CPU kernels could not be built here")
+@needs_kernels
 def test_the_next_batch_reuses_the_cache_buffers_and_live_caches_never_share():
-    """A collected cache gives its buffers back (their pages are already faulted in) and the pool keeps
-    one cache's worth; two caches in use at once (threads decoding) each have their own."""
+    """A collected cache gives its buffers back (their pages are already faulted in) and the backend's
+    pool keeps one cache's worth; two caches in use at once (threads decoding) each have their own."""
     import gc
 
-    from nmt.models.kv_cache import BUFFERS
-
-    model = make_model()
+    model = make_model(backend="kernels")
+    pool = model.backend.buffers
     src = random_tokens(2, 5)
     prev = torch.cat([torch.full((2, 1), BOS_ID), random_tokens(2, 6, seed=7)], dim=1)
 
@@ -384,32 +414,28 @@ def test_the_next_batch_reuses_the_cache_buffers_and_live_caches_never_share():
             cache.reserve(prev.size(1), 2)
             return torch.cat([model.decode(prev[:, t:t + 1], encoder_out, cache) for t in range(prev.size(1))], dim=1)
 
-    BUFFERS.free.clear()
-    BUFFERS.returned.clear()
-    first = IndexedDecoderCache(len(model.decoder_layers))
+    first = model.new_cache()
     expected = decode(first)
     used = {layer.buffer.untyped_storage().data_ptr() for layer in first.layers}
-    second = IndexedDecoderCache(len(model.decoder_layers))
+    second = model.new_cache()
     decode(second)
     assert not used & {layer.buffer.untyped_storage().data_ptr() for layer in second.layers}  # both alive
     del first, second
     gc.collect()
-    returned = {buffer.untyped_storage().data_ptr() for buffers in BUFFERS.returned for buffer in buffers}
+    returned = {buffer.untyped_storage().data_ptr() for buffers in pool.returned for buffer in buffers}
     assert len(returned) == 2 * len(model.decoder_layers)  # both caches gave theirs back when collected
-    third = IndexedDecoderCache(len(model.decoder_layers))
+    third = model.new_cache()
     torch.testing.assert_close(decode(third), expected, rtol=0, atol=0)  # what the buffers held before is never read
     assert {layer.buffer.untyped_storage().data_ptr() for layer in third.layers} <= returned  # no new ones
-    assert not BUFFERS.free  # the pool kept one cache's worth, which the third took
-    assert BUFFERS.free == []
+    assert pool.free == []  # the pool kept one cache's worth, which the third took
 
 
+@needs_kernels
 def test_decoding_on_cpu_leaves_the_encoder_output_in_place_as_sentences_leave():
     """With nmt's C kernels, reordering picks rows (no copy of the keys and values) and decodes as the copies did."""
-    model = make_model(5)
+    model = make_model(5, backend="kernels")
     src = torch.tensor([[5, 6, 7, EOS_ID], [8, 9, EOS_ID, PAD_ID], [10, EOS_ID, PAD_ID, PAD_ID]])
     with torch.inference_mode():
-        if not isinstance(model.new_cache(), IndexedDecoderCache):
-            pytest.skip("nmt's C kernels could not be built here")
         encoder_out = model.encode(src)
         kept = model.reorder_encoder_out(model.reorder_encoder_out(encoder_out, torch.tensor([2, 0, 1])),
                                          torch.tensor([0, 2]))  # sentences 2 and 1 remain
@@ -419,5 +445,5 @@ def test_decoding_on_cpu_leaves_the_encoder_output_in_place_as_sentences_leave()
         prev = torch.tensor([[BOS_ID]] * 2)
         expected = model.decode(prev, copied, model.new_cache())
         assert torch.equal(model.decode(prev, kept, model.new_cache()), expected)
-    with torch.no_grad():  # outside inference mode torch's attention reads the rows, picked then
+        model.backend = TORCH  # torch's attention reads the rows, picked at each step
         torch.testing.assert_close(model.decode(prev, kept), expected)

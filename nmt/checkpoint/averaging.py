@@ -2,9 +2,8 @@
 
 The paper averages the last 5 (base) or 20 (big) checkpoints. Checkpoints are read one at a
 time into a float64 running sum, so memory stays at one sum plus one checkpoint. The result is
-a model-only checkpoint (no optimizer state) that loads like any other, with the record of a
-decoding check on the run's validation set when its data directory is here
-(nmt/generation/decoding_check.py: what ``--quantize auto`` and ``--stop auto`` decode it with).
+a model-only checkpoint (no optimizer state) that loads like any other. `nmt average` then checks
+which fast decoding settings keep its BLEU (nmt/training/decoding_check.py).
 """
 
 from __future__ import annotations
@@ -16,22 +15,24 @@ import torch
 from torch import Tensor
 
 from nmt.checkpoint.format import check_compatible, load_checkpoint, make_checkpoint, save_checkpoint
-from nmt.checkpoint.names import numbered_checkpoints, refuse_duplicates
+from nmt.checkpoint.names import NUMBERED, numbered_checkpoints, refuse_duplicates
 from nmt.checkpoint.options import check_output_name
 from nmt.errors import NmtError
 from nmt.files import refuse_overwriting
-from nmt.generation.decoding_check import check_with_training_data, save_with_record
 from nmt.log import logger
 
 
 def last_checkpoints(directory: str | Path, num_epoch_checkpoints: int | None = None,
-                     num_update_checkpoints: int | None = None) -> list[Path]:
-    """The last N epoch or update checkpoints of a save dir, oldest first, ordered by number."""
+                     num_update_checkpoints: int | None = None, epoch_share: float | None = None) -> list[Path]:
+    """The last N epoch or update checkpoints of a save dir, oldest first, ordered by number; or the
+    epoch checkpoints of the last ``epoch_share`` of the run's epochs (the newest epoch's number)."""
     directory = Path(directory)
-    if (num_epoch_checkpoints is None) == (num_update_checkpoints is None):
-        raise NmtError("give exactly one of --num-epoch-checkpoints and --num-update-checkpoints")
+    if sum(value is not None for value in (num_epoch_checkpoints, num_update_checkpoints, epoch_share)) != 1:
+        raise NmtError("give exactly one of --num-epoch-checkpoints, --num-update-checkpoints and --epoch-share")
     if not directory.is_dir():
         raise NmtError(f"not a directory: {directory}")
+    if epoch_share is not None:
+        return epoch_share_checkpoints(directory, epoch_share)
     kind, count = ("epoch", num_epoch_checkpoints) if num_epoch_checkpoints is not None else \
         ("update", num_update_checkpoints)
     if count < 1:
@@ -40,6 +41,23 @@ def last_checkpoints(directory: str | Path, num_epoch_checkpoints: int | None = 
     if len(found) < count:
         names = ", ".join(path.name for path in found) or "none"
         raise NmtError(f"asked for the last {count} {kind} checkpoints but {directory} has {len(found)} ({names})")
+    return found[-count:]
+
+
+def epoch_share_checkpoints(directory: Path, share: float) -> list[Path]:
+    """The epoch checkpoints of the last ``share`` of the run: of E epochs, the last round(share * E)
+    (at least one), every one of which must still be in the save dir."""
+    if not 0.0 < share <= 1.0:
+        raise NmtError(f"--epoch-share must be in (0, 1], got {share}")
+    found = numbered_checkpoints(directory, "epoch")
+    if not found:
+        raise NmtError(f"{directory} has no epoch checkpoints (checkpoint{{epoch}}.pt) to average")
+    epochs = int(NUMBERED["epoch"].fullmatch(found[-1].name)[1])
+    count = max(1, round(share * epochs))
+    if len(found) < count:
+        raise NmtError(f"--epoch-share {share} of {epochs} epochs is the last {count} epoch checkpoints but "
+                       f"{directory} keeps {len(found)} (train with a larger --keep-last-epochs)")
+    logger.info("--epoch-share %s of %d epochs: the last %d epoch checkpoints", share, epochs, count)
     return found[-count:]
 
 
@@ -111,7 +129,7 @@ def average_checkpoints(paths: list[str | Path]) -> dict[str, Any]:
 
 
 def average(inputs: list[str | Path], output: str | Path, num_epoch_checkpoints: int | None = None,
-            num_update_checkpoints: int | None = None) -> list[Path]:
+            num_update_checkpoints: int | None = None, epoch_share: float | None = None) -> list[Path]:
     """`nmt average`: pick the inputs (a save dir plus a count, or explicit files), average, save.
 
     Returns the checkpoints that were averaged, oldest first.
@@ -119,24 +137,21 @@ def average(inputs: list[str | Path], output: str | Path, num_epoch_checkpoints:
     inputs = [Path(path) for path in inputs]
     if not inputs:
         raise NmtError("give a save dir or checkpoint files to average")
-    if num_epoch_checkpoints is not None or num_update_checkpoints is not None:
+    if any(value is not None for value in (num_epoch_checkpoints, num_update_checkpoints, epoch_share)):
         if len(inputs) != 1 or not inputs[0].is_dir():
             found = "" if len(inputs) != 1 or inputs[0].exists() else " (no such directory)"
-            raise NmtError("--num-epoch-checkpoints/--num-update-checkpoints need exactly one save dir as input, "
-                           f"got {', '.join(map(str, inputs))}{found}")
-        paths = last_checkpoints(inputs[0], num_epoch_checkpoints, num_update_checkpoints)
+            raise NmtError("--num-epoch-checkpoints/--num-update-checkpoints/--epoch-share need exactly one save dir "
+                           f"as input, got {', '.join(map(str, inputs))}{found}")
+        paths = last_checkpoints(inputs[0], num_epoch_checkpoints, num_update_checkpoints, epoch_share)
     else:
         for path in inputs:
             if path.is_dir():
-                raise NmtError(f"{path} is a directory: add --num-epoch-checkpoints N or --num-update-checkpoints N "
-                               "to pick its last checkpoints")
+                raise NmtError(f"{path} is a directory: add --num-epoch-checkpoints N, --num-update-checkpoints N "
+                               "or --epoch-share S to pick its last checkpoints")
         paths = inputs
     output = Path(output)
     check_output_name(output, inputs)
     refuse_overwriting("--output", output, {"input": paths})
-    checkpoint = average_checkpoints(paths)
-    save_checkpoint(output, checkpoint)  # kept whatever happens to the check that follows
+    save_checkpoint(output, average_checkpoints(paths))
     logger.info("averaged %d checkpoint(s) (%s) into %s", len(paths), ", ".join(path.name for path in paths), output)
-    train_config = load_checkpoint(paths[-1], mmap=True, verify=("train_config",)).get("train_config")
-    save_with_record(output, checkpoint, check_with_training_data(checkpoint, train_config, output.name))
     return paths

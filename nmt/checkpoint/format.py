@@ -8,11 +8,11 @@ A checkpoint is a dict saved with ``torch.save``. Every checkpoint holds at leas
     model: state_dict
 
 Training checkpoints add optimizer, scaler, rng and train_state entries; a checkpoint whose decoding
-was checked on its validation set (`nmt average`, training's end) adds ``decoding``: {quantize,
-stop, reason}, read by ``--quantize auto`` and ``--stop auto`` (nmt/generation/decoding_check.py;
-older checkpoints have none and decode as before). ``save_checkpoint`` adds
-``checksums`` (a CRC-32 of each entry's tensors and byte strings), which ``load_checkpoint``
-verifies and removes.
+was checked on its validation set (`nmt average`, training's end: nmt/training/decoding_check.py)
+adds ``decoding``: {quantize, stop, reason}, read by ``--quantize auto`` and ``--stop auto``
+(nmt/generation/decoding_settings.py; older checkpoints have none and decode as before).
+``save_checkpoint`` adds ``checksums`` (a CRC-32 of each entry's tensors and byte strings), which
+``load_checkpoint`` verifies and removes.
 """
 
 from __future__ import annotations

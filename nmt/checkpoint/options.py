@@ -25,10 +25,21 @@ class AverageOptions:
         "help": "Average the last N checkpoint{epoch}.pt files of the save dir.", "min": 1})
     num_update_checkpoints: int | None = field(default=None, metadata={
         "help": "Average the last N checkpoint_{epoch}_{update}.pt files of the save dir.", "min": 1})
+    epoch_share: float | None = field(default=None, metadata={
+        "help": "Average the checkpoint{epoch}.pt files of the last SHARE of the run's epochs (e.g. 0.1: the last "
+                "tenth, at least one), so that the window follows the run's length on a fast and a slow machine.",
+        "above": 0.0, "max": 1.0})
 
     def __post_init__(self) -> None:
         check_values(self)
         check_output_name(self.output, self.inputs)
+
+    def selection(self) -> dict[str, int | float]:
+        """The one way of picking a save dir's checkpoints that was given (empty: the inputs are files)."""
+        return {name: value for name in SELECTIONS if (value := getattr(self, name)) is not None}
+
+
+SELECTIONS = ("num_epoch_checkpoints", "num_update_checkpoints", "epoch_share")
 
 
 def check_output_name(output: str | Path, inputs: list[str] | list[Path]) -> None:

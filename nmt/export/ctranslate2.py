@@ -28,7 +28,7 @@ from torch import Tensor
 from nmt.checkpoint.format import Vocabularies, load_checkpoint, model_from_checkpoint
 from nmt.data.shortlist import SHORTLIST_FILE, Shortlist
 from nmt.data.vocabulary import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Vocabulary
-from nmt.errors import NmtError
+from nmt.errors import NmtError, install_hint
 from nmt.export.options import ExportOptions
 from nmt.files import atomic_directory
 from nmt.log import logger
@@ -47,7 +47,7 @@ def import_ctranslate2():
     try:
         import ctranslate2
     except ImportError:
-        raise NmtError("CTranslate2 is not installed: pip install 'nmt[ct2]'") from None
+        raise NmtError(f"CTranslate2 is not installed: {install_hint('ct2')}") from None
     return ctranslate2
 
 

@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from nmt.data.vocabulary import EOS_ID
-from nmt.generation.search import NEG_INF, select_top
+from nmt.generation.search import NEG_INF
 
 
 @dataclass(frozen=True)
@@ -128,7 +128,7 @@ class BatchControls:
     """The controls of a batch's sentences and the constraint state of its hypotheses.
 
     beam_search calls ``begin`` once, then each step ``restrict`` (after ``constrain``), ``select``
-    (instead of ``select_top``, when ``has_constraints``), ``keep`` (sentences that stay, when some
+    (on ``select_top``'s candidates, when ``has_constraints``), ``keep`` (sentences that stay, when some
     are done) and ``reorder`` (the surviving rows and the token each appended).
     """
 
@@ -209,11 +209,11 @@ class BatchControls:
             logprobs[rows] = NEG_INF
             logprobs[rows, self.prefix_columns[sentence[rows], step]] = 0.0
 
-    def select(self, scores: Tensor, logprobs: Tensor, beam: int) -> tuple[Tensor, Tensor, Tensor]:
-        """Beam search's candidates with constraints: like ``select_top`` (2*beam per sentence,
-        (score, beam, column)), in dynamic beam allocation's order; sentences without constraints get
-        exactly select_top's."""
-        top = select_top(scores, logprobs, beam)
+    def select(self, top: tuple[Tensor, Tensor, Tensor], scores: Tensor, logprobs: Tensor, beam: int
+               ) -> tuple[Tensor, Tensor, Tensor]:
+        """Beam search's candidates with constraints: like ``top`` (the backend's select_top: 2*beam
+        per sentence, (score, beam, column)), in dynamic beam allocation's order; sentences without
+        constraints get exactly ``top``."""
         sentences, width = scores.shape
         vocab = logprobs.size(1)
         slots = self.lengths.size(1)

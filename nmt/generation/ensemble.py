@@ -13,6 +13,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from nmt.backends.torch_backend import TorchBackend
+
 
 class EnsembleCache:
     """One decoder cache per model; beam search reorders them all alike."""
@@ -35,6 +37,11 @@ class Ensemble(nn.Module):
     def __init__(self, models: list[nn.Module]):
         super().__init__()
         self.models = nn.ModuleList(models)
+
+    @property
+    def backend(self) -> TorchBackend:
+        """The models' (prepare_model gives them all the same)."""
+        return self.models[0].backend
 
     def encode(self, source: Tensor, columns: Tensor | None = None) -> list:
         return [model.encode(source, columns) for model in self.models]

@@ -22,7 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColum
 from rich.text import Text
 from torch import nn
 
-from nmt import huge_pages
+import nmt.huge_pages as huge_pages
 from nmt.checkpoint.format import Vocabularies
 from nmt.checkpoint.names import split_paths
 from nmt.data.dataset import DataDir
@@ -32,11 +32,12 @@ from nmt.files import atomic_write, read_lines, refuse_overwriting, require_file
 from nmt.generation.alignment import word_attentions
 from nmt.generation.control_input import lines_with_controls, read_bans, warn_of_tabs
 from nmt.generation.ctranslate2_engine import load_ctranslate2
-from nmt.generation.decoding_check import decoding_settings
+from nmt.generation.decoding_settings import decoding_settings
 from nmt.generation.ensemble import Ensemble
 from nmt.generation.inference import (
     Controls,
     TranslateSources,
+    TranslationRequest,
     encode_sources,
     prepare_model,
     sampling_generator,
@@ -159,12 +160,21 @@ def load_engine(options: GenerateOptions, device: torch.device) -> Engine:
         translate, vocabs = load_ctranslate2(options, device)
         log_shortlist(options.search, vocabs, device)
         return Engine(translate, vocabs, None)
-    model, vocabs = prepare_model(options.path, device, options.compute.quantize)
-    generator = sampling_generator(options.search, device) if options.search.sampling else None  # one stream of draws
+    model, vocabs = prepare_model(options.path, device, options.compute.quantize, options.compute.backend)
     log_shortlist(options.search, vocabs, device)
+    request = TranslationRequest(options.search, options.batching, device, options.compute.precision,
+                                 shortlist=vocabs.shortlist, fork_workers=True,  # nmt generate's own process
+                                 generator=sampling_generator(options.search, device) if options.search.sampling
+                                 else None)  # one stream of draws for all calls
     return Engine(lambda sources, progress=None, controls=None, first_line=1: translate_ids(
-        model, sources, options.search, options.batching, device, options.compute.precision, progress, generator,
-        controls, first_line, shortlist=vocabs.shortlist, fork_workers=True), vocabs, model)  # see workers.py
+        model, sources, dataclasses.replace(request, controls=controls, first_line=first_line), progress),
+        vocabs, model)
+
+
+def backend_note(engine: object) -> str:
+    """For generate's last log line: what nmt's own decoder computed with (nmt/backends)."""
+    backend = getattr(getattr(engine, "model", None), "backend", None)
+    return f", decoding backend: {backend.describe()}" if backend is not None else ""
 
 
 def log_shortlist(search: SearchOptions, vocabs: Vocabularies, device: torch.device) -> None:
@@ -271,10 +281,10 @@ def generate(options: GenerateOptions, show_progress: bool = True) -> GenerateRe
     if options.print_attention:
         write_attention(translations, options.print_attention)
     output_tokens = sum(len(t.hypotheses[0].tokens) for t in translations)
-    logger.info("translated %d sentence%s in %.1f s (%.1f sentences/s, %.0f tokens/s, %s); precision: %s (%s)%s",
+    logger.info("translated %d sentence%s in %.1f s (%.1f sentences/s, %.0f tokens/s, %s%s); precision: %s (%s)%s",
                 len(translations), "" if len(translations) == 1 else "s", seconds,
                 len(translations) / max(seconds, 1e-9), output_tokens / max(seconds, 1e-9), huge_pages.describe(),
-                precision, reason, decoding)
+                backend_note(engine), precision, reason, decoding)
     scores = []
     if options.score_reference:
         scores = score_against_references(options, [t.best(vocabs) for t in translations], references,

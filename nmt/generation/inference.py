@@ -9,13 +9,15 @@ runs under ``torch.inference_mode`` with optional autocast (bf16/fp16), or on CP
 quantization of its linear layers, the output projection included (given a module of its own for
 it); attention's matrix products stay fp32 then. Each sentence may carry controls (a target
 prefix, constraints, banned phrases: nmt/generation/constraints.py) that follow it through the
-sorting and batching.
+sorting and batching. A model prepared here decodes with the backend chosen for it once
+(``choose_backend``: nmt's C kernels on a CPU where they build, else PyTorch's operations).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -24,33 +26,58 @@ import torch
 from rich.progress import Progress
 from torch import nn
 
+from nmt.backends import int8
+from nmt.backends.cpu_backend import CpuKernelsBackend
+from nmt.backends.kernel_build import built_kernels
+from nmt.backends.torch_backend import TORCH, TorchBackend
 from nmt.checkpoint.format import Vocabularies, load_checkpoint, model_from_checkpoint
 from nmt.checkpoint.names import refuse_duplicates, split_paths
 from nmt.data.batching import batch_by_size, collate
 from nmt.data.shortlist import Shortlist
 from nmt.data.vocabulary import EOS_ID, UNK_ID
-from nmt.device import autocast, bound_onednn_caches
+from nmt.device import autocast
 from nmt.errors import NmtError
 from nmt.generation.candidates import batch_candidates
 from nmt.generation.constraints import BatchControls, SentenceControls, contains
+from nmt.generation.decoding_settings import stop_for
 from nmt.generation.ensemble import Ensemble
 from nmt.generation.options import BatchingOptions, SearchOptions, check_workers, choose_workers
 from nmt.generation.search import Hypothesis, SearchStopped, beam_search, max_lengths, model_positions
-from nmt.generation.workers import forks_workers, map_in_workers, share_one_malloc_arena
+from nmt.generation.workers import forks_workers, map_in_workers
 from nmt.log import logger
-from nmt.models import int8
-from nmt.models.cpu_kernels import library as cpu_kernels_library
+from nmt.switches import turned_off
 
 Controls = list[SentenceControls | None]  # one per source
 # As translate_ids: sources, a progress bar, controls and the number of the first source in messages.
 TranslateSources = Callable[[list[np.ndarray], Progress | None, Controls | None, int], list[list[Hypothesis]]]
 
 
-def prepare_model(checkpoint_path: str | Path | list[str], device: torch.device, quantize: str = "none"
-                  ) -> tuple[nn.Module, Vocabularies]:
+def choose_backend(device: torch.device, quantize: str = "none", backend: str = "auto") -> TorchBackend:
+    """What a model prepared for decoding on ``device`` computes with (nmt/backends), said in one log
+    line: nmt's C kernels on a CPU where they build (built here, before any worker is forked), unless
+    ``backend`` is torch or NMT_CPU_KERNELS=0; PyTorch's operations otherwise."""
+    chosen, why = TORCH, ""
+    if device.type != "cpu":
+        why = f"on {device.type}"
+    elif backend == "torch":
+        why = "--backend torch"
+    elif turned_off("NMT_CPU_KERNELS"):
+        why = f"NMT_CPU_KERNELS={os.environ['NMT_CPU_KERNELS']}"
+    else:
+        kernels, why = built_kernels()
+        if kernels is not None:
+            chosen = CpuKernelsBackend(kernels, int8=quantize == "int8")
+    # At debug level: an error that follows (a bad input) stays the command's one line; `nmt generate`'s
+    # last line names the backend that decoded.
+    logger.debug("decoding backend: %s%s", chosen.describe(), f" ({why})" if why else "")
+    return chosen
+
+
+def prepare_model(checkpoint_path: str | Path | list[str], device: torch.device, quantize: str = "none",
+                  backend: str = "auto") -> tuple[nn.Module, Vocabularies]:
     """The model of a checkpoint, or an Ensemble of several (``a.pt:b.pt``, or a list; they must share
-    vocabularies)."""
-    share_one_malloc_arena()
+    vocabularies), for decoding on ``device`` with the backend ``choose_backend`` finds."""
+    chosen = choose_backend(device, quantize, backend)
     given = checkpoint_path if isinstance(checkpoint_path, list) else [checkpoint_path]
     paths = [path for item in given for path in split_paths(str(item))]
     refuse_duplicates(paths, " (an ensemble of a model with itself decodes as the model alone, at twice the cost)")
@@ -62,10 +89,8 @@ def prepare_model(checkpoint_path: str | Path | list[str], device: torch.device,
         if vocabs is not None and not same_shortlist(vocabs.shortlist, its_vocabs.shortlist):
             logger.info("no vocabulary shortlist: %s and %s have different ones", paths[0], path)
             its_vocabs.shortlist = None
-        models.append(inference_model(model, quantize))
+        models.append(inference_model(model, quantize, chosen))
         vocabs = its_vocabs
-    if device.type == "cpu":
-        cpu_kernels_library()  # built or loaded once here, before any worker is forked, with its log line
     return (models[0] if len(models) == 1 else Ensemble(models)).to(device), vocabs
 
 
@@ -73,12 +98,13 @@ def same_shortlist(a: Shortlist | None, b: Shortlist | None) -> bool:
     return a is b or (a is not None and b is not None and a.to_bytes() == b.to_bytes())
 
 
-def inference_model(model: nn.Module, quantize: str) -> nn.Module:
+def inference_model(model: nn.Module, quantize: str, backend: TorchBackend) -> nn.Module:
+    """The model in eval mode, int8 if asked, decoding with ``backend``."""
     model.eval()
-    bound_onednn_caches()
     if quantize == "int8":
         model.separate_output_layer()  # the largest product of every step; int8 only sees modules
         model = int8.quantize(model)
+    model.backend = backend
     return model
 
 
@@ -115,43 +141,56 @@ def plan_workload(sources: list[np.ndarray], search: SearchOptions, batching: Ba
     return Workload(results, todo, lengths, max_tokens, task)
 
 
-def translate_ids(model: nn.Module, sources: list[np.ndarray], search: SearchOptions | None = None,
-                  batching: BatchingOptions | None = None, device: torch.device = torch.device("cpu"),
-                  precision: str = "fp32", progress: Progress | None = None,
-                  generator: torch.Generator | None = None, controls: Controls | None = None,
-                  first_line: int = 1, should_stop: Callable[[], bool] | None = None,
-                  shortlist: Shortlist | None = None, fork_workers: bool = False) -> list[list[Hypothesis]]:
+@dataclass
+class TranslationRequest:
+    """How to translate a list of sources with ``translate_ids``: the same for `nmt generate`, the API,
+    the server, validation and the decoding check, each of which fills in what it has."""
+
+    search: SearchOptions = field(default_factory=SearchOptions)  # stop auto: exact (see stop_for)
+    batching: BatchingOptions = field(default_factory=BatchingOptions)
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    precision: str = "fp32"
+    controls: Controls | None = None  # one per source (a prefix, constraints, bans), or None
+    shortlist: Shortlist | None = None  # the checkpoint's (vocabs.shortlist), used as search.shortlist says
+    generator: torch.Generator | None = None  # sampling's draws; None: a new one seeded with search.seed
+    first_line: int = 1  # the number of the first source, in messages
+    should_stop: Callable[[], bool] | None = None  # asked before each search step (see beam_search)
+    fork_workers: bool = False  # several workers may be forked processes (nmt/generation/workers.py)
+
+
+def translate_ids(model: nn.Module, sources: list[np.ndarray], request: TranslationRequest | None = None,
+                  progress: Progress | None = None) -> list[list[Hypothesis]]:
     """The ``nbest`` hypotheses for each source (token ids ending in EOS), in the order given.
 
-    Sampling draws from ``generator``; without one, from a new one seeded with ``search.seed`` (so
-    callers translating in several calls, such as a stream, pass theirs to draw on). ``controls``
-    (one per source, or None) are checked by ``check_controls``; messages number the sources from
-    ``first_line``. ``should_stop`` goes to every beam search (see there). ``shortlist`` (the
-    checkpoint's, ``vocabs.shortlist``) is used as ``search.shortlist`` says, always keeping the
-    pieces of a sentence's prefix and constraints among its candidates. ``fork_workers`` lets
-    several workers be forked processes where that is safe and faster (nmt/generation/workers.py:
-    `nmt generate` asks for it; in a host program whose other threads may hold locks, threads)."""
-    search, batching = search or SearchOptions(), batching or BatchingOptions()
-    check_lengths(model, sources, first_line)
+    Sampling draws from the request's generator, so that callers translating in several calls (a
+    stream) draw on one stream. Controls are checked by ``check_controls``, and the shortlist always
+    keeps the pieces of a sentence's prefix and constraints among its candidates. Several workers are
+    forked processes only where the request allows it and that is safe and faster (`nmt generate`
+    allows it; in a host program whose other threads may hold locks, threads)."""
+    request = request or TranslationRequest()
+    search = dataclasses.replace(request.search, stop=stop_for(request.search, None))  # a record's: resolved before
+    batching, device, controls, generator = request.batching, request.device, request.controls, request.generator
+    check_lengths(model, sources, request.first_line)
     check_workers(search, batching, device.type)
     if controls is not None:
-        controls = check_controls(sources, controls, search, model_positions(model), first_line)
+        controls = check_controls(sources, controls, search, model_positions(model), request.first_line)
     workers = choose_workers(search, batching, device.type, torch.get_num_threads(), len(sources))
     if search.sampling and generator is None:
         generator = sampling_generator(search, device)
     work = plan_workload(sources, search, batching, progress, controls, workers, device.type)
-    shortlist = shortlist if uses_shortlist(search, shortlist, device.type) else None
+    shortlist = request.shortlist if uses_shortlist(search, request.shortlist, device.type) else None
 
     def search_batch(indices: np.ndarray) -> list[list[Hypothesis]]:
-        if should_stop is not None and should_stop():  # before the controls' tables are built, too
+        if request.should_stop is not None and request.should_stop():  # before the controls' tables are built, too
             raise SearchStopped("stopped before the batch began")
-        with torch.inference_mode(), autocast(device, precision):  # both are per thread
+        with torch.inference_mode(), autocast(device, request.precision):  # both are per thread
             batch = collate(indices, [sources[i] for i in indices]).to(device)
             batch_controls = BatchControls.create([controls[i] for i in indices], device) if controls else None
             candidates = None if shortlist is None else batch_candidates(
                 shortlist, [sources[i] for i in indices], device,
                 [controls[i].required_tokens() if controls[i] else () for i in indices] if controls else None)
-            return beam_search(model, batch.source, search, generator, batch_controls, should_stop, candidates)
+            return beam_search(model, batch.source, search, generator, batch_controls, request.should_stop,
+                               candidates)
 
     batches = [work.todo[positions]
                for positions in batch_by_size(work.lengths, None, work.max_tokens, batching.batch_size)]
@@ -159,12 +198,12 @@ def translate_ids(model: nn.Module, sources: list[np.ndarray], search: SearchOpt
         batches.reverse()
     # Also entered here: with one worker the batches run in this thread, and autocast keeps its
     # low-precision copies of the weights only until its outermost context ends.
-    with torch.inference_mode(), autocast(device, precision):
-        forked = fork_workers and should_stop is None and forks_workers(workers)
+    with torch.inference_mode(), autocast(device, request.precision):
+        forked = request.fork_workers and request.should_stop is None and forks_workers(workers)
         hypotheses = map_in_workers(search_batch, batches, workers, processes=forked)
         place_batches(work.results, batches, hypotheses, progress, work.task)
     if controls is not None:
-        warn_unmet(work.results, controls, first_line)
+        warn_unmet(work.results, controls, request.first_line)
     return work.results
 
 

@@ -161,6 +161,8 @@ class GenerateOptions:
             raise NmtError("--alignment-layer applies with --print-alignment or --print-attention")
         if self.engine == "ctranslate2" and (self.print_alignment or self.print_attention):
             raise NmtError("--print-alignment and --print-attention need --engine nmt (attention weights)")
+        if self.engine == "ctranslate2" and self.compute.backend != "auto":
+            raise NmtError("--backend chooses what nmt's own decoder computes with: it needs --engine nmt")
         check_workers(self.search, self.batching)
         self.check_controls()
         if self.print_scores and self.format != "plain":

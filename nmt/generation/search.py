@@ -8,7 +8,10 @@ candidates that end in EOS among the first ``beam`` are finished, scored with th
 penalty; the first ``beam`` others stay alive (a sampled line that ended stays dead). A sentence
 is done once it has ``beam`` finished hypotheses and no alive one can still beat the worst of
 them; done sentences leave the batch, and the decoder cache is reordered to follow the
-surviving beams. The encoder output keeps one row per sentence, which its beams share."""
+surviving beams. The encoder output keeps one row per sentence, which its beams share.
+
+The log-softmax and the top-k are the model's backend's (nmt/backends/torch_backend.py), as are
+its attention and its cache: the search is the same loop whatever computes them."""
 
 from __future__ import annotations
 
@@ -23,10 +26,9 @@ from nmt.errors import NmtError
 from nmt.generation.candidates import Candidates
 from nmt.generation.options import SearchOptions
 from nmt.generation.searchable import SearchableModel, SearchControls
-from nmt.models.cpu_kernels import log_softmax_
-from nmt.models.cpu_kernels import select_top as select_top_in_c
 
 NEG_INF = float("-inf")
+HYPOTHESIS_BYTES_PER_TOKEN = 12 * 2 + 80  # token id and score tensors (two copies while they grow), Python lists
 
 
 @dataclass
@@ -96,46 +98,6 @@ def constrain(logprobs: Tensor, tokens: Tensor, step: int, max_len: Tensor, min_
     return logprobs
 
 
-BLOCK = 64  # vocabulary entries per block in select_top: 3.4x faster than one top-k over all (600 rows x 8,000)
-
-
-def select_top(scores: Tensor, logprobs: Tensor, beam: int) -> tuple[Tensor, Tensor, Tensor]:
-    """Beam search: the 2*beam best (score, beam, token) continuations per sentence, best first.
-
-    ``scores`` (sentences, width) are the rows' cumulative log-probabilities and ``logprobs``
-    (sentences * width, vocab) their next tokens'. A continuation's score is the sum of the two.
-    Rather than summing and ranking all width x vocab of them, each row's vocabulary is cut into
-    blocks of BLOCK tokens: the 2*beam best continuations lie in the 2*beam blocks with the best
-    maxima (a block holding one of them has a maximum at least as good, and 2*beam better maxima
-    would be 2*beam better continuations), so only those blocks are searched.
-    """
-    chosen = select_top_in_c(scores, logprobs, 2 * beam)  # on CPU: the same, in one call
-    if chosen is not None:
-        return chosen
-    sentences, width = scores.shape
-    rows, vocab = logprobs.shape
-    whole = vocab // BLOCK * BLOCK
-    maxima = logprobs[:, :whole].view(rows, vocab // BLOCK, BLOCK).amax(dim=2)
-    if whole < vocab:
-        maxima = torch.cat([maxima, logprobs[:, whole:].amax(dim=1, keepdim=True)], dim=1)
-    blocks = maxima.size(1)
-    maxima = (maxima + scores.view(rows, 1)).view(sentences, width * blocks)
-    top_blocks = maxima.topk(min(2 * beam, width * blocks), dim=1).indices  # (sentences, count)
-    block_rows = top_blocks // blocks + (torch.arange(sentences, device=scores.device) * width).unsqueeze(1)
-    columns = (top_blocks % blocks).unsqueeze(2) * BLOCK + torch.arange(BLOCK, device=scores.device)
-    tokens = columns.clamp(max=vocab - 1)  # the last block may be short: its missing columns score -inf
-    values = logprobs[block_rows.unsqueeze(2), tokens] + scores.view(rows)[block_rows].unsqueeze(2)
-    values = values.masked_fill(columns >= vocab, NEG_INF).view(sentences, -1)
-    best, where = values.topk(min(2 * beam, values.size(1)), dim=1)
-    beams = (top_blocks // blocks).gather(1, where // BLOCK)
-    tokens = tokens.view(sentences, -1).gather(1, where)
-    if best.size(1) < 2 * beam:  # a tiny vocabulary: dead (-inf) candidates fill the beam, as -inf beams do
-        missing = 2 * beam - best.size(1)
-        best = torch.nn.functional.pad(best, (0, missing), value=NEG_INF)
-        beams, tokens = (torch.nn.functional.pad(t, (0, missing)) for t in (beams, tokens))
-    return best, beams, tokens
-
-
 def select_sample(scores: Tensor, logprobs: Tensor, temperature: float, topk: int, topp: float,
                   generator: torch.Generator | None) -> tuple[Tensor, Tensor, Tensor]:
     """Sampling: one draw per row, so each of the ``beam`` samples is an independent line.
@@ -161,6 +123,14 @@ def select_sample(scores: Tensor, logprobs: Tensor, temperature: float, topk: in
     return scores + logprobs.gather(1, draws).view(sentences, rows_per), beams, draws.view(sentences, rows_per)
 
 
+def row_bytes(positions: int, columns: int, models: int = 1) -> int:
+    """The most one row (a hypothesis) of ``positions`` steps takes in the search's own tensors, scoring
+    ``columns`` (the vocabulary, or a shortlist's) with ``models`` (an ensemble's): its tokens and
+    scores so far and its finished hypotheses, and one step's float32 logits and log-probabilities
+    (an ensemble's per model, stacked, and their mean). The server sizes its batches with it."""
+    return positions * HYPOTHESIS_BYTES_PER_TOKEN + (2 * models + 3) * columns * 4
+
+
 class SearchStopped(Exception):
     """``should_stop`` said the result is no longer wanted (the server: every request of the batch has gone)."""
 
@@ -175,7 +145,12 @@ def beam_search(model: SearchableModel, source: Tensor, options: SearchOptions,
     ``should_stop`` is asked before each step; when it answers True the search raises SearchStopped.
     With ``candidates`` (a vocabulary shortlist), the model scores only each sentence's own: the
     steps work in column space (column c of a sentence's rows is token ``columns[sentence, c]``)
-    and tokens are mapped back to vocabulary ids as they join a hypothesis."""
+    and tokens are mapped back to vocabulary ids as they join a hypothesis.
+
+    ``options.stop`` must be exact or finished: ``auto`` is for the caller to resolve from the
+    checkpoint's record (nmt.generation.decoding_settings.stop_for) before searching."""
+    if options.stop == "auto":
+        raise ValueError("stop='auto' reached the search: resolve it first (decoding_settings.stop_for)")
     beam = options.beam
     device = source.device
     sentences = source.size(0)
@@ -190,8 +165,7 @@ def beam_search(model: SearchableModel, source: Tensor, options: SearchOptions,
     # One row per sentence, shared by its `width` decoder rows.
     encoder_out = model.encode(source) if columns is None else model.encode(source, columns)
     cache = model.new_cache()
-    if hasattr(cache, "reserve"):  # room for the longest output at once (see nmt.models.kv_cache)
-        cache.reserve(int(limit.max()) + 1, sentences * beam)
+    cache.reserve(int(limit.max()) + 1, sentences * beam)  # room for the longest output at once
 
     tokens = torch.full((sentences * width, 1), BOS_ID, dtype=torch.long, device=device)
     token_scores = torch.zeros((sentences * width, 0), device=device)
@@ -207,7 +181,7 @@ def beam_search(model: SearchableModel, source: Tensor, options: SearchOptions,
             raise SearchStopped(f"stopped at step {step}")
         logits = model.decode(tokens[:, -1:], encoder_out, cache)[:, -1].float()
         owner = alive_ids.repeat_interleave(width)  # each row's sentence
-        logprobs = constrain(log_softmax_(logits, padding, alive_ids),  # in place: one (rows, vocab) tensor less
+        logprobs = constrain(model.backend.log_softmax_(logits, padding, alive_ids),  # in place: one tensor less
                              tokens, step, limit[owner], options.min_len, options.no_repeat_ngram_size, columns,
                              owner)
         if controls is not None:
@@ -215,10 +189,10 @@ def beam_search(model: SearchableModel, source: Tensor, options: SearchOptions,
         if options.sampling:
             cand_scores, cand_beams, cand_tokens = select_sample(
                 scores, logprobs, options.temperature, options.topk, options.topp, generator)
-        elif controls is not None and controls.has_constraints:
-            cand_scores, cand_beams, cand_tokens = controls.select(scores, logprobs, beam)
         else:
-            cand_scores, cand_beams, cand_tokens = select_top(scores, logprobs, beam)
+            top = model.backend.select_top(scores, logprobs, beam)
+            constrained = controls is not None and controls.has_constraints
+            cand_scores, cand_beams, cand_tokens = controls.select(top, scores, logprobs, beam) if constrained else top
         base = (torch.arange(len(alive_ids), device=device) * width).unsqueeze(1)
         cand_rows = base + cand_beams  # (alive sentences, 2*beam) rows the candidates extend
 
@@ -300,8 +274,7 @@ def is_done(worst: Tensor, alive_ids: Tensor, alive_scores: Tensor, limit: Tenso
     alive hypothesis's best reachable score is its current score divided by the penalty at the
     longest length it may still reach (or at the next step when alpha < 0). With a positive alpha
     that bound stays loose for long, and ``stop="finished"`` ends the sentence as soon as ``beam``
-    hypotheses have finished instead (``auto``, which `nmt generate`, the API and the server resolve
-    from the checkpoint, is exact where it reaches here unresolved). Sampling stops at ``beam``
+    hypotheses have finished instead. Sampling stops at ``beam``
     samples; every search stops at the max length or when no hypothesis is left alive. Tensor
     operations only, on the search's device: no copy to the host.
     """

@@ -1,7 +1,7 @@
 """What a model must provide to be searched (beam search, greedy, sampling): the whole contract
 between ``nmt.generation.search`` and a model. The Transformer implements it; so does the
-scripted toy decoder of tests/test_search.py. SearchControls is the same for what changes the
-search of some sentences (prefixes, constraints, bans)."""
+scripted toy decoder of tests/test_search.py (with PyTorch's backend, nmt/backends/torch_backend.py).
+SearchControls is the same for what changes the search of some sentences (prefixes, constraints, bans)."""
 
 from __future__ import annotations
 
@@ -9,20 +9,25 @@ from typing import Any, Protocol, runtime_checkable
 
 from torch import Tensor
 
+from nmt.backends.torch_backend import TorchBackend
+
 
 @runtime_checkable
 class DecoderState(Protocol):
     """The decoder's memory of the tokens fed so far, one row per hypothesis."""
 
+    def reserve(self, positions: int, rows: int) -> None:
+        """Called once before the first step with the most positions (BOS and the longest output's
+        tokens) and rows (sentences x beam) it will hold (a state may make room for them at once)."""
+
     def reorder(self, indices: Tensor) -> None:
         """Row i becomes old row ``indices[i]`` (rows may be duplicated or dropped)."""
-
-    # Optional: ``reserve(positions, rows)``, called once before the first step with the most
-    # positions (BOS and the longest output's tokens) and rows (sentences x beam) it will hold.
 
 
 @runtime_checkable
 class SearchableModel(Protocol):
+    backend: TorchBackend  # what computes the search's log-softmax and top-k (and the model's decoding)
+
     def encode(self, source: Tensor, columns: Tensor | None = None) -> Any:
         """The encoder output for a padded batch of sources (batch, length), one row per sentence.
 
@@ -50,7 +55,7 @@ class SearchControls(Protocol):
     """What changes the search for some sentences (prefixes, constraints, bans: nmt/generation/constraints.py's
     BatchControls): the whole contract between them and ``beam_search``, which calls them only when given."""
 
-    has_constraints: bool  # whether ``select`` replaces select_top
+    has_constraints: bool  # whether ``select`` revises select_top's candidates
 
     def begin(self, limit: Tensor, columns: Tensor | None = None) -> None:
         """The sentences' max output lengths, before the first step, and the vocabulary id of each of
@@ -59,8 +64,9 @@ class SearchControls(Protocol):
     def restrict(self, logprobs: Tensor, tokens: Tensor, step: int) -> None:
         """Ban in place what the controls forbid at this step (``tokens``: the hypotheses so far, BOS first)."""
 
-    def select(self, scores: Tensor, logprobs: Tensor, beam: int) -> tuple[Tensor, Tensor, Tensor]:
-        """The 2*beam candidates (score, beam, token) per sentence, as select_top gives them."""
+    def select(self, top: tuple[Tensor, Tensor, Tensor], scores: Tensor, logprobs: Tensor, beam: int
+               ) -> tuple[Tensor, Tensor, Tensor]:
+        """The 2*beam candidates (score, beam, token) per sentence, from ``top`` (the backend's select_top)."""
 
     def keep(self, still: Tensor) -> None:
         """Only the sentences ``still`` stay in the batch (their columns too, with a shortlist)."""

@@ -28,8 +28,8 @@ from nmt.device import inference_device
 from nmt.device_options import InferenceDeviceOptions
 from nmt.errors import NmtError
 from nmt.generation.control_input import controls_from_lists
-from nmt.generation.decoding_check import DecodingSettings, decoding_settings, stop_for
-from nmt.generation.inference import encode_sources, prepare_model, translate_ids
+from nmt.generation.decoding_settings import DecodingSettings, decoding_settings, stop_for
+from nmt.generation.inference import TranslationRequest, encode_sources, prepare_model, translate_ids
 from nmt.generation.options import BatchingOptions, SearchOptions
 from nmt.generation.search import Hypothesis
 from nmt.log import logger
@@ -58,17 +58,20 @@ class Translator:
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, device: str = "auto", precision: str = "auto",
-                        quantize: str | None = "auto") -> Translator:
+                        quantize: str | None = "auto", backend: str = "auto") -> Translator:
         """Load a checkpoint (``a.pt:b.pt`` for an ensemble) for ``device`` (auto, cpu, cuda, cuda:N);
         ``quantize`` and the calls' ``stop`` default to auto, as `nmt generate`'s (``quantize=None``,
-        the default before auto, is none)."""
+        the default before auto, is none); ``backend``: as `nmt generate --backend`.
+
+        The process's allocator and environment are left as they are (`nmt generate` tunes its own:
+        ``nmt.tune_for_decoding`` does the same here, called first)."""
         compute = build(InferenceDeviceOptions, {"device": device, "precision": precision,
-                                                 "quantize": quantize or "none"})
+                                                 "quantize": quantize or "none", "backend": backend})
         settings = decoding_settings(compute, SearchOptions(), str(path))
         compute = dataclasses.replace(compute, quantize=settings.quantize)
         resolved, precision, reason = inference_device(compute)
         logger.debug("precision: %s (%s); %s", precision, reason, settings.describe())
-        model, vocabs = prepare_model(str(path), resolved, compute.quantize)
+        model, vocabs = prepare_model(str(path), resolved, compute.quantize, compute.backend)
         return cls(model, vocabs, resolved, precision, settings, str(path))
 
     def options(self, **overrides: Any) -> tuple[SearchOptions, BatchingOptions]:
@@ -96,10 +99,16 @@ class Translator:
             raise NmtError("translate a list of strings (one sentence each)")
         search, batching = self.options(**options)
         controls = controls_from_lists(self.vocabs.target, len(sentences), prefixes, constraints, bans)
-        found = translate_ids(self.model, encode_sources(self.vocabs, sentences), search, batching, self.device,
-                              self.precision, controls=controls, shortlist=self.vocabs.shortlist,
-                              fork_workers=threading.active_count() == 1)  # no other thread can hold a lock
+        found = translate_ids(self.model, encode_sources(self.vocabs, sentences),
+                              self.request(search, batching, controls=controls,
+                                           fork_workers=threading.active_count() == 1))  # no thread holds a lock
         return [[self.scored(h) for h in hyps] for hyps in found]
+
+    def request(self, search: SearchOptions, batching: BatchingOptions, **more: Any) -> TranslationRequest:
+        """What ``translate_ids`` needs to translate with this model: ``search`` (its stop resolved, as
+        ``options`` gives it) and ``batching`` on its device, precision and shortlist, and ``more``."""
+        return TranslationRequest(search, batching, self.device, self.precision, shortlist=self.vocabs.shortlist,
+                                  **more)
 
     def translate(self, sentences: list[str], prefixes: list[str | None] | None = None,
                   constraints: list[list[str] | None] | None = None, bans: list[str] | None = None,

@@ -33,28 +33,12 @@ import torch
 
 from nmt.errors import NmtError
 from nmt.parallel import Item, Result, ordered_map
-
-M_ARENA_MAX = -8  # glibc's mallopt parameter behind MALLOC_ARENA_MAX
+from nmt.tuning import libc_function
 
 
 def threads_per_worker(workers: int) -> int:
     """This process's intra-op threads shared among ``workers`` (at least one each)."""
     return max(1, torch.get_num_threads() // workers)
-
-
-def share_one_malloc_arena() -> None:
-    """Have threads started from now on allocate from glibc's main arena, not from one arena each.
-
-    Each arena keeps the blocks freed in it for later: with two int8 workers the peak RSS of
-    decoding was 628 MiB against 495 with one arena, at 1.02x the CPU time (docs/performance.md).
-    Called before a model is loaded, since torch's own threads, started then, would otherwise
-    have arenas that the workers reuse. The setting is the process's, and stays (as
-    ``MALLOC_ARENA_MAX=1`` would); a user's own MALLOC_ARENA_MAX is left as it is, and there is
-    nothing to do without glibc's ``mallopt``.
-    """
-    mallopt = libc_function("mallopt")
-    if "MALLOC_ARENA_MAX" not in os.environ and mallopt is not None:
-        mallopt(M_ARENA_MAX, 1)
 
 
 def release_freed_memory() -> None:
@@ -65,17 +49,6 @@ def release_freed_memory() -> None:
     malloc_trim = libc_function("malloc_trim")
     if malloc_trim is not None:
         malloc_trim(0)
-
-
-def libc_function(name: str) -> Callable[..., int] | None:
-    """A function of the C library (glibc's mallopt, malloc_trim, prctl); None where it has none.
-
-    Looked up in the parent, never in a forked worker: the lookup takes the dynamic loader's lock,
-    which another thread of the parent may have held at the fork (the worker then waits forever)."""
-    try:
-        return getattr(ctypes.CDLL(None), name)
-    except (AttributeError, OSError, TypeError):  # not in this C library (or no C library to ask)
-        return None
 
 
 def forks_workers(workers: int) -> bool:

@@ -17,8 +17,9 @@ from typing import Iterator
 import torch
 from torch import Tensor, nn
 
+from nmt.backends.torch_backend import select_rows
 from nmt.errors import NmtError
-from nmt.models.attention import MultiHeadAttention, select_rows
+from nmt.models.attention import MultiHeadAttention
 
 
 @dataclass
@@ -43,8 +44,9 @@ def attention_probabilities(q: Tensor, k: Tensor, mask: Tensor | None = None, is
 
 def explicit_attention(module: MultiHeadAttention, query: Tensor, key: Tensor, value: Tensor,
                        mask: Tensor | None = None, is_causal: bool = False,
-                       rows: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """What ``module(query, key, value, mask, is_causal, rows)`` computes (in eval mode), and its weights."""
+                       rows: Tensor | None = None, backend: object = None) -> tuple[Tensor, Tensor]:
+    """What ``module(query, key, value, mask, is_causal, rows, backend)`` computes (in eval mode), and its
+    weights; every backend computes the same attention, so ``backend`` changes nothing here."""
     key, value, mask = select_rows(rows, key, value, mask)
     weights = attention_probabilities(module.split_heads(module.q_proj(query)), key, mask, is_causal)
     out = weights.to(value.dtype) @ value

@@ -2,26 +2,25 @@
 
 Post-norm residual blocks by default (``LayerNorm(x + Dropout(Sublayer(x)))``), pre-norm as an
 option; sinusoidal positions; embeddings scaled by sqrt(d_model) and tied with the output
-projection. The decoder supports incremental decoding through a
-:class:`~nmt.models.kv_cache.DecoderCache`.
+projection. The decoder decodes incrementally with a cache of its keys and values; what computes
+the attention, the cache and the other operations of decoding is the model's ``backend``
+(nmt/backends/torch_backend.py: PyTorch's operations, unless a model prepared for decoding was given
+another, nmt.generation.inference.prepare_model).
 """
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
-from typing import Callable, Literal, NamedTuple
+from typing import Any, Callable, Literal, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from nmt.backends.torch_backend import TORCH, TorchBackend
 from nmt.errors import NmtError
-from nmt.models.attention import MultiHeadAttention, causal_mask
-from nmt.models.cpu_kernels import usable
-from nmt.models.int8 import Int8Columns, Int8Linear
-from nmt.models.kv_cache import DecoderCache, IndexedDecoderCache, IndexedKeyValueCache, KeyValueCache
+from nmt.models.attention import MultiHeadAttention
 from nmt.models.registry import register_arch, register_model
 
 ENCODE_CHUNK = 256  # source tokens (padding included) encoded at once when decoding on CPU: see encode
@@ -63,35 +62,13 @@ class EncoderOut(NamedTuple):
     states: Tensor  # (B, S, D)
     padding_mask: Tensor  # (B, S), True at padding
     memory: tuple[tuple[Tensor, Tensor], ...]  # per decoder layer: keys, values (B, heads, S, D/heads)
-    output: ColumnProjection | Int8Columns | None = None  # the projection onto each sentence's columns; None: all
-    # Decoding on CPU with nmt's kernels: the sentences still searched, as rows of the above (which
-    # are then never reordered, see reorder_encoder_out); None: row i is sentence i.
+    output: Callable[[Tensor], Tensor] | None = None  # the projection onto each sentence's columns; None: all
+    # The sentences still searched, as rows of the above where the backend leaves them in place as
+    # sentences leave (see reorder_encoder_out); None: row i is sentence i.
     rows: Tensor | None = None
 
     def sentences(self) -> int:
         return self.states.size(0) if self.rows is None else self.rows.numel()
-
-
-class ColumnProjection:
-    """The output projection onto each sentence's own vocabulary entries (its shortlist candidates):
-    logits (rows, ..., width) for ``columns`` (sentences, width), each sentence's rows consecutive.
-
-    The product runs over the union of the batch's columns (``project``), and each row then takes
-    its sentence's columns from it (``where``: their positions in the union)."""
-
-    def __init__(self, project: Callable[[Tensor], Tensor], where: Tensor):
-        self.project, self.where = project, where
-
-    def __call__(self, x: Tensor) -> Tensor:
-        logits = self.project(x)
-        sentences, width = self.where.shape
-        grouped = logits.reshape(sentences, -1, logits.size(-1))
-        index = self.where[:, None, :].expand(sentences, grouped.size(1), width)
-        return grouped.gather(2, index).view(*logits.shape[:-1], width)
-
-    def select(self, sentences: Tensor) -> ColumnProjection:
-        """The projection for some sentences only (beam search: when sentences leave the batch)."""
-        return ColumnProjection(self.project, self.where[sentences])
 
 
 def sinusoidal_positions(length: int, dim: int) -> Tensor:
@@ -167,10 +144,9 @@ class EncoderLayer(nn.Module):
         self.attn_block = Residual(c.d_model, c.dropout, c.normalize_before)
         self.ffn_block = Residual(c.d_model, c.dropout, c.normalize_before)
 
-    def forward(self, x: Tensor, key_mask: Tensor) -> Tensor:
+    def forward(self, x: Tensor, key_mask: Tensor, backend: TorchBackend) -> Tensor:
         def attend(h: Tensor) -> Tensor:
-            k, v = self.self_attn.project_kv(h)
-            return self.self_attn(h, k, v, mask=key_mask)
+            return self.self_attn(h, *self.self_attn.project_kv(h), mask=key_mask, backend=backend)
 
         return self.ffn_block(self.attn_block(x, attend), self.ffn)
 
@@ -185,28 +161,14 @@ class DecoderLayer(nn.Module):
         self.cross_block = Residual(c.d_model, c.dropout, c.normalize_before)
         self.ffn_block = Residual(c.d_model, c.dropout, c.normalize_before)
 
-    def forward(self, x: Tensor, memory: tuple[Tensor, Tensor], memory_mask: Tensor,
-                cache: KeyValueCache | IndexedKeyValueCache | None, rows: Tensor | None = None) -> Tensor:
-        """``rows``: see EncoderOut (the sentences' rows of ``memory`` and ``memory_mask``)."""
+    def forward(self, x: Tensor, memory: tuple[Tensor, Tensor], memory_mask: Tensor, cache: Any,
+                rows: Tensor | None, backend: TorchBackend) -> Tensor:
+        """``cache``: this layer's of ``backend.new_cache`` (None: ``x`` is the whole target prefix);
+        ``rows``: see EncoderOut (the sentences' rows of ``memory`` and ``memory_mask``)."""
         def self_attend(h: Tensor) -> Tensor:
-            new, past = h.size(1), 0
-            if isinstance(cache, IndexedKeyValueCache) and new == 1:  # a decoding step on CPU
-                q, k, v = self.self_attn.project_qkv(h)
-                cache.append(k, v)
-                return self.self_attn.attend_projected(q, cache.attend)
-            k, v = self.self_attn.project_kv(h)
-            if isinstance(cache, IndexedKeyValueCache):
-                cache.append(k, v)
-                past = cache.length - new
-                k, v = cache.keys_values()
-            elif cache is not None:
-                past = cache.length
-                k, v = cache.append(k, v)
-            if new == 1:
-                return self.self_attn(h, k, v)
-            if past == 0:
-                return self.self_attn(h, k, v, is_causal=True)
-            return self.self_attn(h, k, v, mask=causal_mask(new, past, h.device))
+            if cache is None:
+                return self.self_attn(h, *self.self_attn.project_kv(h), is_causal=True, backend=backend)
+            return self.self_attn.attend_cached(h, cache, backend)
 
         def cross_attend(h: Tensor) -> Tensor:
             # Rows come in groups, one group per source sentence (its beams): each group's queries
@@ -214,7 +176,8 @@ class DecoderLayer(nn.Module):
             count, new, dim = h.shape
             sentences = memory[0].size(0) if rows is None else rows.numel()
             grouped = h.reshape(sentences, count // sentences * new, dim)
-            return self.cross_attn(grouped, *memory, mask=memory_mask, rows=rows).view(count, new, dim)
+            out = self.cross_attn(grouped, *memory, mask=memory_mask, rows=rows, backend=backend)
+            return out.view(count, new, dim)
 
         x = self.self_block(x, self_attend)
         x = self.cross_block(x, cross_attend)
@@ -247,7 +210,10 @@ class Transformer(nn.Module):
         self.embed_dropout = Dropout(config.dropout)
         # Computed once (not sin/cos at every decoding step), sliced per call; not saved.
         self.register_buffer("positions", sinusoidal_positions(config.max_positions, config.d_model), persistent=False)
-        self.output_layer: nn.Linear | Int8Linear | None = None  # see separate_output_layer
+        self.output_layer: nn.Module | None = None  # see separate_output_layer
+        # What decoding computes with; a model prepared for decoding may be given another
+        # (nmt.generation.inference.prepare_model). Training's is always this one.
+        self.backend: TorchBackend = TORCH
 
     def _embedding(self, vocab_size: int) -> nn.Embedding:
         embedding = nn.Embedding(vocab_size, self.config.d_model, padding_idx=self.pad_id)
@@ -268,24 +234,6 @@ class Transformer(nn.Module):
         weight = self.output_weight().detach()
         self.output_layer = nn.Linear(weight.size(1), weight.size(0), bias=False, device=weight.device)
         self.output_layer.weight = nn.Parameter(weight.clone(), requires_grad=False)
-
-    def column_projection(self, columns: Tensor) -> ColumnProjection | Int8Columns:
-        """The output projection onto each sentence's ``columns`` (sentences, width) only, made once
-        per batch. int8 on a CPU with AVX512-VNNI: nmt's C kernel multiplies each sentence's rows by
-        its own weight rows (Int8Linear.columns). Else the rows of the weight for the union of the
-        columns (int8 as quantized, bf16 as autocast would cast them), so that every step multiplies
-        by a smaller matrix and casts nothing."""
-        layer = self.output_layer
-        own = layer.columns(columns) if isinstance(layer, Int8Linear) else None  # int8 (separate_output_layer)
-        if own is not None:
-            return own
-        union, where = torch.unique(columns, return_inverse=True)
-        if isinstance(layer, Int8Linear):
-            return ColumnProjection(layer.rows(union), where)
-        weight = (layer.weight if layer is not None else self.output_weight()).index_select(0, union)
-        if torch.is_autocast_enabled(weight.device.type):
-            weight = weight.to(torch.get_autocast_dtype(weight.device.type))
-        return ColumnProjection(functools.partial(F.linear, weight=weight), where)
 
     def _embed(self, embedding: nn.Embedding, tokens: Tensor, offset: int = 0) -> Tensor:
         end = offset + tokens.size(1)
@@ -309,7 +257,10 @@ class Transformer(nn.Module):
                            for layer in range(len(self.decoder_layers)))
         else:
             states, padding_mask, memory = self.encode_sentences(src_tokens)
-        return EncoderOut(states, padding_mask, memory, None if columns is None else self.column_projection(columns))
+        if columns is None:
+            return EncoderOut(states, padding_mask, memory)
+        output = self.output_layer if self.output_layer is not None else self.output_weight()
+        return EncoderOut(states, padding_mask, memory, self.backend.column_projection(output, columns))
 
     def encode_sentences(self, src_tokens: Tensor) -> tuple[Tensor, Tensor, tuple[tuple[Tensor, Tensor], ...]]:
         """The encoder's states, the padding mask and each decoder layer's cross-attention keys and values."""
@@ -317,15 +268,15 @@ class Transformer(nn.Module):
         key_mask = ~padding_mask[:, None, None, :]
         x = self._embed(self.src_embed, src_tokens)
         for layer in self.encoder_layers:
-            x = layer(x, key_mask)
+            x = layer(x, key_mask, self.backend)
         states = self.encoder_norm(x)
         memory = tuple(layer.cross_attn.project_kv(states) for layer in self.decoder_layers)
         if not self.training and states.device.type == "cpu":  # decoding steps attend in fp32 on CPU (see
-            # cpu_attention_in_fp32): widen once, contiguous as nmt's CPU kernels read them
+            # nmt.backends.torch_backend.cpu_attention_in_fp32): widen once, contiguous as nmt's kernels read them
             memory = tuple((k.float().contiguous(), v.float().contiguous()) for k, v in memory)
         return states, padding_mask, memory
 
-    def decode(self, prev_output_tokens: Tensor, encoder_out: EncoderOut, cache: DecoderCache | None = None,
+    def decode(self, prev_output_tokens: Tensor, encoder_out: EncoderOut, cache: Any = None,
                features_only: bool = False) -> Tensor:
         """Logits for each given target position (or, features_only, the states they are projected from).
 
@@ -342,7 +293,7 @@ class Transformer(nn.Module):
         memory_mask = ~encoder_out.padding_mask[:, None, None, :]
         for i, layer in enumerate(self.decoder_layers):
             x = layer(x, encoder_out.memory[i], memory_mask, cache.layers[i] if cache is not None else None,
-                      encoder_out.rows)
+                      encoder_out.rows, self.backend)
         x = self.decoder_norm(x)
         if features_only:
             return x
@@ -355,34 +306,14 @@ class Transformer(nn.Module):
         encoder_out = EncoderOut(*self.encode_sentences(src_tokens))
         return self.decode(prev_output_tokens, encoder_out, features_only=features_only)
 
-    def new_cache(self) -> DecoderCache | IndexedDecoderCache:
-        """At inference on CPU, the cache that nmt's C kernels read (nmt/models/cpu_kernels.py) where
-        they could be built."""
-        if usable(self.positions):
-            return IndexedDecoderCache(len(self.decoder_layers), self.cache_dtype())
-        return DecoderCache(len(self.decoder_layers))
+    def new_cache(self) -> Any:
+        """An empty cache of the decoder's keys and values (the backend's) for incremental decoding."""
+        return self.backend.new_cache(len(self.decoder_layers))
 
-    def cache_dtype(self) -> torch.dtype:
-        """bf16 where the keys and values are no more exact than that already: projected by int8
-        layers (whose error is larger than bf16's rounding, 2^-9) or under bf16 autocast. It halves
-        the cache's memory, and the kernel that reads it runs faster (docs/performance.md); fp32
-        otherwise."""
-        int8 = isinstance(self.decoder_layers[0].self_attn.k_proj, Int8Linear)
-        bf16 = torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
-        return torch.bfloat16 if int8 or bf16 else torch.float32
-
-    @staticmethod
-    def reorder_encoder_out(encoder_out: EncoderOut, indices: Tensor) -> EncoderOut:
-        """Rows for other sentences (beam search: when sentences leave the batch). Where nmt's C
-        kernel takes the cross attention, only the sentences' row numbers change: no copy of the
-        keys and values at every reorder (docs/performance.md)."""
-        states, padding_mask, memory, output, rows = encoder_out
-        output = None if output is None else output.select(indices)
-        if rows is not None or usable(states):
-            rows = torch.arange(states.size(0)) if rows is None else rows
-            return encoder_out._replace(output=output, rows=rows.index_select(0, indices))
-        return EncoderOut(states.index_select(0, indices), padding_mask.index_select(0, indices),
-                          tuple((k.index_select(0, indices), v.index_select(0, indices)) for k, v in memory), output)
+    def reorder_encoder_out(self, encoder_out: EncoderOut, indices: Tensor) -> EncoderOut:
+        """Rows for other sentences (beam search: when sentences leave the batch): copied, or, where the
+        backend reads the encoder's keys and values through row numbers, those changed."""
+        return self.backend.select_sentences(encoder_out, indices)
 
 
 @register_arch("transformer", "transformer_base")

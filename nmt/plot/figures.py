@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from nmt.errors import NmtError
+from nmt.errors import NmtError, install_hint
 from nmt.files import atomic_write
 from nmt.plot.options import image_kind
 
@@ -13,7 +13,7 @@ def pyplot():
     try:
         import matplotlib
     except ImportError:
-        raise NmtError("nmt plot needs matplotlib: pip install 'nmt[plot]'") from None
+        raise NmtError(f"nmt plot needs matplotlib: {install_hint('plot')}") from None
     matplotlib.use("Agg")  # files only, no display
     import matplotlib.pyplot as plt
 

@@ -41,7 +41,7 @@ import numpy as np
 from nmt.generation.constraints import SentenceControls
 from nmt.generation.options import SearchOptions
 from nmt.generation.search import Hypothesis, SearchStopped
-from nmt.serving.budget import ControlShape, SearchMemory, control_bytes
+from nmt.serving.budget import NO_CONTROLS, ControlShape, SearchMemory
 
 HEAVY_NICENESS = 10  # of 19: still running when the light worker waits for requests
 Controls = list[SentenceControls | None]
@@ -62,7 +62,7 @@ class Job:
     long: bool  # searches long: the heavy requests' worker takes it
     controls: Controls | None = None  # per source: prefix, constraints, bans
     alone: bool = False  # batched with no other request: it has controls, or its batch failed
-    control_bytes: int = 0  # a sentence's controls in a batch of this job's (see budget.control_bytes)
+    control_shape: ControlShape = NO_CONTROLS  # what its sentences' controls are padded to (budget.py)
     done: int = 0  # sources translated so far
     results: list[list[Hypothesis]] = field(default_factory=list)
 
@@ -79,20 +79,20 @@ class Piece:
 
 
 class Tally:
-    """The memory of a batch being gathered (see SearchMemory.batch)."""
+    """The memory of a batch being gathered (see SearchMemory.batch), its controls padded to ``controls``
+    (a request with controls is batched alone: its own)."""
 
-    def __init__(self, memory: SearchMemory, beam: int):
-        self.memory, self.beam = memory, beam
+    def __init__(self, memory: SearchMemory, beam: int, controls: ControlShape = NO_CONTROLS):
+        self.memory, self.beam, self.controls = memory, beam, controls
         self.rows = self.sentences = self.longest_source = 0
 
-    def with_sentence(self, source_length: int, output_limit: int, controls: int = 0) -> int:
-        """The batch's bytes with one more sentence (``controls``: its controls' bytes)."""
+    def with_sentence(self, source_length: int, output_limit: int) -> int:
         longest = max(self.longest_source, source_length)
-        return self.rows + self.beam * self.memory.row(output_limit) + controls + \
-            (self.sentences + 1) * self.memory.sentence(longest, self.beam)
+        return self.rows + self.beam * self.memory.row(output_limit) + \
+            (self.sentences + 1) * self.memory.sentence(longest, self.beam, self.controls)
 
-    def add(self, source_length: int, output_limit: int, controls: int = 0) -> None:
-        self.rows += self.beam * self.memory.row(output_limit) + controls
+    def add(self, source_length: int, output_limit: int) -> None:
+        self.rows += self.beam * self.memory.row(output_limit)
         self.sentences += 1
         self.longest_source = max(self.longest_source, source_length)
 
@@ -132,7 +132,7 @@ class Batcher:
         job = Job(sources, options, output_limits, asyncio.get_running_loop().create_future(),
                   long=options.beam * max(output_limits) > self.long_search, controls=controls,
                   alone=controls is not None,
-                  control_bytes=control_bytes(ControlShape.of(controls), options.beam) if controls else 0)
+                  control_shape=ControlShape.of(controls) if controls else NO_CONTROLS)
         job.future.add_done_callback(lambda _: self.leave_line(job))
         self.waiting += len(sources)
         self.line.append(job)
@@ -178,7 +178,7 @@ class Batcher:
             arrived.clear()
             await arrived.wait()
         self.line.remove(first)
-        tally = Tally(self.memory, first.options.beam)
+        tally = Tally(self.memory, first.options.beam, first.control_shape)
         pieces = [self.take(first, tally)]
         deadline = asyncio.get_running_loop().time() + self.window
         while not first.alone:
@@ -201,9 +201,9 @@ class Batcher:
         stop = job.done
         while stop < len(job.sources):
             length, limit = len(job.sources[stop]), job.output_limits[stop]
-            if tally.sentences and tally.with_sentence(length, limit, job.control_bytes) > self.budget:
+            if tally.sentences and tally.with_sentence(length, limit) > self.budget:
                 break
-            tally.add(length, limit, job.control_bytes)
+            tally.add(length, limit)
             stop += 1
         return Piece(job, stop) if stop > job.done else None
 

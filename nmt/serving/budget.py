@@ -1,36 +1,42 @@
-"""How much memory a batch of beam search may take, from the model's shape: what sizes the server's batches.
+"""How much memory a batch of beam search may take: what sizes the server's batches.
 
-While a batch is searched it holds, per row (a sentence's beam): every decoder layer's keys and
-values for each position the row may reach, in a buffer that doubles as it grows (from 16
-positions), with a spare copy of the same size for reordering, and one layer at a time also
-holding its old buffers while it grows; the tokens and scores so far and its finished
-hypotheses; and one step's activations and logits. Per sentence, padded to the longest source
-of the batch: its encoder states and cross-attention keys and values (copied once more when
-sentences leave the batch), and while encoding, one layer's activations and attention scores.
-A row leaves the batch when its sentence is done, by its own longest output at the latest, so
-each row counts up to that output only.
+The estimate is a sum of named terms, each taken from the part of nmt that allocates it, so that it
+follows them when they change. Per row (a sentence's beam), up to its own longest output (a row
+leaves the batch when its sentence is done):
 
-Controls (nmt/generation/constraints.py) add, per sentence, their token tensors padded to the
-sentence's batch (prefix, constraints and their KMP tables, bans: 8-byte ids) and each step's
-work on them: every row compares its last tokens with every ban, and with constraints every
-candidate (2 x beam, plus each row's best token and next constraint pieces) gathers its
-sentence's constraint pieces and tables.
+- ``cache``: the decoder's keys and values, as the model's backend says its cache takes them
+  (TorchBackend.cache_row_bytes: nmt/backends);
+- ``search``: the search's own tensors and finished hypotheses (nmt.generation.search.row_bytes);
+- ``step``: one decoding step's activations and attention scores.
 
-Every tensor counts 4 bytes a number (fp32, what the CPU cache keeps; bf16 on a GPU takes half),
-so the estimate is an upper bound of what the search allocates, not of the allocator's slack.
+Per sentence, padded to the longest source of the batch:
+
+- ``encoder_output``: its encoder states and cross-attention keys and values (fp32 on CPU), as
+  many times as the backend may hold them at once (TorchBackend.encoder_output_copies), and one
+  step's cross-attention scores for its beams;
+- ``encoding``: while encoding, one layer's activations and attention scores;
+- ``controls``: a sentence's prefix, constraints and bans (nmt/generation/constraints.py), padded to
+  the largest of its batch (ControlShape): their token tensors (constraints with their KMP tables;
+  8-byte ids) and one step's work on them, every row comparing its last tokens with every ban and,
+  with constraints, every candidate (2 x beam, plus each row's best token and next constraint
+  pieces) gathering its sentence's constraint pieces and tables. Nothing without controls.
+
+Every term is an upper bound of what it counts, not of the allocator's slack; tests/test_serve.py
+decodes the heaviest batch an estimate admits and compares the peak memory it took.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
+import torch
 from torch import nn
 
+from nmt.device import PRECISIONS
 from nmt.generation.constraints import SentenceControls
+from nmt.generation.search import row_bytes as search_row_bytes
 
 FLOAT, LONG = 4, 8
-HYPOTHESIS_BYTES_PER_TOKEN = 12 * 2 + 80  # token id and score tensors (two copies while they grow), Python lists
 
 
 @dataclass(frozen=True)
@@ -42,46 +48,6 @@ class LayerShape:
     heads: int
     decoder_layers: int
     vocab: int
-
-
-def cache_capacity(positions: int) -> int:
-    """The positions a KeyValueCache holds after ``positions`` appends: 16, doubled as needed."""
-    return 16 if positions <= 16 else 16 * 2 ** math.ceil(math.log2(positions / 16))
-
-
-class SearchMemory:
-    """Bytes a batch of beam search takes: ``rows(longest_output)`` per row plus ``sentences(longest_source,
-    beam)`` per sentence. An ensemble holds every model's caches and logits."""
-
-    def __init__(self, model: nn.Module):
-        self.shapes = [LayerShape(m.config.d_model, m.config.ffn_dim, m.config.heads, m.config.decoder_layers,
-                                  m.tgt_embed.num_embeddings) for m in getattr(model, "models", [model])]
-
-    def row(self, longest_output: int) -> int:
-        """One row (a beam of one sentence) that may reach ``longest_output`` tokens (EOS excluded)."""
-        positions = longest_output + 1  # BOS, then every token but the last
-        capacity = cache_capacity(positions)
-        models = len(self.shapes)
-        total = positions * HYPOTHESIS_BYTES_PER_TOKEN + (2 * models + 3) * self.shapes[0].vocab * FLOAT
-        for shape in self.shapes:
-            total += (4 * shape.decoder_layers + 2) * capacity * shape.d_model * FLOAT  # keys, values, spares
-            total += (10 * shape.d_model + 2 * shape.ffn_dim + shape.heads * capacity) * FLOAT  # one step
-        return total
-
-    def sentence(self, longest_source: int, beam: int) -> int:
-        """One sentence of the batch, beside its rows: the encoder output and its cross-attention."""
-        total = 0
-        for shape in self.shapes:
-            kept = 2 * (2 * shape.decoder_layers + 1) * longest_source * shape.d_model * FLOAT
-            encoding = (6 * shape.d_model + shape.ffn_dim + shape.heads * longest_source) * longest_source * FLOAT
-            total += kept + encoding + beam * shape.heads * longest_source * FLOAT
-        return total
-
-    def batch(self, output_limits: list[int], beam: int, longest_source: int) -> int:
-        """A whole batch: each sentence's rows up to its own longest output, every sentence padded to the longest
-        source."""
-        return sum(beam * self.row(limit) for limit in output_limits) + \
-            len(output_limits) * self.sentence(longest_source, beam)
 
 
 @dataclass(frozen=True)
@@ -102,6 +68,59 @@ class ControlShape:
                    max((len(p) for c in given for p in c.constraints), default=0),
                    max((len(c.bans) for c in given), default=0),
                    max((len(p) for c in given for p in c.bans), default=0))
+
+
+NO_CONTROLS = ControlShape()
+
+
+class SearchMemory:
+    """Bytes a batch of beam search takes: ``row(longest_output)`` per row plus ``sentence(longest_source,
+    beam)`` per sentence, for ``model`` (prepared for decoding: its backend's cache is counted) computing
+    in ``precision`` on ``device_type``. An ensemble holds every model's caches and logits."""
+
+    def __init__(self, model: nn.Module, precision: str, device_type: str):
+        models = getattr(model, "models", [model])
+        self.shapes = [LayerShape(m.config.d_model, m.config.ffn_dim, m.config.heads, m.config.decoder_layers,
+                                  m.tgt_embed.num_embeddings) for m in models]
+        self.backend = model.backend
+        self.dtype = PRECISIONS[precision] or torch.float32
+        self.device_type = device_type
+
+    def row_terms(self, longest_output: int) -> dict[str, int]:
+        """One row (a beam of one sentence) that may reach ``longest_output`` tokens (EOS excluded)."""
+        positions = longest_output + 1  # BOS, then every token but the last
+        return {
+            "cache": sum(self.backend.cache_row_bytes(shape.decoder_layers, shape.d_model, positions, self.dtype,
+                                                      self.device_type) for shape in self.shapes),
+            "search": search_row_bytes(positions, self.shapes[0].vocab, len(self.shapes)),
+            "step": sum((10 * shape.d_model + 2 * shape.ffn_dim + shape.heads * positions) * FLOAT
+                        for shape in self.shapes),
+        }
+
+    def sentence_terms(self, longest_source: int, beam: int, controls: ControlShape = NO_CONTROLS) -> dict[str, int]:
+        """One sentence of the batch, beside its rows: the encoder output and its cross-attention, and its
+        controls padded to ``controls``."""
+        copies, states = self.backend.encoder_output_copies(), self.dtype.itemsize
+        return {
+            "encoder_output": sum((copies * (states + 2 * shape.decoder_layers * FLOAT) * shape.d_model
+                                   + beam * shape.heads * FLOAT) * longest_source for shape in self.shapes),
+            "encoding": sum((6 * shape.d_model + shape.ffn_dim + shape.heads * longest_source) * longest_source * FLOAT
+                            for shape in self.shapes),
+            "controls": control_bytes(controls, beam),
+        }
+
+    def row(self, longest_output: int) -> int:
+        return sum(self.row_terms(longest_output).values())
+
+    def sentence(self, longest_source: int, beam: int, controls: ControlShape = NO_CONTROLS) -> int:
+        return sum(self.sentence_terms(longest_source, beam, controls).values())
+
+    def batch(self, output_limits: list[int], beam: int, longest_source: int,
+              controls: ControlShape = NO_CONTROLS) -> int:
+        """A whole batch: each sentence's rows up to its own longest output, every sentence padded to the longest
+        source and the largest controls."""
+        return sum(beam * self.row(limit) for limit in output_limits) + \
+            len(output_limits) * self.sentence(longest_source, beam, controls)
 
 
 def control_bytes(shape: ControlShape, beam: int) -> int:

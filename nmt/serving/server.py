@@ -6,7 +6,7 @@
     GET  /health     {"status": "ok", ...}
     GET  /info       arch, vocabularies, languages, precision, version, limits
 
-Starlette on uvicorn (the ``nmt[serve]`` extra). Safe by default: it binds to 127.0.0.1, and any
+Starlette on uvicorn (the ``serve`` extra). Safe by default: it binds to 127.0.0.1, and any
 other address needs an API key, checked on every request; requests a web page could send are
 refused (nmt/serving/guards.py). Every bad request gets a 4xx with a JSON ``{"error": "one
 line"}``: 403 (a foreign Origin or Host), 408 (a body too slow to arrive), 413 (request too large),
@@ -37,14 +37,14 @@ import torch
 from nmt.checkpoint.format import load_checkpoint
 from nmt.checkpoint.names import split_paths
 from nmt.data.vocabulary import EOS_ID
-from nmt.errors import NmtError
+from nmt.errors import NmtError, install_hint
 from nmt.generation.inference import translate_ids, uses_shortlist
 from nmt.generation.options import BatchingOptions, SearchOptions, choose_workers
-from nmt.generation.search import SearchStopped, model_positions
+from nmt.generation.search import HYPOTHESIS_BYTES_PER_TOKEN, SearchStopped, model_positions
 from nmt.generation.translator import Translator
 from nmt.log import logger
 from nmt.serving.batcher import Batcher, QueueFull, TranslateFn
-from nmt.serving.budget import HYPOTHESIS_BYTES_PER_TOKEN, ControlShape, SearchMemory, control_bytes
+from nmt.serving.budget import ControlShape, SearchMemory
 from nmt.serving.connections import with_idle_deadline
 from nmt.serving.guards import check_caller, check_json_body
 from nmt.serving.options import ServeOptions
@@ -67,7 +67,7 @@ def create_app(translator: Translator, options: ServeOptions, baseline: int = 0)
     from starlette.responses import JSONResponse
     from starlette.routing import Route
 
-    memory = SearchMemory(translator.model)
+    memory = SearchMemory(translator.model, translator.precision, translator.device.type)
     budget = batch_budget(translator, memory, options)
     # A sentence searching over a quarter of the longest search the limits allow is heavy (see batcher.py).
     batcher = Batcher(batch_translator(translator), options.batch_window_ms / 1000, memory, budget, options.max_queue,
@@ -161,8 +161,8 @@ def batch_translator(translator: Translator) -> TranslateFn:
         workers = choose_workers(search, BatchingOptions(), translator.device.type, torch.get_num_threads(),
                                  len(sources))
         batching = BatchingOptions(max_tokens=None, batch_size=math.ceil(len(sources) / workers), workers=workers)
-        return translate_ids(translator.model, sources, search, batching, translator.device, translator.precision,
-                             controls=controls, should_stop=should_stop, shortlist=translator.vocabs.shortlist)
+        return translate_ids(translator.model, sources,
+                             translator.request(search, batching, controls=controls, should_stop=should_stop))
 
     return translate
 
@@ -218,8 +218,7 @@ def batch_budget(translator: Translator, memory: SearchMemory, options: ServeOpt
     longest_source = min(model_positions(translator.model) or math.inf, 4 * options.max_characters + 1)  # UTF-8 bytes
     controls = ControlShape(options.max_output_length, options.max_constraints, options.max_phrase_pieces,
                             options.max_bans, options.max_phrase_pieces)
-    needed = memory.batch([options.max_output_length], options.max_beam, longest_source) + \
-        control_bytes(controls, options.max_beam)
+    needed = memory.batch([options.max_output_length], options.max_beam, longest_source, controls)
     if options.max_batch_memory is None:
         return max(1024 * MIB, needed)
     if needed > options.max_batch_memory * MIB:
@@ -280,13 +279,12 @@ def serve(options: ServeOptions) -> None:
         import uvicorn
         from uvicorn.protocols.http.auto import AutoHTTPProtocol
     except ImportError:
-        raise NmtError("nmt serve needs its optional dependencies: pip install -e '.[serve]' (from a checkout of "
-                       "nmt)") from None
+        raise NmtError(f"nmt serve needs its optional dependencies: {install_hint('serve')}") from None
     translator = Translator.from_checkpoint(options.path, options.compute.device, options.compute.precision,
-                                            options.compute.quantize)
+                                            options.compute.quantize, options.compute.backend)
     # torch's first call allocates its own buffers: before the memory at start is taken
-    translate_ids(translator.model, [np.full(2, EOS_ID)], SearchOptions(beam=1, max_len_b=1), None, translator.device,
-                  translator.precision)
+    translate_ids(translator.model, [np.full(2, EOS_ID)],
+                  translator.request(SearchOptions(beam=1, max_len_b=1, stop="exact"), BatchingOptions()))
     app = create_app(translator, options, peak_memory())
     # the app refuses requests beyond --max-connections (a JSON 503); the protocol closes idle connections
     protocol = with_idle_deadline(AutoHTTPProtocol, options.idle_timeout,

@@ -78,6 +78,10 @@ class TrainConfig:
         "help": "Peak learning rate (fairseq's form, e.g. 7e-4); without it, the paper's d_model^-0.5 formula.",
         "panel": OPTIM, "above": 0})
     warmup_updates: int = field(default=4000, metadata={"help": "Linear warm-up updates.", "panel": OPTIM, "min": 1})
+    warmup_share: float = field(default=0.0, metadata={
+        "help": "Warm up over this share of the budget (--max-update or --max-time, whichever runs out first) "
+                "instead of --warmup-updates, so that a fast and a slow machine follow the same curve; with "
+                "--lr-schedule linear or cosine (0: off).", "panel": OPTIM, "min": 0.0, "below": 1.0})
     lr_schedule: Literal["inverse_sqrt", "linear", "cosine"] = field(default="inverse_sqrt", metadata={
         "help": "After the warm-up: inverse_sqrt (the paper's), or linear/cosine decay from the peak to 0 at the "
                 "end of --max-update or --max-time (the share of either spent after the warm-up).", "panel": OPTIM})
@@ -160,6 +164,9 @@ class TrainConfig:
         if self.restore_file is not None and self.finetune_from_model is not None:
             raise NmtError("give --restore-file (resume a run's whole state) or --finetune-from-model (its weights "
                            "only), not both")
+        if self.warmup_share and self.lr_schedule == "inverse_sqrt":
+            raise NmtError("--warmup-share is a share of the budget: give --lr-schedule linear or cosine (and "
+                           "--max-update or --max-time)")
         if self.lr_schedule != "inverse_sqrt" and not self.max_update and self.max_time is None:
             raise NmtError(f"--lr-schedule {self.lr_schedule} decays to 0 at the end of the budget: give "
                            "--max-update or --max-time")

@@ -29,12 +29,13 @@ from nmt.checkpoint.names import BEST, LAST
 from nmt.data.vocabulary import PAD_ID
 from nmt.device import autocast, resolve_device, resolve_precision
 from nmt.errors import NmtError, Stopped
-from nmt.generation.decoding_check import RECORD_KEY, first_pairs, save_with_record, timed_check
+from nmt.generation.decoding_settings import RECORD_KEY
 from nmt.log import logger, stderr_console
 from nmt.log import state as log_state
 from nmt.models.registry import build_model, count_parameters, get_arch
 from nmt.training import checkpoints as ckpt
 from nmt.training.config import TrainConfig, config_to_dict, write_config
+from nmt.training.decoding_check import first_pairs, save_with_record, timed_check
 from nmt.training.distributed import (
     DistributedContext,
     StopRequest,
@@ -147,7 +148,7 @@ class Trainer:
                                            fused=True)  # one kernel for all parameters: 5x faster on CPU
         self.scheduler = make_schedule(config.lr_schedule, config.warmup_updates,
                                        getattr(self.model_config, "d_model", 0), config.lr, config.max_update,
-                                       config.max_time_seconds)
+                                       config.max_time_seconds, config.warmup_share)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=config.compute.precision == "fp16")
         self.save_dir = Path(config.save_dir)
         self.state = TrainState()
@@ -345,6 +346,9 @@ class Trainer:
                            context.world_size, left_out, left_out)
         if context.is_main:
             logger.info("precision: %s (%s)", config.compute.precision, self.precision_reason)
+            per_epoch = -(-(len(self.data.batches) // context.world_size) // config.update_freq)
+            if warning := warmup_warning(config, per_epoch):
+                logger.warning(warning)
         run_meter = Meter()
         stop = None if self.epoch_end_owed() else stop_reason(config, state)  # an owed epoch end is done regardless
         if stop:  # config.yaml stays as the training wrote it: these options trained nothing
@@ -445,6 +449,28 @@ def batches_trained_again(position: int, world_size: int) -> int:
     """Batches a resume at ``position`` trains again: each process's shard starts at a multiple of
     the world size, so a position saved with another number of processes rounds down."""
     return position % world_size
+
+
+def warmup_warning(config: TrainConfig, updates_per_epoch: int) -> str | None:
+    """A warning when the run's update limits end it before its warm-up is half its length: the
+    learning rate would spend most of the run (or all of it) climbing to a peak it barely holds.
+    A time limit alone says nothing of the updates, so it is not judged here; a --warmup-share
+    warm-up is a share of the run by its definition."""
+    if config.warmup_share:
+        return None
+    limits = [(config.max_update, f"--max-update {config.max_update}")] if config.max_update else []
+    if config.max_epoch:
+        limits.append((config.max_epoch * updates_per_epoch,
+                       f"--max-epoch {config.max_epoch} x {updates_per_epoch:,} updates per epoch"))
+    if not limits:
+        return None
+    updates, why = min(limits)
+    if updates >= 2 * config.warmup_updates:
+        return None
+    where = "inside" if updates <= config.warmup_updates else "just after"
+    return (f"this run stops at {updates:,} updates ({why}), {where} its {config.warmup_updates:,}-update warm-up "
+            f"(--warmup-updates): the learning rate {'never reaches' if where == 'inside' else 'barely holds'} its "
+            f"peak; give about a tenth of the run, e.g. --warmup-updates {max(updates // 10, 1):,}, or more updates")
 
 
 def stop_reason(config: TrainConfig, state: TrainState) -> str | None:

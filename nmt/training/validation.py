@@ -16,7 +16,7 @@ from torch import nn
 from nmt.checkpoint.format import Vocabularies
 from nmt.data.vocabulary import PAD_ID
 from nmt.device import autocast
-from nmt.generation.inference import translate_ids
+from nmt.generation.inference import TranslationRequest, translate_ids
 from nmt.generation.options import BatchingOptions, SearchOptions
 from nmt.scoring import MetricOptions, score
 from nmt.training.config import TrainConfig
@@ -65,9 +65,9 @@ def validation_bleu(model: nn.Module, split: ValidationSplit, vocabs: Vocabulari
     dataset = split.dataset
     mine = split.pairs[context.rank::context.world_size].tolist()
     search = SearchOptions(beam=config.eval_bleu_beam, stop="exact")  # a figure of the model, not of a fast setting
-    hypotheses = translate_ids(model, [dataset.source[i] for i in mine], search,
-                               BatchingOptions(max_tokens=config.max_tokens, batch_size=config.max_sentences), device,
-                               config.compute.precision)
+    batching = BatchingOptions(max_tokens=config.max_tokens, batch_size=config.max_sentences)
+    hypotheses = translate_ids(model, [dataset.source[i] for i in mine],
+                               TranslationRequest(search, batching, device, config.compute.precision))
     pairs = [(vocabs.target.decode(hyps[0].tokens), vocabs.target.decode(dataset.target[i]))
              for hyps, i in zip(hypotheses, mine)]
     if context.is_distributed:

@@ -1,5 +1,7 @@
 /* Decoding's kernels on CPU: one-query and grouped attention, the cache's writes, the search's
- * log-probabilities and its top-k (see nmt/models/cpu_kernels.py, which compiles this file).
+ * log-probabilities and its top-k (nmt/backends/kernel_build.py compiles this file; kernels.py calls
+ * each exported function through the prototype it reads here, so a prototype is the one place that
+ * says what a kernel takes).
  *
  * torch's attention kernel spends most of a decoding step's attention time on per-(row, head)
  * overhead for products of one query with a few dozen keys, and beam search copies the whole
@@ -14,6 +16,9 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+
+/* A pointer parameter that may be NULL (kernels.py lets None through for these only). */
+#define NULLABLE
 
 /* exp(x), vectorizable (libm's expf is not without -ffast-math): 2^n * p(r) with x = n ln2 + r,
  * |r| <= ln2/2, Cephes' polynomial; within 1e-7 relative; 0 below -87.3, exp(-inf) included. */
@@ -416,9 +421,9 @@ static inline void grouped_attention_of(const float *keys, const float *values, 
     }
 }
 
-void grouped_attention(const float *keys, const float *values, const uint8_t *allowed, const int64_t *rows,
-                       int64_t sentences, int64_t group, int64_t heads, int64_t length, int64_t head_dim,
-                       const float *query, float *out, float *scores) {
+void grouped_attention(const float *keys, const float *values, const uint8_t *allowed,
+                       const int64_t *NULLABLE rows, int64_t sentences, int64_t group, int64_t heads, int64_t length,
+                       int64_t head_dim, const float *query, float *out, float *scores) {
     if (head_dim == 64)
 #if ATTENTION_AVX512
         grouped_attention64(keys, values, allowed, rows, sentences, group, heads, length, query, out, scores);
@@ -435,8 +440,8 @@ void grouped_attention(const float *keys, const float *values, const uint8_t *al
  * columns): 0 where the sentence may choose a column and -inf where not; banned NULL: every column.
  * One pass over a row in cache where torch makes three over the whole matrix (add the ban,
  * log_softmax's max and sums, its write). */
-void log_softmax_rows(float *logits, int64_t rows, int64_t columns, const float *banned, const int64_t *which,
-                      int64_t width) {
+void log_softmax_rows(float *logits, int64_t rows, int64_t columns, const float *NULLABLE banned,
+                      const int64_t *NULLABLE which, int64_t width) {
     for (int64_t r = 0; r < rows; ++r) {
         float *x = logits + r * columns;
         if (banned) {

@@ -15,8 +15,6 @@ import warnings
 import torch
 from torch import Tensor, nn
 
-from nmt.models.cpu_kernels import int8_columns_usable, project_columns_int8
-
 LINEAR = torch.ops.quantized.linear_dynamic.default
 LINEAR_RELU = torch.ops.quantized.linear_relu_dynamic.default
 PREPACK = torch.ops.quantized.linear_prepack.default
@@ -36,27 +34,14 @@ class Int8Linear(nn.Module):
         """The layer of some output rows only (a batch's shortlist candidates), without a bias."""
         return Int8Linear(PREPACK(self.weight.index_select(0, indices), None), self.in_features, len(indices))
 
-    def columns(self, columns: Tensor) -> Int8Columns | None:
-        """The layer onto each sentence's own ``columns`` (sentences, width: vocabulary ids, ascending,
-        a shorter list repeating its last) in nmt's C kernel; None where the kernel cannot take it
-        (see int8_columns_usable) and for a weight with a scale per row or a zero point."""
-        if not int8_columns_usable(columns):
-            return None
-        weight = self.weight
-        if weight.qscheme() not in (torch.per_tensor_affine, torch.per_tensor_symmetric) or weight.q_zero_point():
-            return None
-        if columns.numel() and not 0 <= int(columns.min()) <= int(columns.max()) < self.out_features:
-            raise ValueError(f"columns outside the layer's {self.out_features} rows")
-        counts = 1 + (columns[:, 1:] != columns[:, :-1]).sum(dim=1, dtype=torch.int32)
-        return Int8Columns(self.int_weight, weight.q_scale(), columns, self.row_sums[columns], counts)
-
     @functools.cached_property
     def int_weight(self) -> Tensor:
-        """The weight's int8 values (out_features, in_features), as nmt's C kernel reads them."""
+        """The weight's int8 values (out_features, in_features), contiguous."""
         return self.weight.int_repr().contiguous()
 
     @functools.cached_property
     def row_sums(self) -> Tensor:
+        """Each output row's sum of its int8 weights (int32)."""
         return self.int_weight.sum(dim=1, dtype=torch.int32)
 
     @functools.cached_property
@@ -68,25 +53,6 @@ class Int8Linear(nn.Module):
     def extra_repr(self) -> str:
         relu = ", relu" if self.operator is LINEAR_RELU else ""
         return f"in_features={self.in_features}, out_features={self.out_features}, int8{relu}"
-
-
-class Int8Columns:
-    """An int8 output projection onto each sentence's own shortlist candidates, in nmt's C kernel
-    (nmt.models.transformer.ColumnProjection's interface): a sentence's rows multiply its own few
-    hundred weight rows, where the projection onto the union of a batch's candidates multiplies
-    thousands (docs/performance.md). Each row's activations get an int8 scale of their own."""
-
-    def __init__(self, weight: Tensor, scale: float, columns: Tensor, column_sums: Tensor, counts: Tensor):
-        self.weight, self.scale = weight, scale
-        self.columns, self.column_sums, self.counts = columns, column_sums, counts
-
-    def __call__(self, x: Tensor) -> Tensor:
-        return project_columns_int8(x, self.weight, self.scale, self.columns, self.column_sums, self.counts)
-
-    def select(self, sentences: Tensor) -> Int8Columns:
-        """The projection for some sentences only (beam search: when sentences leave the batch)."""
-        return Int8Columns(self.weight, self.scale, self.columns[sentences], self.column_sums[sentences],
-                           self.counts[sentences])
 
 
 def concatenated(layers: list[Int8Linear]) -> Int8Linear | None:

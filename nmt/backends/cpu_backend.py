@@ -1,0 +1,116 @@
+"""Decoding on a CPU in nmt's C kernels (kernels.c): the fast path, as one backend.
+
+One-query attention is a few dozen multiply-adds per (row, head); torch's kernel pays a fixed cost
+for each, and beam search with torch's operations copies the self-attention cache every step to
+follow the surviving beams. Here the cache is never moved (indexed_cache.py: the kernels read it
+through a table of each row's ancestors), the encoder's keys and values stay in place as sentences
+leave (their row numbers change instead), each sentence's queries attend to its own source in one
+kernel call, the int8 output projection multiplies each sentence's rows by its own candidates'
+weights, and the log-softmax under a shortlist and beam search's top-k are one pass each
+(docs/performance.md has the measurements). What the kernels do not take falls to
+:class:`~nmt.backends.torch_backend.TorchBackend`, with the same results up to float rounding.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from nmt.backends.indexed_cache import BufferPool, IndexedDecoderCache, IndexedKeyValueCache
+from nmt.backends.int8 import Int8Linear
+from nmt.backends.kernels import Kernels
+from nmt.backends.torch_backend import ColumnProjection, TorchBackend, attend_new_positions
+
+
+class CpuKernelsBackend(TorchBackend):
+    """nmt's C kernels, for a model that decodes on this process's CPU. ``int8``: its layers are int8
+    (nmt/backends/int8.py), whose keys and values are kept in bf16."""
+
+    def __init__(self, kernels: Kernels, int8: bool = False):
+        self.kernels, self.int8 = kernels, int8
+        self.buffers = BufferPool()  # this backend's caches hand their buffers on to the next batch's
+
+    def describe(self) -> str:
+        return f"nmt's C kernels ({self.kernels.describe()})"
+
+    def attention(self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None = None,
+                  is_causal: bool = False, rows: Tensor | None = None, dropout: float = 0.0) -> Tensor:
+        """Under a padding mask (stored, 1, 1, S) (the encoder's, and the cross-attention's, where each
+        sentence's queries are grouped: beams x new positions), one kernel call."""
+        if is_causal or dropout or mask is None or mask.dtype != torch.bool or \
+                mask.shape != (key.size(0), 1, 1, key.size(2)):
+            return super().attention(query, key, value, mask, is_causal, rows, dropout)
+        out = self.kernels.grouped_attention(key, value, mask.view(key.size(0), -1), query.transpose(1, 2), rows)
+        return out.transpose(1, 2)
+
+    def new_cache(self, layers: int) -> IndexedDecoderCache:
+        """bf16 where the keys and values are no more exact than that already: projected by int8 layers
+        (whose error is larger than bf16's rounding, 2^-9) or under bf16 autocast. It halves the
+        cache's memory, and the kernel that reads it runs faster (docs/performance.md); fp32 otherwise."""
+        bf16 = self.int8 or torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+        return IndexedDecoderCache(layers, self.kernels, self.buffers, torch.bfloat16 if bf16 else torch.float32)
+
+    def cache_row_bytes(self, layers: int, width: int, positions: int, dtype: torch.dtype, device_type: str) -> int:
+        bf16 = self.int8 or dtype == torch.bfloat16  # as new_cache chooses
+        return IndexedDecoderCache.row_bytes(layers, width, positions, 2 if bf16 else 4)
+
+    def encoder_output_copies(self) -> int:
+        return 1  # never copied: see select_sentences
+
+    def cached_attention(self, query: Tensor, keys: Tensor, values: Tensor, cache: IndexedKeyValueCache) -> Tensor:
+        """A decoding step (one new position) in the kernel; several new positions (a cache filled with a
+        prefix at once) over the keys and values gathered from the cache."""
+        cache.append(keys, values)
+        new = query.size(2)
+        if new == 1:
+            return cache.attend(query)
+        keys, values = cache.keys_values()
+        return attend_new_positions(query, keys, values, cache.length - new)
+
+    def select_sentences(self, encoder_out: Any, indices: Tensor) -> Any:
+        """Only the sentences' row numbers change: the encoder's keys and values stay where they are,
+        read through ``rows`` (see attention)."""
+        rows = indices if encoder_out.rows is None else encoder_out.rows.index_select(0, indices)
+        output = None if encoder_out.output is None else encoder_out.output.select(indices)
+        return encoder_out._replace(rows=rows, output=output)
+
+    def column_projection(self, output: nn.Module | Tensor, columns: Tensor) -> ColumnProjection | Int8Columns:
+        """An int8 layer with one scale (as int8.quantize makes them) on a CPU with AVX512-VNNI: the
+        kernel multiplies each sentence's rows by its own candidates' weight rows (a few hundred, where
+        the batch's union has thousands: docs/performance.md). Without VNNI its plain loops were not
+        measured against fbgemm's product onto the union, which is taken then."""
+        if not (self.kernels.int8_vnni and isinstance(output, Int8Linear)) or output.weight.q_zero_point() or \
+                output.weight.qscheme() not in (torch.per_tensor_affine, torch.per_tensor_symmetric):
+            return super().column_projection(output, columns)
+        counts = 1 + (columns[:, 1:] != columns[:, :-1]).sum(dim=1, dtype=torch.int32)
+        return Int8Columns(self.kernels, output.int_weight, output.weight.q_scale(), columns,
+                           output.row_sums[columns], counts)
+
+    def log_softmax_(self, logits: Tensor, banned: Tensor | None, sentences: Tensor) -> Tensor:
+        return self.kernels.log_softmax_(logits, banned, sentences)
+
+    def select_top(self, scores: Tensor, logprobs: Tensor, beam: int) -> tuple[Tensor, Tensor, Tensor]:
+        return self.kernels.select_top(scores, logprobs, 2 * beam)
+
+
+class Int8Columns:
+    """An int8 output projection onto each sentence's own candidates, in the kernel (ColumnProjection's
+    interface): ``columns`` (sentences, width: vocabulary ids, ascending, a shorter list repeating its
+    last), their weight rows' sums, and how many of each sentence's are its own (``counts``). Each
+    row's activations get an int8 scale of their own."""
+
+    def __init__(self, kernels: Kernels, weight: Tensor, scale: float, columns: Tensor, column_sums: Tensor,
+                 counts: Tensor):
+        self.kernels, self.weight, self.scale = kernels, weight, scale
+        self.columns, self.column_sums, self.counts = columns, column_sums, counts
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return self.kernels.project_columns_int8(x, self.weight, self.scale, self.columns, self.column_sums,
+                                                 self.counts)
+
+    def select(self, sentences: Tensor) -> Int8Columns:
+        """The projection for some sentences only (beam search: when sentences leave the batch)."""
+        return Int8Columns(self.kernels, self.weight, self.scale, self.columns[sentences],
+                           self.column_sums[sentences], self.counts[sentences])

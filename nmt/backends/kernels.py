@@ -1,0 +1,211 @@
+"""nmt's C kernels (kernels.c), called through the prototypes written there.
+
+ctypes calls a C function with whatever it is given, and a wrong argument type or a tensor of the
+wrong dtype is memory read or written at random. So nothing about a kernel's arguments is typed by
+hand: each exported function's prototype is read from kernels.c (its own declaration, the one the
+compiler checks), its ctypes argument types are made from it, and every call goes through
+:meth:`Kernels.call`, which checks that each pointer gets a contiguous CPU tensor of the C type's
+dtype (None only where the C side marks the pointer ``NULLABLE``). Each wrapper below checks its
+tensors' shapes against each other at its top, so that no kernel reads past a tensor's end.
+
+Why this and not cffi's ``cdef`` or ``torch.library`` custom ops: the same prototypes with no new
+dependency, and no dispatcher on the way (a Python custom op costs microseconds per call, and a
+decoding step makes a few dozen of these calls).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+SOURCE = Path(__file__).with_name("kernels.c")
+EXPORTED = re.compile(r"^(void|int) (\w+)\(([^)]*)\) \{", re.MULTILINE)  # non-static, at the start of a line
+NUMBERS = {"int64_t": ctypes.c_int64, "float": ctypes.c_float, "int": ctypes.c_int}
+POINTED = {"float": (torch.float32,), "uint16_t": (torch.bfloat16,), "int64_t": (torch.int64,),
+           "int32_t": (torch.int32,), "uint8_t": (torch.bool, torch.uint8), "int8_t": (torch.int8,)}
+
+
+@dataclass(frozen=True)
+class Parameter:
+    name: str
+    dtypes: tuple[torch.dtype, ...]  # a pointer's: the tensor dtypes that hold its C type; () for a number
+    nullable: bool = False
+
+
+@dataclass(frozen=True)
+class Prototype:
+    name: str
+    parameters: tuple[Parameter, ...]
+    ctypes: tuple[type, ...]  # the argument types ctypes converts to
+    returns: type | None
+
+
+def prototypes(source: str) -> dict[str, Prototype]:
+    """The exported functions of a C source, by name, from their declarations."""
+    found = {}
+    for returns, name, text in EXPORTED.findall(source):
+        parameters, types = [], []
+        for declaration in [part for part in text.split(",") if part.strip() not in ("", "void")]:
+            words = declaration.replace("*", " * ").split()
+            base = next(word for word in words if word not in ("const", "NULLABLE", "*"))
+            if "*" in words:
+                parameters.append(Parameter(words[-1], POINTED[base], "NULLABLE" in words))
+                types.append(ctypes.c_void_p)
+            else:
+                parameters.append(Parameter(words[-1], ()))
+                types.append(NUMBERS[base])
+        found[name] = Prototype(name, tuple(parameters), tuple(types), None if returns == "void" else NUMBERS[returns])
+    return found
+
+
+class Kernels:
+    """The kernels of one loaded library (kernel_build.py builds and loads it for this CPU)."""
+
+    def __init__(self, library: ctypes.CDLL):
+        self.functions: dict[str, tuple[Prototype, Any]] = {}
+        for name, prototype in prototypes(SOURCE.read_text()).items():
+            function = getattr(library, name)
+            function.argtypes, function.restype = list(prototype.ctypes), prototype.returns
+            self.functions[name] = prototype, function
+        self.attention_avx512 = bool(self.call("attention_avx512"))
+        self.int8_vnni = bool(self.call("project_columns_int8_vnni"))  # the int8 projection's 16 columns at a time
+
+    def describe(self) -> str:
+        """Which of their instruction sets this build has, for the log line that names the backend."""
+        attention = "AVX-512 attention" if self.attention_avx512 else "attention in plain loops"
+        return f"{attention}, {'AVX512-VNNI int8' if self.int8_vnni else 'no AVX512-VNNI'}"
+
+    def call(self, name: str, *args: Any) -> Any:
+        """The kernel ``name`` on ``args``, in its prototype's order: a tensor (or None, where NULLABLE)
+        for each pointer, a Python number for each number."""
+        prototype, function = self.functions[name]
+        if len(args) != len(prototype.parameters):
+            raise TypeError(f"{name} takes {len(prototype.parameters)} arguments, got {len(args)}")
+        values = []
+        for parameter, arg in zip(prototype.parameters, args):
+            if not parameter.dtypes:
+                values.append(arg)  # ctypes refuses what is not a number
+            elif arg is None and parameter.nullable:
+                values.append(None)
+            elif isinstance(arg, Tensor) and arg.dtype in parameter.dtypes and arg.is_cpu and arg.is_contiguous():
+                values.append(arg.data_ptr())
+            else:
+                got = f"{arg.dtype} on {arg.device}{'' if arg.is_contiguous() else ', not contiguous'}" \
+                    if isinstance(arg, Tensor) else type(arg).__name__
+                raise ValueError(f"{name}: {parameter.name} takes a contiguous CPU tensor of "
+                                 f"{' or '.join(map(str, parameter.dtypes))}, got {got}")
+        return function(*values)
+
+    def append_position(self, cache: Tensor, start: int, keys: Tensor, values: Tensor) -> None:
+        """Write keys and values (rows, heads, 1, head_dim) into slots start..start+rows-1 of ``cache``
+        (slots, 2, heads, head_dim), float32 or bf16 (rounded to nearest even, as torch rounds)."""
+        keys, values = keys.float().contiguous(), values.float().contiguous()  # slices of a fused product: copied
+        rows, heads, _, head_dim = keys.shape
+        check_shapes("append_position", keys=(keys, (rows, heads, 1, head_dim)), values=(values, keys.shape),
+                     cache=(cache, (max(cache.size(0), start + rows), 2, heads, head_dim)))
+        name = "append_position_bf16" if cache.dtype == torch.bfloat16 else "append_position"
+        self.call(name, cache, start, rows, heads * head_dim, keys, values)
+
+    def self_attention(self, cache: Tensor, starts: Tensor, history: Tensor, length: int, query: Tensor) -> Tensor:
+        """One query per row (rows, heads, head_dim) over the first ``length`` positions of ``cache``
+        (slots, 2, heads, head_dim), float32 or bf16: row r reads slot ``starts[p] + history[p, r]`` at
+        position p; the sums are float32's either way."""
+        rows, heads, head_dim = query.shape
+        check_shapes("self_attention", cache=(cache, (cache.size(0), 2, heads, head_dim)),
+                     starts=(starts, (max(starts.numel(), length + 1),)),
+                     history=(history, (max(history.size(0), length), rows)))
+        if int(starts[length]) > cache.size(0):
+            raise ValueError(f"self_attention: {length} positions end at slot {int(starts[length])} of "
+                             f"{cache.size(0)}")
+        query32 = query.float().contiguous()
+        out = torch.empty_like(query32)
+        scores = torch.empty(rows * heads * length, dtype=torch.float32)
+        name = "self_attention_bf16" if cache.dtype == torch.bfloat16 else "self_attention"
+        self.call(name, cache, starts, history, length, rows, heads, head_dim, query32, out, scores)
+        return out.to(query.dtype)
+
+    def grouped_attention(self, keys: Tensor, values: Tensor, allowed: Tensor, query: Tensor,
+                          rows: Tensor | None = None) -> Tensor:
+        """Queries (sentences, group, heads, head_dim), each group to its sentence's keys and values
+        (stored, heads, length, head_dim) where ``allowed`` (stored, length) is True: sentence s's are
+        row ``rows[s]`` (without ``rows``, row s)."""
+        sentences, group, heads, head_dim = query.shape
+        stored, _, length, _ = keys.shape
+        check_shapes("grouped_attention", keys=(keys, (stored, heads, length, head_dim)), values=(values, keys.shape),
+                     allowed=(allowed, (stored, length)),
+                     rows=(rows, (sentences,)) if rows is not None else (keys, keys.shape))
+        if rows is None and sentences != stored or rows is not None and rows.numel() and \
+                not 0 <= int(rows.min()) <= int(rows.max()) < stored:
+            raise ValueError(f"grouped_attention: rows for {sentences} sentences of {stored} stored")
+        keys, values = keys.float().contiguous(), values.float().contiguous()  # as encode gives them: no copy
+        query32 = query.float().contiguous()
+        out = torch.empty_like(query32)
+        scores = torch.empty(length, dtype=torch.float32)
+        rows = None if rows is None else rows.to(torch.int64).contiguous()
+        self.call("grouped_attention", keys, values, allowed.to(torch.bool).contiguous(), rows, sentences, group,
+                  heads, length, head_dim, query32, out, scores)
+        return out.to(query.dtype)
+
+    def log_softmax_(self, logits: Tensor, banned: Tensor | None, sentences: Tensor) -> Tensor:
+        """In place, each row of ``logits`` (rows, columns) to log-probabilities over the columns it may
+        choose: the rows belong to ``sentences`` (rows of ``banned``, as many rows each), and with
+        ``banned`` (0 or -inf per column for each sentence of a batch) lose their -inf columns."""
+        rows, columns = logits.shape
+        if banned is None:
+            self.call("log_softmax_rows", logits, rows, columns, None, None, 1)
+            return logits
+        banned, sentences = banned.float().contiguous(), sentences.long().contiguous()
+        check_shapes("log_softmax_rows", banned=(banned, (banned.size(0), columns)))
+        if not len(sentences) or rows % len(sentences) or int(sentences.max()) >= len(banned) or \
+                int(sentences.min()) < 0:
+            raise ValueError(f"log_softmax_rows: {rows} rows for {len(sentences)} of {len(banned)} sentences")
+        self.call("log_softmax_rows", logits, rows, columns, banned, sentences, rows // len(sentences))
+        return logits
+
+    def select_top(self, scores: Tensor, logprobs: Tensor, count: int) -> tuple[Tensor, Tensor, Tensor]:
+        """The ``count`` best (score + log-probability, row, column) per sentence, best first: ``scores``
+        (sentences, width) and ``logprobs`` (sentences * width, columns), as TorchBackend.select_top."""
+        sentences, width = scores.shape
+        check_shapes("select_top", logprobs=(logprobs, (sentences * width, logprobs.size(1))))
+        scores = scores.float().contiguous()
+        best = torch.empty(sentences, count, dtype=torch.float32)
+        rows = torch.empty(sentences, count, dtype=torch.int64)
+        columns = torch.empty(sentences, count, dtype=torch.int64)
+        self.call("select_top", logprobs, scores, sentences, width, logprobs.size(1), count, best, rows, columns)
+        return best, rows, columns
+
+    def project_columns_int8(self, x: Tensor, weight: Tensor, weight_scale: float, columns: Tensor,
+                             column_sums: Tensor, counts: Tensor) -> Tensor:
+        """Logits (..., width) of x (..., dim) for each sentence's own vocabulary entries: ``columns``
+        (sentences, width) are rows of ``weight`` (vocabulary, dim) int8 with scale ``weight_scale``,
+        ``column_sums`` their sums (int32), ``counts`` (sentences,) how many of each sentence's are its
+        own (-inf after; ids below the weight's rows); x's rows come as many per sentence, consecutive.
+        Each row of x is quantized to int8 with a scale of its own."""
+        sentences, width = columns.shape
+        rows = x.reshape(-1, x.size(-1)).float().contiguous()
+        dim = rows.size(1)
+        check_shapes("project_columns_int8", weight=(weight, (weight.size(0), dim)),
+                     column_sums=(column_sums, columns.shape), counts=(counts, (sentences,)))
+        if len(rows) % sentences or columns.numel() and not 0 <= int(columns.min()) <= int(columns.max()) < len(weight):
+            raise ValueError(f"project_columns_int8: {len(rows)} rows for {sentences} sentences, columns outside "
+                             f"the weight's {len(weight)} rows")
+        weight, columns = weight.to(torch.int8).contiguous(), columns.to(torch.int64).contiguous()
+        column_sums, counts = column_sums.to(torch.int32).contiguous(), counts.to(torch.int32).contiguous()
+        out = torch.empty(len(rows), width, dtype=torch.float32)
+        quantized = torch.empty((dim + 63) // 64 * 64, dtype=torch.uint8)  # one row at a time
+        self.call("project_columns_int8", rows, sentences, len(rows) // sentences, dim, weight, weight_scale, columns,
+                  column_sums, counts, width, out, quantized)
+        return out.view(*x.shape[:-1], width)
+
+
+def check_shapes(kernel: str, **tensors: tuple[Tensor, tuple[int, ...]]) -> None:
+    """Each named tensor has the shape given beside it; else one error naming them all."""
+    if any(tuple(tensor.shape) != tuple(shape) for tensor, shape in tensors.values()):
+        found = ", ".join(f"{name} {tuple(tensor.shape)}" for name, (tensor, _) in tensors.items())
+        raise ValueError(f"{kernel}: shapes that do not fit together: {found}")
