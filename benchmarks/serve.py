@@ -1,7 +1,8 @@
 """Throughput and latency of `nmt serve` at 1, 8 and 32 concurrent clients, next to offline translation,
-and (--heavy) the same load beside a client that keeps sending the heaviest requests.
+and (--heavy, --abusive) the same load beside a client that keeps sending the heaviest requests, or
+one that abuses every field and holds idle sockets.
 
-    python benchmarks/serve.py [--path CKPT] [--data DIR] [--limit N] [--clients 1,8,32] [--heavy]
+    python benchmarks/serve.py [--path CKPT] [--data DIR] [--limit N] [--clients 1,8,32] [--heavy] [--abusive]
 
 Each client sends one sentence per request (the worst case for a server: batching must come from
 requests arriving together) and waits for the answer before sending the next; sentences/s is
@@ -17,6 +18,14 @@ beam 16, max_len_b 512, min_len 100000: refused, 422) and the heaviest one the s
 through (the same at max_len_b = min_len = --max-output-length: every beam decodes to the limit).
 Every answer's status is counted, and at the end the server's peak resident memory (VmHWM) is set
 against the bound its /info reports.
+
+With --abusive, each number of clients also runs beside a client that holds --max-connections
+idle sockets (opened again as the server closes them) and sends, one after the other, requests
+with every control at the server's caps (--max-bans banned phrases and --max-constraints
+constraints a sentence of --max-phrase-pieces pieces, a prefix, at --max-beam, every sentence
+decoding --max-output-length steps, as many sentences as --max-characters allows) and the
+issue's request of controls beyond them (4,000 bans, one of 4,000 words). Meanwhile /health is
+asked every 0.2 s: its slowest answer is reported.
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ import collections
 import http.client
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -43,6 +53,7 @@ from generate_speed import DEFAULT_DATA, random_checkpoint  # noqa: E402
 
 from nmt import Translator  # noqa: E402
 from nmt.files import read_lines  # noqa: E402
+from nmt.generation.constraints import contains  # noqa: E402
 
 ISSUE_REQUEST = {"text": ["a"] * 64, "beam": 16, "max_len_a": 4, "max_len_b": 512, "min_len": 100_000}
 
@@ -137,26 +148,110 @@ class HeavyClient(threading.Thread):
             turn += 1
 
 
-def measure(port: int, lines: list[str], clients: int, search: dict, offline: float, heavy_output: int | None
-            ) -> list[str]:
-    """One row of the table: the load of ``clients``, beside a heavy client unless ``heavy_output`` is None."""
+def capped_phrases(texts: list[str], translator: Translator, pieces: int) -> list[str]:
+    """Target phrases of exactly ``pieces`` pieces, cut from ``texts`` (target-side sentences)."""
+    target, phrases = translator.vocabs.target, []
+    for text in texts:
+        ids = target.encode(text)[:pieces]
+        phrase = target.decode(ids)
+        if len(ids) == pieces and len(target.encode(phrase)) == pieces and phrase.strip():
+            phrases.append(phrase)
+    return phrases
+
+
+class AbusiveClient(threading.Thread):
+    """Holds idle sockets and sends, by turns, a request with every control at the caps and one far beyond them."""
+
+    def __init__(self, port: int, info: dict, translator: Translator, sources: list[str], targets: list[str]):
+        super().__init__()
+        self.port, self.stop = port, threading.Event()
+        limits = info["limits"]
+        most, phrase_pieces = limits["max_output_length"], limits["max_phrase_pieces"]
+        phrases = capped_phrases(targets, translator, phrase_pieces)
+        constraints = phrases[:limits["max_constraints"]]
+        target = translator.vocabs.target
+        bans = [ban for ban in phrases[limits["max_constraints"]:]
+                if not any(contains(target.encode(c), target.encode(ban)) for c in constraints)][:limits["max_bans"]]
+        prefix = target.decode(target.encode(" ".join(targets))[:most - len(constraints) * phrase_pieces])
+        if any(contains(target.encode(prefix), target.encode(ban)) for ban in bans):
+            prefix = None
+        count = min(limits["max_sentences"], len(sources))
+        while True:  # as many sentences as --max-characters allows, text and controls together
+            capped = {"text": sources[:count], "beam": limits["max_beam"], "max_len_a": 0, "max_len_b": most,
+                      "min_len": most, "ban": bans, "constraints": [constraints] * count, "prefix": [prefix] * count}
+            characters = sum(len(s) for s in capped["text"]) + sum(map(len, bans)) + count * (
+                sum(map(len, constraints)) + len(prefix or ""))
+            if characters <= limits["max_characters"] or count == 1:
+                break
+            count -= 1
+        beyond = {"text": ["a"], "beam": limits["max_beam"], "ban": ["a"] * 3999 + [" ".join(["a b"] * 2000)]}
+        self.requests = [(f"at the caps ({count} sentences)", capped), ("beyond the caps", beyond)]
+        self.idle = limits["max_connections"]
+        self.answers: collections.Counter = collections.Counter()
+
+    def run(self) -> None:
+        sockets: list[socket.socket] = []
+        turn = 0
+        while not self.stop.is_set():
+            sockets = [s for s in sockets if not closed(s)]
+            sockets += [socket.create_connection(("127.0.0.1", self.port)) for _ in range(self.idle - len(sockets))]
+            name, payload = self.requests[turn % 2]
+            status, answer = call(self.port, "POST", "/translate", payload)
+            self.answers[f"{name}: {status}" + (f" ({answer['error'][:50]}...)" if status != 200 else "")] += 1
+            turn += 1
+        for s in sockets:
+            s.close()
+
+
+def closed(connection: socket.socket) -> bool:
+    """Whether the server has closed an idle socket (it reads as end of file)."""
+    connection.setblocking(False)
+    try:
+        return connection.recv(1) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+    finally:
+        connection.setblocking(True)
+
+
+class HealthProbe(threading.Thread):
+    """Asks /health every 0.2 s until stopped; keeps the slowest answer's seconds."""
+
+    def __init__(self, port: int):
+        super().__init__()
+        self.port, self.stop, self.slowest = port, threading.Event(), 0.0
+
+    def run(self) -> None:
+        while not self.stop.wait(0.2):
+            start = time.perf_counter()
+            call(self.port, "GET", "/health")
+            self.slowest = max(self.slowest, time.perf_counter() - start)
+
+
+def measure(port: int, lines: list[str], clients: int, search: dict, offline: float,
+            other: threading.Thread | None = None, name: str = "") -> list[str]:
+    """One row of the table: the load of ``clients``, beside ``other`` (a heavy or abusive client) if given."""
     batches_before = call(port, "GET", "/health")[1]["batches"]
-    heavy = HeavyClient(port, heavy_output) if heavy_output is not None else None
-    if heavy:
-        heavy.start()
+    probe = HealthProbe(port)
+    for thread in (other, probe):
+        if thread:
+            thread.start()
     seconds, latencies, statuses = run_clients(port, lines, clients, search)
-    if heavy:
-        heavy.stop.set()
-        heavy.join()
+    for thread in (other, probe):
+        if thread:
+            thread.stop.set()
+            thread.join()
     per_batch = len(lines) / (call(port, "GET", "/health")[1]["batches"] - batches_before)
     rate = len(lines) / seconds
     p50, p95 = (1000 * float(np.percentile(latencies, q)) for q in (50, 95))
     answers = ", ".join(f"{count} x {status}" for status, count in sorted(statuses.items()))
-    heavy_answers = "" if not heavy else "; ".join(f"{count} x {name}" for name, count in sorted(heavy.answers.items()))
-    if heavy and heavy.seconds:
-        heavy_answers += f"; {np.mean(heavy.seconds):.0f} s each"
-    return [f"{clients}{' + heavy' if heavy else ''}", f"{rate:,.1f}", f"{rate / offline:.0%}", f"{p50:,.0f}",
-            f"{p95:,.0f}", f"{per_batch:.1f}", answers, heavy_answers]
+    other_answers = "" if not other else "; ".join(f"{count} x {what}" for what, count in sorted(other.answers.items()))
+    if isinstance(other, HeavyClient) and other.seconds:
+        other_answers += f"; {np.mean(other.seconds):.0f} s each"
+    return [f"{clients}{f' + {name}' if other else ''}", f"{rate:,.1f}", f"{rate / offline:.0%}", f"{p50:,.0f}",
+            f"{p95:,.0f}", f"{per_batch:.1f}", f"{1000 * probe.slowest:,.0f}", answers, other_answers]
 
 
 def peak_rss(pid: int) -> int:
@@ -177,6 +272,9 @@ def main() -> None:
     parser.add_argument("--window-ms", type=float, default=5.0, help="the server's --batch-window-ms")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads(), help="torch threads (both sides)")
     parser.add_argument("--heavy", action="store_true", help="each load again beside a client of heavy requests")
+    parser.add_argument("--abusive", action="store_true",
+                        help="each load again beside a client of requests with controls at and beyond the caps, "
+                             "holding idle sockets")
     parser.add_argument("--serve-option", action="append", default=[], metavar="OPTION",
                         help="passed to `nmt serve` (repeat; e.g. --serve-option=--max-batch-memory=256)")
     args = parser.parse_args()
@@ -199,17 +297,23 @@ def main() -> None:
                             f"{model_name}, {args.threads} torch thread(s), {os.cpu_count()} CPU cores, "
                             f"batch window {args.window_ms:g} ms {' '.join(args.serve_option)}")
         for column in ("clients", "sentences/s", "of offline", "p50 latency ms", "p95 latency ms", "sentences/batch",
-                       "answers", "heavy client's answers"):
+                       "slowest /health ms", "answers", "other client's answers"):
             table.add_column(column, justify="right")
         table.add_row("offline (one call)", f"{offline:,.1f}", "100%", *[""] * (len(table.columns) - 3))
         process, port = start_server(Path(path), Path(tmp) / "serve.log", args.threads, args.window_ms,
                                      args.serve_option)
         try:
             info = call(port, "GET", "/info")[1]
+            targets = read_lines(args.data / "test_2016_flickr.de.gz")
+            others = {"": lambda: None}
+            if args.heavy:
+                others["heavy"] = lambda: HeavyClient(port, info["limits"]["max_output_length"])
+            if args.abusive:
+                others["abusive"] = lambda: AbusiveClient(port, info, translator, lines, targets)
             for clients in (int(c) for c in args.clients.split(",")):
-                for heavy_output in (None, info["limits"]["max_output_length"]) if args.heavy else (None,):
-                    table.add_row(*measure(port, lines, clients, search, offline, heavy_output))
-                    Console(stderr=True).print(f"done: {clients} clients{' and the heavy one' if heavy_output else ''}")
+                for name, other in others.items():
+                    table.add_row(*measure(port, lines, clients, search, offline, other(), name))
+                    Console(stderr=True).print(f"done: {clients} clients{f' and the {name} one' if name else ''}")
             peak = peak_rss(process.pid)
         finally:
             process.terminate()

@@ -14,6 +14,7 @@ from rich.console import Console
 
 from nmt.checkpoint.options import AverageOptions
 from nmt.commands import Group, command, run_app, sub_app
+from nmt.confinement import ALLOW_OUTSIDE_HELP, INPUT_DIR_HELP, OUTPUT_DIR_HELP, Confinement
 from nmt.data.preprocess import PreprocessOptions
 from nmt.export.options import ExportOptions
 from nmt.generation.options import GenerateOptions
@@ -108,12 +109,17 @@ def score(given: dict) -> None:
 @command(app, TrainConfig)
 def train(given: dict, config: Annotated[Optional[Path], typer.Option(
         help="YAML recipe: its `train:` section (keys = these options, with _), top-level `arch:`/`model:` and its "
-             "data directory (`data:` or `preprocess: destdir`). Options given here override it.")] = None) -> None:
+             "data directory (`data:` or `preprocess: destdir`). Options given here override it.")] = None,
+          output_dir: Annotated[Optional[Path], typer.Option(help=OUTPUT_DIR_HELP.format(what="--config"))] = None,
+          input_dir: Annotated[Optional[list[Path]], typer.Option(help=INPUT_DIR_HELP.format(what="--config"))] = None,
+          allow_outside: Annotated[bool, typer.Option(help=ALLOW_OUTSIDE_HELP.format(what="--config"))] = False
+          ) -> None:
     """Train a model on a preprocessed data directory; re-running the same command resumes. Several GPUs:
     --nproc N; several machines: torchrun --nnodes M --nproc-per-node N --rdzv-endpoint HOST:PORT -m nmt train"""
     from nmt.training.trainer import train as run_training
 
-    run_training(load_train_config(given, config))
+    confinement = Confinement(allow_outside, output_dir and str(output_dir), tuple(map(str, input_dir or [])))
+    run_training(load_train_config(given, config, confinement))
 
 
 @command(app, GenerateOptions)
@@ -171,13 +177,14 @@ def run(recipe: Annotated[Path, typer.Argument(metavar="RECIPE",
         stages: Annotated[str, typer.Option(help="Comma-separated stages to run.")] = ",".join(STAGES),
         dry_run: Annotated[bool, typer.Option(
             help="Check the whole recipe, print every stage's resolved options, and run nothing.")] = False,
-        allow_outside: Annotated[bool, typer.Option(
-            help="Let the recipe write outside its own directory and the working directory (absolute paths, ..): "
-                 "a recipe is then trusted like code.")] = False) -> None:
+        output_dir: Annotated[Optional[Path], typer.Option(help=OUTPUT_DIR_HELP.format(what="recipe"))] = None,
+        input_dir: Annotated[Optional[list[Path]], typer.Option(help=INPUT_DIR_HELP.format(what="recipe"))] = None,
+        allow_outside: Annotated[bool, typer.Option(help=ALLOW_OUTSIDE_HELP.format(what="recipe"))] = False) -> None:
     """Run a recipe's whole pipeline: preprocess -> train -> average -> generate -> score."""
     from nmt.pipeline import plan_recipe, run_plan
 
-    plan = plan_recipe(recipe, parse_stages(stages), allow_outside)
+    confinement = Confinement(allow_outside, output_dir and str(output_dir), tuple(map(str, input_dir or [])))
+    plan = plan_recipe(recipe, parse_stages(stages), confinement)
     if dry_run:
         typer.echo(plan.describe(), nl=False)
     else:

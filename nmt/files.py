@@ -91,7 +91,7 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", encoding: str | None 
     if kind is not None and stat.S_ISDIR(kind):
         raise NmtError(f"cannot write {shown}: it is a directory")
     if kind is not None and not stat.S_ISREG(kind):
-        with _reported(shown), open(path, mode, **({} if binary else {"encoding": encoding})) as handle:
+        with _reported(shown), open_in_place(path, mode, encoding) as handle:
             yield handle
         return
     tmp = None
@@ -112,6 +112,17 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", encoding: str | None 
                 os.unlink(tmp)
         raise
     fsync_dir(path.parent)
+
+
+def open_in_place(path: Path, mode: str, encoding: str | None) -> IO:
+    """A device or FIFO that ``path`` (symlinks resolved) named when it was looked at, opened for writing
+    without following a symlink planted since, and refused if it has become a regular file (which
+    atomic_write would replace, not write in place)."""
+    fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    if stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise NmtError(f"cannot write {path}: it was replaced by a regular file while being opened")
+    return os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": encoding}))
 
 
 def resolve_output(path: str | os.PathLike) -> Path:
@@ -165,12 +176,11 @@ def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
 
 def is_zip_file(path: Path) -> bool:
     """Whether ``path`` is a regular file that starts as a zip archive does: what torch.save writes
-    (checkpoints). Anything else is not opened: opening a FIFO to read would wait for a writer."""
+    (checkpoints). Opened without waiting (a FIFO would wait for a writer), then checked on its descriptor."""
     try:
-        if not stat.S_ISREG(path.stat().st_mode):
-            return False
-        with open(path, "rb") as handle:
-            return handle.read(4) == b"PK\x03\x04"
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO put there meanwhile: no wait
+        with os.fdopen(fd, "rb") as handle:
+            return stat.S_ISREG(os.fstat(fd).st_mode) and handle.read(4) == b"PK\x03\x04"
     except OSError:
         return False
 

@@ -6,15 +6,14 @@ next are filled in, so a typo in ``score:`` fails before preprocessing starts, n
 training. ``--dry-run`` prints that plan and stops. Missing sections are skipped; relative paths
 are taken from the current directory.
 
-A recipe writes only under its own directory or the working directory: an output path that is
-absolute elsewhere or climbs out with ``..`` (or a symlink) is refused when planning, unless
-``allow_outside`` (``nmt run --allow-outside``) says the recipe is trusted like code.
+A recipe reads and writes only under its own directory (or the directories the user names), and
+replaces only files it wrote itself (nmt/confinement.py): checked when planning, unless the
+recipe is trusted like code (``nmt run --allow-outside``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +24,7 @@ from rich.table import Table
 
 from nmt.checkpoint.names import BEST
 from nmt.checkpoint.options import AverageOptions
+from nmt.confinement import Confinement, path_values
 from nmt.data.corpus import SPLIT_KINDS, SplitFiles, find_splits, split_prefixes, text_file_names
 from nmt.data.meta import DatasetMeta, is_data_directory
 from nmt.data.preprocess import PreprocessOptions
@@ -36,6 +36,7 @@ from nmt.options import build, check_keys, flat_values
 from nmt.recipe import STAGES, data_dir, read_document, section, train_values
 from nmt.scoring import ScoreOptions
 from nmt.training.config import TrainConfig
+from nmt.written import record_written
 
 
 @dataclass
@@ -82,9 +83,9 @@ class PipelineReport:
         return table
 
 
-def plan_recipe(path: str | Path, stages: tuple[str, ...] = STAGES, allow_outside: bool = False) -> Plan:
+def plan_recipe(path: str | Path, stages: tuple[str, ...] = STAGES, confinement: Confinement = Confinement()) -> Plan:
     """Read and check the whole recipe: each section's options, with the paths between stages filled in,
-    and (unless ``allow_outside``) every output under the recipe's directory or the working directory."""
+    and every path the stages to run read or write within the places ``confinement`` allows."""
     unknown = set(stages) - set(STAGES)
     if unknown:
         raise NmtError(f"unknown stage(s) {', '.join(sorted(unknown))}; stages: {', '.join(STAGES)}")
@@ -159,8 +160,8 @@ def plan_recipe(path: str | Path, stages: tuple[str, ...] = STAGES, allow_outsid
         if missing:
             raise NmtError(f"{where}: --stages {','.join(missing)}: the recipe has no "
                            f"{' or '.join(f'`{stage}:`' for stage in missing)} section")
-    if not allow_outside:
-        keep_outputs_inside(plan, Path(path))
+    outputs = output_paths(plan)
+    confinement.check(Path(path), outputs, input_paths(plan, set(outputs)), file_outputs(plan))
     return plan
 
 
@@ -176,16 +177,25 @@ def output_paths(plan: Plan) -> dict[str, str]:
     return outputs
 
 
-def keep_outputs_inside(plan: Plan, recipe: Path) -> None:
-    """A recipe from elsewhere must not replace the user's files (``generate: output: ~/.bashrc``): its
-    outputs stay under its own directory or the working directory, symlinks resolved."""
-    roots = [Path(os.path.realpath(recipe.parent)), Path(os.path.realpath(os.getcwd()))]
-    for key, output in output_paths(plan).items():
-        resolved = Path(os.path.realpath(output))
-        if not any(resolved.is_relative_to(root) for root in roots):
-            raise NmtError(f"{recipe}: `{key}: {output}` is outside the recipe's directory and the working "
-                           "directory; a recipe writes only there unless `nmt run --allow-outside` (trust it "
-                           "like code)")
+def input_paths(plan: Plan, outputs: set[str]) -> dict[str, object]:
+    """What the stages to run read, by recipe key: their path options that are not outputs."""
+    inputs = {}
+    for stage in plan.stages:
+        options = getattr(plan, stage)
+        if options is not None:
+            inputs.update({f"{stage}: {key}": value for key, value in path_values(options).items()
+                           if f"{stage}: {key}" not in outputs and value is not None})
+    return inputs
+
+
+def file_outputs(plan: Plan) -> list[str]:
+    """The files the stages to run write whole (not directories): what may replace only their own earlier runs."""
+    files = []
+    if "average" in plan.stages and plan.average is not None:
+        files.append(plan.average.output)
+    if "generate" in plan.stages and plan.generate is not None:
+        files += [path for path in (plan.generate.output, plan.generate.print_attention) if path is not None]
+    return files
 
 
 def check_checkpoints_kept(train: TrainConfig, average: AverageOptions, where: str) -> None:
@@ -299,6 +309,7 @@ def run_plan(plan: Plan) -> PipelineReport:
         options = plan.average
         used = average(options.inputs, options.output, **options.selection())
         check_averaged(options.output, used)
+        record_written(options.output)  # after the check, which writes its record into the checkpoint
         return f"{options.output} (from {len(used)} checkpoints)"
 
     def run_generate() -> str:
@@ -307,6 +318,9 @@ def run_plan(plan: Plan) -> PipelineReport:
         if plan.average is not None and "average" not in plan.stages:
             warn_if_older_than_its_checkpoints(Path(plan.average.output), plan.average.inputs)
         generate(plan.generate)
+        for output in (plan.generate.output, plan.generate.print_attention):
+            if output is not None:
+                record_written(output)
         return str(plan.generate.output)
 
     def run_score() -> str:
@@ -322,5 +336,6 @@ def run_plan(plan: Plan) -> PipelineReport:
     return report
 
 
-def run_recipe(path: str | Path, stages: tuple[str, ...] = STAGES, allow_outside: bool = False) -> PipelineReport:
-    return run_plan(plan_recipe(path, stages, allow_outside))
+def run_recipe(path: str | Path, stages: tuple[str, ...] = STAGES, confinement: Confinement = Confinement()
+               ) -> PipelineReport:
+    return run_plan(plan_recipe(path, stages, confinement))

@@ -395,7 +395,7 @@ CASES = [
     ("run-no-stage", ["run", "bad/stages.yaml", "--stages", ","], "names no stage",
      setup({"bad/stages.yaml": "train: {}\n"})),
     ("run-output-climbs-out", ["run", "bad/climbs.yaml", "--stages", "generate"],
-     "`generate: output: ../outside.hyp` is outside the recipe's directory and the working directory",
+     "`generate: output: ../outside.hyp` is outside the recipe's directory; a recipe writes only there",
      setup({"bad/climbs.yaml": "generate: {input: text.en, path: model.pt, output: ../outside.hyp}\n"})),
     ("run-save-dir-elsewhere", ["run", "bad/elsewhere.yaml", "--dry-run"], "`train: save_dir: /nmt-elsewhere/ck` is "
      "outside",

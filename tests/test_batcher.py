@@ -12,6 +12,7 @@ import pytest
 from nmt.generation.options import SearchOptions
 from nmt.generation.search import Hypothesis, SearchStopped
 from nmt.serving.batcher import Batcher, QueueFull
+from nmt.serving.budget import NO_CONTROLS, ControlShape, control_bytes
 
 
 def source(token: int) -> np.ndarray:
@@ -19,15 +20,15 @@ def source(token: int) -> np.ndarray:
 
 
 class RowMemory:
-    """A batch takes a byte per row, whatever its lengths (see SearchMemory)."""
+    """A batch takes a byte per row, whatever its lengths, and its sentences' controls (see SearchMemory)."""
 
     @staticmethod
     def row(longest_output: int) -> int:
         return 1
 
     @staticmethod
-    def sentence(longest_source: int, beam: int) -> int:
-        return 0
+    def sentence(longest_source: int, beam: int, controls: ControlShape = NO_CONTROLS) -> int:
+        return control_bytes(controls, beam)
 
     def batch(self, output_limits: list[int], beam: int, longest_source: int) -> int:
         return beam * len(output_limits)
@@ -200,19 +201,20 @@ def test_a_light_request_does_not_wait_for_a_heavy_ones_turn():
     assert calls == [16, 15] and light[0][0].tokens == [2, 3]
 
 
-def test_controls_follow_their_sentences_into_a_shared_batch_and_across_turns():
-    """A request with controls batched with one without: the translate call gets one control per source,
-    None for the others; a request split over two turns keeps each sentence's own control."""
+def test_controls_follow_their_sentences_across_turns_in_batches_of_their_own():
+    """A request with controls is batched alone (its controls never pad another request's sentences):
+    the translate call gets one control per source, each sentence its own across turns; the plain
+    request's batch gets None."""
     from nmt.generation.constraints import SentenceControls
 
-    seen: list[list] = []
+    seen: list[list | None] = []
 
     def translate(sources, options, controls, should_stop):
         seen.append(controls)
         return [[Hypothesis([int(s[0]), 3], 0.0)] for s in sources]
 
     async def scenario():
-        batcher = batcher_of(translate, budget=12)  # RowMemory, beam 4: three sentences a batch
+        batcher = batcher_of(translate, budget=300)  # RowMemory and 120 bytes of controls a sentence: two a batch
         worker = asyncio.create_task(batcher.run())
         prefixed = [SentenceControls(prefix=[7]), None, SentenceControls(bans=[[9]]), SentenceControls(prefix=[8])]
         first = batcher.submit([source(1), source(2), source(3), source(4)], SearchOptions(), [10] * 4, prefixed)
@@ -221,9 +223,8 @@ def test_controls_follow_their_sentences_into_a_shared_batch_and_across_turns():
         worker.cancel()
 
     asyncio.run(scenario())
-    flat = [control for call in seen for control in (call or [None])]
-    assert seen[0] == [SentenceControls(prefix=[7]), None, SentenceControls(bans=[[9]])]
-    assert SentenceControls(prefix=[8]) in flat and flat.count(None) >= 2
+    assert seen == [[SentenceControls(prefix=[7]), None], None,
+                    [SentenceControls(bans=[[9]]), SentenceControls(prefix=[8])]]
 
 
 class LengthMemory:
@@ -234,7 +235,7 @@ class LengthMemory:
         return longest_output
 
     @staticmethod
-    def sentence(longest_source: int, beam: int) -> int:
+    def sentence(longest_source: int, beam: int, controls: ControlShape = NO_CONTROLS) -> int:
         return longest_source * beam
 
     def batch(self, output_limits: list[int], beam: int, longest_source: int) -> int:

@@ -15,7 +15,7 @@ from nmt.generation.ensemble import Ensemble
 from nmt.generation.options import SearchOptions
 from nmt.generation.search import beam_search
 from nmt.models.registry import build_model, get_arch, resolve_config
-from nmt.serving.budget import SearchMemory
+from nmt.serving.budget import ControlShape, SearchMemory
 
 
 def tiny_model(vocab: int, seed: int = 0, **shape) -> torch.nn.Module:
@@ -48,6 +48,18 @@ def test_a_sentence_holds_its_encoder_output_and_its_beams_cross_attention_score
     encoding = (6 * 32 + 64 + 4 * 10) * 10 * 4
     assert memory.sentence(10, 4) == kept + 4 * 4 * 4 * 10 + encoding == 25_280
     assert memory.sentence(10, 5) - memory.sentence(10, 4) == 4 * 4 * 10  # one more beam: its heads' scores
+
+
+def test_a_sentences_controls_count_their_ids_and_each_steps_work_on_them():
+    """Per sentence, padded to its batch's largest controls (8-byte ids): 2 bans of 3 pieces kept (the
+    phrases, their contexts and last pieces' columns: 3 ids a piece), and each step every beam row
+    compared with every ban (an id and 2 booleans a piece), twice for the temporaries; nothing without
+    controls."""
+    memory = SearchMemory(tiny_model(50, **SMALL), "fp32", "cpu")
+    assert memory.sentence_terms(10, 4)["controls"] == 0
+    bans = ControlShape(bans=2, ban_pieces=3)
+    assert memory.sentence(10, 4, bans) - memory.sentence(10, 4) == 3 * 2 * 3 * 8 + 2 * 4 * 2 * 3 * (8 + 2) == 624
+    assert memory.batch([16, 15], 4, 10, bans) == 190_112 + 2 * 624
 
 
 def test_a_batch_counts_each_sentences_rows_to_its_own_longest_output():

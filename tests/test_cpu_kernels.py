@@ -2,6 +2,7 @@
 torch's operations (nmt/backends/torch_backend.py)."""
 
 import ctypes
+import hashlib
 import logging
 import os
 import platform
@@ -293,19 +294,21 @@ def test_a_build_is_cached_and_reused(fresh_library, monkeypatch, tmp_path):
     assert built[0].stat().st_mtime_ns == stamp
 
 
+LOADS = [sys.executable, "-c",
+         "from nmt.backends import kernel_build; print(kernel_build.built_kernels()[0] is not None)"]
+
+
 @needs_kernels
 @pytest.mark.parametrize("damage", ["truncated", "another library"])
 def test_a_damaged_library_in_the_cache_is_built_again(tmp_path, damage):
     """Checked against the SHA-256 recorded beside it before it is loaded: loading a truncated one
     crashed the process (SIGBUS), another library fell back to torch's operations for good."""
     environment = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}
-    loads = [sys.executable, "-c",
-             "from nmt.backends import kernel_build; print(kernel_build.built_kernels()[0] is not None)"]
-    assert subprocess.run(loads, env=environment, capture_output=True, text=True).stdout.strip() == "True"
+    assert subprocess.run(LOADS, env=environment, capture_output=True, text=True).stdout.strip() == "True"
     [built] = (tmp_path / "nmt" / "kernels").glob("*.so")
     whole = built.read_bytes()
     built.write_bytes(whole[:4096] if damage == "truncated" else Path(sys.executable).read_bytes())
-    result = subprocess.run(loads, env=environment, capture_output=True, text=True)
+    result = subprocess.run(LOADS, env=environment, capture_output=True, text=True)
     assert result.returncode == 0 and result.stdout.strip() == "True", result.stderr
     assert built.read_bytes() == whole  # built again, not torch's operations for good
 
@@ -409,3 +412,99 @@ def test_the_attention_kernels_plain_loops_give_what_their_avx512_path_gives(tmp
     expected = KERNELS.grouped_attention(keys, values, allowed, grouped_query)
     torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5, equal_nan=True)
     assert expected.view(rows, heads, 64)[3, 1].isnan().all() and expected.isnan().sum() == 64
+
+
+PLANTED = """#include <stdio.h>
+#include <stdlib.h>
+__attribute__((constructor)) static void planted(void) {
+    FILE *f = fopen(getenv("NMT_PLANTED_MARKER"), "w");
+    if (f) fclose(f);
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def built_with_a_loose_umask(tmp_path_factory):
+    """The kernels built into a fresh cache under umask 002 (a group-writable default): (cache, library)."""
+    root = tmp_path_factory.mktemp("kernel-cache")
+    environment = {**os.environ, "XDG_CACHE_HOME": str(root / "cache"), "TMPDIR": str(root)}
+    code = "import os; os.umask(0o002); " + LOADS[2]
+    result = subprocess.run([sys.executable, "-c", code], env=environment, capture_output=True, text=True)
+    assert result.stdout.strip() == "True", result.stderr
+    [library] = (root / "cache" / "nmt" / "kernels").glob("*.so")
+    return root / "cache", library
+
+
+def planted_library(directory: Path) -> Path:
+    """A library that, once loaded, leaves a file where $NMT_PLANTED_MARKER says: another user's code."""
+    source = directory / "planted.c"
+    source.write_text(PLANTED)
+    library = directory / "planted.so"
+    subprocess.run([*kernel_build.find_compiler(), "-shared", "-fPIC", str(source), "-o", str(library)], check=True,
+                   timeout=120)
+    return library
+
+
+def private_copy(library: Path, directory: Path) -> None:
+    """The built library, whole, in a cache directory of this user's alone."""
+    directory.mkdir(mode=0o700, parents=True)
+    shutil.copy(library, directory / library.name)
+    shutil.copy(library.with_name(library.name + ".sha256"), directory / (library.name + ".sha256"))
+
+
+def loads_with(cache: Path, temporary: Path, marker: Path) -> subprocess.CompletedProcess:
+    environment = {**os.environ, "XDG_CACHE_HOME": str(cache), "TMPDIR": str(temporary),
+                   "NMT_PLANTED_MARKER": str(marker)}
+    return subprocess.run(LOADS, env=environment, capture_output=True, text=True)
+
+
+@needs_kernels
+def test_the_cache_is_made_private_whatever_the_umask(built_with_a_loose_umask):
+    cache, library = built_with_a_loose_umask
+    for path in (cache / "nmt", cache / "nmt" / "kernels", library):
+        assert os.stat(path).st_mode & 0o077 == 0, path  # neither group nor others may write (or read) there
+
+
+@needs_kernels
+@pytest.mark.parametrize("how", ["a cache others may write into", "a symlink in place of the library"])
+def test_a_library_that_another_user_could_have_put_there_is_never_loaded(built_with_a_loose_umask, tmp_path, how):
+    """Its SHA-256 beside it matches (anyone who can write the file can write that too): the owner, the
+    mode and the file itself (not a symlink) are what is checked; the library is then taken from the
+    private directory in the temporary one."""
+    _, library = built_with_a_loose_umask
+    planted, marker = planted_library(tmp_path), tmp_path / "ran"
+    kernels = tmp_path / "cache" / "nmt" / "kernels"
+    private_copy(library, kernels)
+    if how == "a cache others may write into":
+        shutil.copy(planted, kernels / library.name)
+        kernels.chmod(0o777)
+    else:
+        (kernels / library.name).unlink()
+        (kernels / library.name).symlink_to(planted)
+    (kernels / (library.name + ".sha256")).write_text(hashlib.sha256(planted.read_bytes()).hexdigest())
+    private_copy(library, tmp_path / f"nmt-kernels-{os.getuid()}")
+    result = loads_with(tmp_path / "cache", tmp_path, marker)
+    assert result.stdout.strip() == "True", result.stderr
+    assert not marker.exists()
+
+
+@needs_kernels
+def test_the_library_is_hashed_and_loaded_from_one_descriptor(monkeypatch, tmp_path, built_with_a_loose_umask):
+    """Replaced between the hash and the load, a library by path would be another file: loaded through
+    its descriptor, it is the file that was hashed."""
+    _, library = built_with_a_loose_umask
+    private_copy(library, tmp_path / "kernels")
+    planted = planted_library(tmp_path)
+    hashed = kernel_build.sha256_of
+
+    def then_replaced(fd):
+        digest = hashed(fd)
+        os.replace(planted, tmp_path / "kernels" / library.name)  # by another process, say
+        return digest
+
+    monkeypatch.setattr(kernel_build, "sha256_of", then_replaced)
+    descriptor = kernel_build.private_directory(tmp_path / "kernels")
+    found = kernel_build.open_whole(descriptor, library.name)
+    os.close(descriptor)
+    assert found is not None
+    assert Kernels(kernel_build.load_library(found)).functions  # the kernels, not the plant

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import stat
+from pathlib import Path
 
 import pytest
 
@@ -72,3 +73,45 @@ def test_atomic_directory_where_no_directory_can_be_made_is_one_line(tmp_path):
         with atomic_directory(tmp_path / "file" / "out"):
             pass
     assert (tmp_path / "file").read_text() == "x"
+
+
+def test_a_symlink_planted_after_the_look_at_a_fifo_is_not_followed(tmp_path, monkeypatch):
+    """A FIFO (or device) is written in place; a symlink put in its stead between the look and the open
+    would have sent the write to the file it points at."""
+    precious = tmp_path / "precious.txt"
+    precious.write_text("the user's\n")
+    target = tmp_path / "out.fifo"
+    os.mkfifo(target)
+    real_stat = Path.stat
+
+    def looked_then_swapped(path, *args, **kwargs):
+        info = real_stat(path, *args, **kwargs)
+        if path == target and stat.S_ISFIFO(info.st_mode):
+            path.unlink()
+            path.symlink_to(precious)
+        return info
+
+    monkeypatch.setattr(Path, "stat", looked_then_swapped)
+    with pytest.raises(NmtError, match=f"cannot write {target}"):
+        with atomic_write(target) as handle:
+            handle.write("x\n")
+    assert precious.read_text() == "the user's\n"
+
+
+def test_a_fifo_put_where_a_checkpoint_was_seen_does_not_block(tmp_path, monkeypatch):
+    """Looked at as a file, then replaced by a FIFO: opening that to read by name would wait for a writer."""
+    import threading
+
+    from nmt.files import is_zip_file
+
+    checkpoint = tmp_path / "model.pt"
+    checkpoint.write_bytes(b"PK\x03\x04")
+    seen = os.stat(checkpoint)
+    checkpoint.unlink()
+    os.mkfifo(checkpoint)
+    monkeypatch.setattr(Path, "stat", lambda path, *args, **kwargs: seen)  # what the look found, before the swap
+    answers = []
+    looker = threading.Thread(target=lambda: answers.append(is_zip_file(checkpoint)), daemon=True)
+    looker.start()
+    looker.join(10)
+    assert answers == [False]  # opened without waiting, then seen on its descriptor to be no file

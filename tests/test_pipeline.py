@@ -8,6 +8,7 @@ from conftest import MULTI30K, run_cli, run_nmt
 
 import nmt.training.decoding_check as decoding_check
 from nmt.checkpoint.format import load_checkpoint
+from nmt.confinement import Confinement
 from nmt.data.preprocess import PreprocessOptions, preprocess
 from nmt.demo import demo_recipe
 from nmt.demo_data import write_demo_corpus
@@ -144,7 +145,8 @@ def test_train_config_takes_the_recipes_data_dir(tiny_data_dir, tmp_path, monkey
                        "destdir": str(tiny_data_dir)},
         "arch": "transformer_tiny", "model": {"dropout": 0.0},
         "train": {"save_dir": str(save_dir), "max_update": 1, "max_tokens": 1000, "device": "cpu"}}))
-    code, _, err = run_cli(monkeypatch, capsys, "train", "--config", recipe, "--seed", "5", "-q")
+    code, _, err = run_cli(monkeypatch, capsys, "train", "--config", recipe, "--seed", "5", "--input-dir",
+                           tiny_data_dir, "-q")
     assert code == 0, err
     written = yaml.safe_load((save_dir / "config.yaml").read_text())
     assert written["train"]["data"] == str(tiny_data_dir) and written["train"]["seed"] == 5
@@ -166,7 +168,7 @@ def test_the_multi30k_recipe_starts(tmp_path):
     path = tmp_path / "recipe.yaml"
     path.write_text(yaml.safe_dump(recipe), encoding="utf-8")
 
-    report = run_recipe(path, ("preprocess", "train"))
+    report = run_recipe(path, ("preprocess", "train"), Confinement(input_dirs=(str(MULTI30K),)))
 
     assert report.results["train"].startswith("2 updates")
     checkpoint = load_checkpoint(tmp_path / "checkpoints" / "checkpoint_last.pt")

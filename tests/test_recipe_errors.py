@@ -12,8 +12,10 @@ import pytest
 import yaml
 from conftest import assert_one_line_error, make_data_dir, numbers_pairs, run_cli, run_nmt
 
+from nmt.confinement import Confinement
 from nmt.errors import NmtError
 from nmt.pipeline import plan_recipe
+from nmt.written import record_written
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 
@@ -152,7 +154,8 @@ def test_dry_run_prints_every_stage_resolved_and_runs_nothing(recipe, tmp_path, 
 
 @pytest.mark.parametrize("path", sorted(RECIPES.glob("*.yaml")), ids=lambda path: path.name)
 def test_shipped_recipes_are_valid(path):
-    plan = plan_recipe(path, ("train", "average", "generate"))  # preprocess and score need the raw corpus
+    plan = plan_recipe(path, ("train", "average", "generate"),  # preprocess and score need the raw corpus
+                       Confinement(allow_outside=True))  # their paths are taken from the checkout's root
     assert plan.train.data == plan.preprocess.destdir == plan.generate.data  # the data dir is named once
 
 
@@ -174,7 +177,7 @@ def test_a_recipe_without_validation_cannot_generate_from_the_best_checkpoint(re
     code, out, err = run_cli(monkeypatch, capsys, "run", path)
     assert code == 1 and out == ""
     assert_one_line_error(err, "`generate:` uses checkpoint_best.pt, which training writes only when it validates")
-    document["generate"]["path"] = "elsewhere.pt"  # a model of the user's own: fine
+    document["generate"]["path"] = str(path.parent / "elsewhere.pt")  # a model of the user's own: fine
     path.write_text(yaml.safe_dump(document), encoding="utf-8")
     plan_recipe(path)
 
@@ -199,3 +202,85 @@ def test_scoring_the_translation_of_an_input_file_needs_its_reference(recipe, tm
     document["score"]["ref"] = [str(tmp_path / "raw" / "valid.de")]
     path.write_text(yaml.safe_dump(document), encoding="utf-8")
     assert plan_recipe(path).score.ref == [str(tmp_path / "raw" / "valid.de")]
+
+
+@pytest.fixture()
+def home(tmp_path, monkeypatch):
+    """A user's home with a file of theirs and a secret, as the working directory; a downloaded recipe's directory."""
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".bashrc").write_text("the user's\n")
+    (home / ".ssh" / "id_ed25519").write_text("secret\n")
+    (tmp_path / "downloads").mkdir()
+    monkeypatch.chdir(home)
+    return home
+
+
+def write_recipe(path, generate: dict):
+    path.write_text(yaml.safe_dump({"generate": {"path": "model.pt", **generate}}), encoding="utf-8")
+    return path
+
+
+def test_a_recipe_run_from_home_does_not_write_there(home, tmp_path, monkeypatch, capsys):
+    """The working directory is not a place of the recipe's: the forced prefix would start every line of .bashrc."""
+    downloads = tmp_path / "downloads"
+    recipe = write_recipe(downloads / "evil.yaml", {"input": str(downloads / "text.en"), "prefix": str(downloads / "p"),
+                                                    "output": ".bashrc"})
+    code, out, err = run_cli(monkeypatch, capsys, "run", recipe, "--stages", "generate", "--dry-run")
+    assert code == 1 and out == ""
+    assert_one_line_error(err, "`generate: output: .bashrc` is outside the recipe's directory; a recipe writes only "
+                               "there unless you name a directory with `nmt run --output-dir DIR` or trust it like "
+                               "code with `--allow-outside`")
+    code, _, err = run_cli(monkeypatch, capsys, "run", recipe, "--stages", "generate", "--dry-run", "--output-dir",
+                           str(home), "--input-dir", str(tmp_path / "downloads"))
+    assert code == 1  # named as a place, but .bashrc is not a file nmt wrote
+    assert_one_line_error(err, "evil.yaml: .bashrc exists and `nmt run` did not write it")
+    assert (home / ".bashrc").read_text() == "the user's\n"
+
+
+def test_a_recipe_replaces_only_the_files_it_wrote(home, monkeypatch, capsys):
+    recipe = write_recipe(home / "recipe.yaml", {"input": "text.en", "output": str(home / ".bashrc")})
+    code, _, err = run_cli(monkeypatch, capsys, "run", recipe, "--stages", "generate", "--dry-run")
+    assert code == 1
+    assert_one_line_error(err, f"{home / '.bashrc'} exists and `nmt run` did not write it; a recipe replaces only its "
+                               "own outputs: remove it, choose another path, or trust the recipe like code with "
+                               "`--allow-outside`")
+    assert run_cli(monkeypatch, capsys, "run", recipe, "--stages", "generate", "--dry-run", "--allow-outside")[0] == 0
+    translations = home / "test.hyp"
+    write_recipe(recipe, {"input": "text.en", "output": str(translations)})
+    translations.write_text("an earlier run's\n")
+    record_written(translations)  # as `nmt run` does after its generate stage
+    assert run_cli(monkeypatch, capsys, "run", recipe, "--stages", "generate", "--dry-run")[0] == 0
+    translations.write_text("edited since\n")
+    assert run_cli(monkeypatch, capsys, "run", recipe, "--stages", "generate", "--dry-run")[0] == 1
+
+
+def test_a_recipe_reads_only_inside_its_places(home, tmp_path, monkeypatch, capsys):
+    """Else it translates the user's secret into its own directory."""
+    recipe = write_recipe(tmp_path / "downloads" / "evil.yaml",
+                          {"input": str(home / ".ssh" / "id_ed25519"), "path": str(tmp_path / "downloads" / "m.pt"),
+                           "output": str(tmp_path / "downloads" / "out.hyp")})
+    code, _, err = run_cli(monkeypatch, capsys, "run", recipe, "--stages", "generate", "--dry-run")
+    assert code == 1
+    assert_one_line_error(err, f"`generate: input: {home / '.ssh' / 'id_ed25519'}` is outside the recipe's directory; "
+                               "a recipe reads only there unless you name a directory with `nmt run --input-dir DIR`")
+    assert run_cli(monkeypatch, capsys, "run", recipe, "--stages", "generate", "--dry-run", "--input-dir",
+                   str(home / ".ssh"))[0] == 0
+
+
+def test_a_train_config_writes_only_inside_its_places(home, tmp_path, monkeypatch, capsys):
+    """`nmt train --config` applied no confinement: its save dir (config.yaml, checkpoints) went anywhere."""
+    make_data_dir(tmp_path / "downloads" / "data", {"train": numbers_pairs(40, seed=0)})
+    config = tmp_path / "downloads" / "train.yaml"
+    config.write_text(yaml.safe_dump({"data": str(tmp_path / "downloads" / "data"), "arch": "transformer_tiny",
+                                      "train": {"save_dir": str(home), "max_update": 1, "device": "cpu",
+                                                "valid_subset": "none"}}), encoding="utf-8")
+    code, _, err = run_cli(monkeypatch, capsys, "train", "--config", config, "-q")
+    assert code == 1
+    assert_one_line_error(err, f"`train: save_dir: {home}` is outside the config file's directory; a config file "
+                               "writes only there unless you name a directory with `nmt train --output-dir DIR`")
+    assert sorted(path.name for path in home.iterdir()) == [".bashrc", ".ssh"]
+    inside = tmp_path / "downloads" / "run"
+    code, _, err = run_cli(monkeypatch, capsys, "train", "--config", config, "--save-dir", inside, "-q")  # the user's
+    assert code == 0, err
+    assert (inside / "checkpoint_last.pt").exists()

@@ -333,7 +333,8 @@ def test_a_heavy_request_is_translated_in_batches_that_fit_the_memory_budget(che
     assert per_batch in (2, 3)
     expected = translator.translate(sentences, **HEAVY)
     for address in run_server(checkpoint, tmp_path_factory, "--max-batch-memory", str(budget_mib),
-                              "--max-output-length", "200", "--max-characters", "80"):
+                              "--max-output-length", "200", "--max-characters", "80",
+                              "--max-constraints", "0", "--max-bans", "0"):  # no room for controls' memory
         status, answer = request(address, "POST", "/translate", {"text": sentences, **HEAVY})
         assert status == 200 and answer["translations"] == expected
         assert health(address)["batches"] == math.ceil(8 / per_batch)
@@ -399,26 +400,111 @@ def test_a_body_that_does_not_arrive_in_time_gets_408(checkpoint, tmp_path_facto
         assert request(address, "POST", "/translate", {"text": ["five"]})[0] == 200
 
 
-def test_connections_beyond_the_limit_get_503(checkpoint, tmp_path_factory):
-    for address in run_server(checkpoint, tmp_path_factory, "--max-connections", "2"):
-        idle = [socket.create_connection(address, timeout=GIVE_UP) for _ in range(2)]  # accepted before the next
-        try:
-            connection = http.client.HTTPConnection(*address, timeout=GIVE_UP)
-            connection.request("GET", "/health", headers={"Authorization": f"Bearer {KEY}"})
-            assert connection.getresponse().status == 503
-            connection.close()
-        finally:
-            for client in idle:
-                client.close()
-        deadline = time.monotonic() + GIVE_UP
-        while request(address, "GET", "/health")[0] != 200:  # once the server has seen them close
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+def raw_request(address, method: str, path: str, body: bytes | None = None, **headers: str) -> tuple[int, dict]:
+    """A request with exactly these headers (``Content_Type`` is sent as Content-Type), and its JSON answer."""
+    connection = http.client.HTTPConnection(*address, timeout=GIVE_UP)
+    try:
+        connection.request(method, path, body=body, headers={k.replace("_", "-"): v for k, v in headers.items()})
+        response = connection.getresponse()
+        return response.status, json.loads(response.read())
+    finally:
+        connection.close()
+
+
+HEAD = (b"POST /translate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nAuthorization: Bearer " +
+        KEY.encode() + b"\r\nContent-Length: 100\r\n\r\n")
+
+
+def test_requests_beyond_max_connections_get_a_json_503_and_health_still_answers(checkpoint, tmp_path_factory):
+    for address in run_server(checkpoint, tmp_path_factory, "--max-connections", "1", "--body-timeout", "60"):
+        with socket.create_connection(address, timeout=GIVE_UP) as slow:
+            slow.sendall(HEAD + b'{"text"')  # a request whose body is still coming
+            deadline = time.monotonic() + GIVE_UP
+            while (answer := request(address, "POST", "/translate", {"text": ["five"]}))[0] == 200:
+                assert time.monotonic() < deadline  # until the server has the slow request
+                time.sleep(0.05)
+            assert answer == (503, {"error": "1 requests are being handled (the server's --max-connections); "
+                                              "retry later"})
+            assert request(address, "GET", "/health")[0] == 200
+
+
+def test_idle_connections_are_closed_and_never_refuse_a_request(checkpoint, tmp_path_factory):
+    """uvicorn waited for ever for a first request: idle sockets held the connection limit (503 for all)."""
+    for address in run_server(checkpoint, tmp_path_factory, "--max-connections", "2", "--idle-timeout", "2"):
+        opened = time.monotonic()
+        idle = [socket.create_connection(address, timeout=10) for _ in range(2)]
+        trickled = socket.create_connection(address, timeout=10)
+        for byte in HEAD[:10]:  # a head a byte at a time: each byte used to reset uvicorn's keep-alive timer
+            trickled.sendall(bytes([byte]))
+            time.sleep(0.1)
+        assert request(address, "POST", "/translate", {"text": ["five"]})[0] == 200
+        for client in idle + [trickled]:
+            assert client.recv(1) == b""  # closed by the server
+            client.close()
+        assert 2 <= time.monotonic() - opened < 9
+        crowd = [socket.create_connection(address, timeout=10) for _ in range(9)]  # 4 x --max-connections, and one
+        start = time.monotonic()
+        assert crowd[-1].recv(1) == b"" and time.monotonic() - start < 1.5  # closed at once
+        for client in crowd:
+            client.close()
+        time.sleep(0.2)  # the server sees them close
+        assert request(address, "GET", "/health")[0] == 200
+
+
+def test_a_client_that_leaves_while_sending_its_body_leaves_no_traceback(server):
+    for _ in range(3):
+        with socket.create_connection(server, timeout=GIVE_UP) as client:
+            client.sendall(HEAD + b'{"text"')
+            time.sleep(0.2)
+    time.sleep(1)  # the server sees the connections close
+    assert request(server, "GET", "/health")[0] == 200
+    log = server.log.read_text(encoding="utf-8")
+    assert "Traceback" not in log and "failed" not in log, log
+
+
+def test_a_body_not_declared_as_json_gets_415(server):
+    """A web page may POST text/plain (or a form) without a CORS preflight; JSON needs one."""
+    body = json.dumps({"text": ["five"]}).encode()
+    for content_type in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x", ""):
+        status, answer = raw_request(server, "POST", "/translate", body, Authorization=f"Bearer {KEY}",
+                                     **({"Content_Type": content_type} if content_type else {}))
+        assert status == 415 and answer["error"].startswith("send the body as Content-Type: application/json"), answer
+    assert raw_request(server, "POST", "/translate", body, Authorization=f"Bearer {KEY}",
+                       Content_Type="Application/JSON; charset=utf-8")[0] == 200
+
+
+def test_requests_from_a_web_page_of_another_origin_are_refused(server):
+    body = json.dumps({"text": ["five"]}).encode()
+    own = f"http://127.0.0.1:{server[1]}"
+    for origin in ("http://attacker.test", "null", "http://127.0.0.1:1", f"{own}.attacker.test"):
+        for method, path, payload in (("POST", "/translate", body), ("GET", "/info", None)):
+            status, answer = raw_request(server, method, path, payload, Authorization=f"Bearer {KEY}",
+                                         Content_Type="application/json", Origin=origin)
+            assert status == 403 and "another origin" in answer["error"], (origin, answer)
+    assert raw_request(server, "POST", "/translate", body, Authorization=f"Bearer {KEY}",
+                       Content_Type="application/json", Origin=own)[0] == 200
+
+
+def test_without_a_key_only_requests_to_a_loopback_name_are_answered(checkpoint, tmp_path_factory):
+    """DNS rebinding: a page of attacker.test, its name pointed at 127.0.0.1, is its own origin."""
+    body = json.dumps({"text": ["five"]}).encode()
+    for address in run_server(checkpoint, tmp_path_factory, env={}):
+        port = address[1]
+        status, answer = raw_request(address, "POST", "/translate", body, Content_Type="text/plain",
+                                     Origin=f"http://attacker.test:{port}", Host=f"attacker.test:{port}")  # the issue's
+        assert status == 403 and "is not a loopback name" in answer["error"]
+        for method, path, payload in (("GET", "/info", None), ("GET", "/health", None), ("POST", "/translate", body)):
+            status, _ = raw_request(address, method, path, payload, Content_Type="application/json",
+                                    Host=f"attacker.test:{port}", Origin=f"http://attacker.test:{port}")
+            assert status == 403
+        for host in (f"localhost:{port}", f"127.0.0.1:{port}", f"[::1]:{port}", "localhost"):
+            assert raw_request(address, "POST", "/translate", body, Content_Type="application/json", Host=host,
+                               Origin=f"http://{host}")[0] == 200, host
 
 
 def test_the_body_limit_is_the_one_the_docs_give(server):
     """docs/serving.md: a body over 12 x --max-characters + 64 KiB is refused before it is read."""
-    from nmt.serving.server import BODY_BYTES_PER_CHARACTER, BODY_SLACK
+    from nmt.serving.request import BODY_BYTES_PER_CHARACTER, BODY_SLACK
 
     docs = (Path(__file__).resolve().parents[1] / "docs" / "serving.md").read_text(encoding="utf-8")
     per_character, slack_kib = map(int,
@@ -475,7 +561,7 @@ def test_a_first_signal_lets_requests_finish_and_a_second_ends_at_once_without_t
 
 
 def test_option_errors_name_the_request_fields_whole_flags_only():
-    from nmt.serving.server import in_request_terms
+    from nmt.serving.request import in_request_terms
 
     assert in_request_terms("--lenpen-style x; --lenpen 1; --nbest must be between 1 and --beam; --max-beam 16") == \
         '"lenpen_style" x; "lenpen" 1; "nbest" must be between 1 and "beam"; --max-beam 16'
@@ -500,3 +586,56 @@ def test_ctrl_c_stops_the_server_with_its_line_and_130(checkpoint, tmp_path):
     text = log.read_text()
     assert "Ctrl-C: stopping once the requests in progress are answered" in text and "Traceback" not in text
     assert text.endswith("interrupted\n")
+
+
+def test_a_batch_is_searched_on_every_torch_thread(checkpoint, monkeypatch):
+    """One part per thread, as `nmt generate`'s workers: given whole, a batch ran on one of them."""
+    import threading
+
+    import torch
+
+    import nmt.generation.inference as inference
+    from nmt.generation.inference import encode_sources
+    from nmt.generation.options import BatchingOptions
+    from nmt.serving.server import batch_translator
+
+    translator = Translator.from_checkpoint(checkpoint, device="cpu")
+    searched_on, search = set(), inference.beam_search
+
+    def recorded(*args, **kwargs):
+        searched_on.add(threading.get_ident())
+        return search(*args, **kwargs)
+
+    monkeypatch.setattr(inference, "beam_search", recorded)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    sources = encode_sources(translator.vocabs, [f"number {i}" for i in range(8)])
+    search_options, _ = translator.options(max_len_b=5)
+    hypotheses = batch_translator(translator)(sources, search_options, None, lambda: False)
+    assert [h[0].tokens for h in hypotheses] == [h[0].tokens for h in inference.translate_ids(
+        translator.model, sources, translator.request(search_options, BatchingOptions()))]
+    assert len(searched_on) == 2
+
+
+def test_a_ctrl_c_right_after_the_serving_line_stops_the_server_in_two_steps_too(checkpoint, tmp_path):
+    """uvicorn handles signals once started: one between the line and that (here, a slow start) was a
+    KeyboardInterrupt in the middle of its start, with tracebacks."""
+    import signal
+
+    code = ("import sys, time, uvicorn\nrun = uvicorn.Server.run\n"
+            "def slow(self, *args, **kwargs):\n    time.sleep(1.5)\n    return run(self, *args, **kwargs)\n"
+            "uvicorn.Server.run = slow\nfrom nmt.cli import main\n"
+            f"sys.argv = ['nmt', 'serve', '--path', {str(checkpoint)!r}, '--port', '0']\nmain()\n")
+    log = tmp_path / "stderr.txt"
+    with open(log, "w") as stderr:
+        process = subprocess.Popen([sys.executable, "-c", code], stderr=stderr, stdout=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + GIVE_UP
+        while "serving " not in log.read_text() and time.monotonic() < deadline:
+            assert process.poll() is None, log.read_text()
+            time.sleep(0.05)
+        process.send_signal(signal.SIGINT)
+        assert process.wait(GIVE_UP) == 130
+    finally:
+        process.kill()
+    text = log.read_text()
+    assert "Ctrl-C: stopping once the requests in progress are answered" in text and "Traceback" not in text, text

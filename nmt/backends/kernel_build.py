@@ -5,6 +5,13 @@ clang, into a cache directory, once per source, compiler and CPU, and found ther
 Decoding builds them when a model is first prepared for it on a CPU (one log line says so; it
 takes seconds to a minute); ``nmt build-kernels`` builds them ahead. Without a compiler, decoding
 uses PyTorch's operations (nmt/backends/torch_backend.py), with the same translations in fp32.
+
+A library in the cache is code that this process runs. So a cache directory must be this user's
+alone: created 0700, and checked on a descriptor of it (not a symlink, owned by this user, written
+by nobody else). A library in it is opened once, without following a symlink, checked the same
+way, hashed from that descriptor against the SHA-256 recorded beside it (a damaged one could crash
+the process: the record proves integrity, the owner and mode authorship), and loaded from that
+same descriptor: nothing can be swapped in between the check and the load.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from nmt.log import logger
 FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fassociative-math",
          "-fno-signed-zeros", "-shared", "-fPIC"]
 COMPILE_SECONDS = 120
+_loaded_descriptors: list[int] = []  # kept open: a library's /proc/self/fd name must never name another file
 
 
 @functools.cache
@@ -41,13 +49,9 @@ def built_kernels() -> tuple[Kernels | None, str]:
         compiler = find_compiler()
         if compiler is None:
             return None, "no C compiler to build nmt's kernels, which decode faster: install gcc or clang, or set CC"
-        return load(built(compiler)), ""
+        return Kernels(built(compiler)[0]), ""
     except Exception as exc:  # noqa: BLE001 - whatever stops the build (a failed compile, no cache), torch's do
         return None, "nmt's kernels could not be built: " + " ".join(str(exc).split())[:300]
-
-
-def load(path: Path) -> Kernels:
-    return Kernels(ctypes.CDLL(str(path)))
 
 
 def build_ahead() -> str:
@@ -55,8 +59,8 @@ def build_ahead() -> str:
     compiler = find_compiler()
     if compiler is None:
         raise NmtError("no C compiler to build nmt's kernels: install gcc or clang, or set CC")
-    path = built(compiler)
-    return f"nmt's C kernels for this CPU ({load(path).describe()}): {path}"
+    library, path = built(compiler)
+    return f"nmt's C kernels for this CPU ({Kernels(library).describe()}): {path}"
 
 
 def find_compiler() -> list[str] | None:
@@ -77,45 +81,51 @@ def find_compiler() -> list[str] | None:
     return None
 
 
-def built(compiler: list[str]) -> Path:
-    """The shared library for this source, compiler and CPU: from the cache when it is there whole
-    (its SHA-256 as recorded beside it: loading a damaged one could crash the process), else built."""
+def library_name(compiler: list[str]) -> str:
+    """The library's file name: one per source, compiler and CPU."""
     version = subprocess.run([*compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
     key = hashlib.sha256("\0".join([SOURCE.read_text(), *compiler, version, " ".join(FLAGS), platform.machine(),
                                     cpu_description()]).encode()).hexdigest()[:16]
-    name = f"cpu_kernels-{key}.so"
-    directories = cache_directories()
-    for directory in directories:
-        target = directory / name
-        if is_whole(target) and (directory != directories[-1] or is_private(directory)):
-            logger.debug("nmt's C kernels: %s", target)  # the usual case: said with -v
-            return target
-    directory = writable_cache_directory(directories)
-    target = directory / name
-    logger.info("building nmt's C kernels with %s into %s (once per compiler and CPU, up to a minute; "
-                "`nmt build-kernels` builds them ahead)", " ".join(compiler), directory)
-    with tempfile.TemporaryDirectory(dir=directory) as work:  # another process may build it at the same time
-        library_file = Path(work) / name
-        result = subprocess.run([*compiler, *FLAGS, str(SOURCE), "-o", str(library_file), "-lm"],
-                                capture_output=True, text=True, timeout=COMPILE_SECONDS)
-        if result.returncode != 0 or not library_file.exists():
-            raise OSError(result.stderr or f"{' '.join(compiler)} exited with {result.returncode} and no library")
-        digest = Path(work) / (name + ".sha256")
-        digest.write_text(sha256_of(library_file))
-        os.replace(library_file, target)
-        os.replace(digest, target.with_name(name + ".sha256"))
-    return target
+    return f"cpu_kernels-{key}.so"
 
 
-def sha256_of(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def is_whole(path: Path) -> bool:
+def built(compiler: list[str]) -> tuple[ctypes.CDLL, Path]:
+    """The shared library for this source, compiler and CPU, loaded, and its path: from a cache directory
+    when it is there whole and this user's alone, else built into the first such directory."""
+    name = library_name(compiler)
+    for directory in cache_directories():
+        try:
+            descriptor = private_directory(directory)
+        except OSError:
+            continue
+        try:
+            found = open_whole(descriptor, name)
+        finally:
+            os.close(descriptor)
+        if found is not None:
+            logger.debug("nmt's C kernels: %s", directory / name)  # the usual case: said with -v
+            return load_library(found), directory / name
+    directory, descriptor = writable_cache_directory(cache_directories())
     try:
-        return path.with_name(path.name + ".sha256").read_text().strip() == sha256_of(path)
-    except OSError:
-        return False
+        logger.info("building nmt's C kernels with %s into %s (once per compiler and CPU, up to a minute; "
+                    "`nmt build-kernels` builds them ahead)", " ".join(compiler), directory)
+        with tempfile.TemporaryDirectory(dir=directory) as work:  # another process may build it at the same time
+            library_file = Path(work) / name
+            result = subprocess.run([*compiler, *FLAGS, str(SOURCE), "-o", str(library_file), "-lm"],
+                                    capture_output=True, text=True, timeout=COMPILE_SECONDS)
+            if result.returncode != 0 or not library_file.exists():
+                raise OSError(result.stderr or f"{' '.join(compiler)} exited with {result.returncode} and no library")
+            os.chmod(library_file, 0o700)  # the compiler gives the umask's mode: maybe group-writable
+            with open(library_file, "rb") as handle:
+                (Path(work) / "digest").write_text(sha256_of(handle.fileno()))
+            os.replace(library_file, name, dst_dir_fd=descriptor)
+            os.replace(Path(work) / "digest", name + ".sha256", dst_dir_fd=descriptor)
+        found = open_whole(descriptor, name)
+        if found is None:
+            raise OSError(f"{directory / name} changed as it was written")
+        return load_library(found), directory / name
+    finally:
+        os.close(descriptor)
 
 
 def cpu_description() -> str:
@@ -130,8 +140,8 @@ def cpu_description() -> str:
 
 def cache_directories() -> list[Path]:
     """Where built kernels are looked for: the user's cache ($XDG_CACHE_HOME when absolute, else
-    ~/.cache), then a directory of the temporary one that only this user owns and can write
-    (for a read-only or missing home: a library there is loaded and run)."""
+    ~/.cache), then one in the temporary directory (for a read-only or missing home, or a cache
+    that is not this user's alone); each is used only as private_directory allows."""
     directories = []
     base = os.environ.get("XDG_CACHE_HOME", "")
     try:
@@ -142,24 +152,92 @@ def cache_directories() -> list[Path]:
     return directories
 
 
-def writable_cache_directory(directories: list[Path]) -> Path:
-    """The first of ``directories`` (cache_directories) that can be written, the private one last."""
-    first, private = directories[0], directories[-1]
-    if first != private:
+def writable_cache_directory(directories: list[Path]) -> tuple[Path, int]:
+    """The first of ``directories`` (cache_directories) that is this user's alone (made so if missing) and
+    can be written, with a descriptor of it."""
+    reasons = []
+    for directory in directories:
         try:
-            first.mkdir(parents=True, exist_ok=True)
-            if os.access(first, os.W_OK):
-                return first
-        except OSError:
-            pass
-    private.mkdir(mode=0o700, exist_ok=True)
-    if not is_private(private):
-        raise OSError(f"{private} is not a directory of this user's alone: not loading code from it")
-    return private
+            descriptor = private_directory(directory, create=True)
+        except OSError as exc:
+            reasons.append(str(exc))
+            continue
+        if os.access(directory, os.W_OK):
+            return directory, descriptor
+        os.close(descriptor)
+        reasons.append(f"{directory} cannot be written")
+    raise OSError("; ".join(reasons))
 
 
-def is_private(directory: Path) -> bool:
-    """A directory that this user owns and nobody else may write into."""
-    info = directory.lstat()
-    shared = info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
-    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid() and not shared
+def private_directory(path: Path, create: bool = False) -> int:
+    """A descriptor of ``path``, a directory of this user's alone (made 0700, parents too, with ``create``);
+    OSError saying why not."""
+    if create:
+        missing = []
+        for directory in [path, *path.parents]:
+            if directory.exists():
+                break
+            missing.append(directory)
+        for directory in reversed(missing):
+            try:
+                os.mkdir(directory, 0o700)
+            except FileExistsError:  # made meanwhile (another process): checked below like any
+                pass
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        refuse_shared(os.fstat(fd), path)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+def refuse_shared(info: os.stat_result, path: Path | str) -> None:
+    """OSError unless ``info`` is of something this user owns and nobody else may write."""
+    if info.st_uid != os.geteuid() or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise OSError(f"{path} is not this user's alone (owner uid {info.st_uid}, mode "
+                      f"{stat.filemode(info.st_mode)}): not loading code from it")
+
+
+def open_whole(directory: int, name: str) -> int | None:
+    """A descriptor of the library ``name`` in the (checked) directory ``directory``, when it is a regular
+    file of this user's alone whose SHA-256 is the one recorded beside it (``name``.sha256); else None."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=directory)
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        refuse_shared(info, name)
+        if stat.S_ISREG(info.st_mode) and read_record(directory, name + ".sha256") == sha256_of(fd):
+            return fd
+    except OSError:
+        pass
+    os.close(fd)
+    return None
+
+
+def read_record(directory: int, name: str) -> str | None:
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=directory)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as handle:
+        return handle.read(256).decode("ascii", "replace").strip()
+
+
+def sha256_of(fd: int) -> str:
+    digest, offset = hashlib.sha256(), 0
+    while chunk := os.pread(fd, 1 << 20, offset):
+        digest.update(chunk)
+        offset += len(chunk)
+    return digest.hexdigest()
+
+
+def load_library(fd: int) -> ctypes.CDLL:
+    """The library open on ``fd``, loaded through the descriptor's own name (the file it was opened on,
+    whatever its path names now)."""
+    proc = f"/proc/self/fd/{fd}"
+    library = ctypes.CDLL(proc if os.path.exists(proc) else f"/dev/fd/{fd}")
+    _loaded_descriptors.append(fd)
+    return library

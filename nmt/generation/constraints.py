@@ -50,20 +50,31 @@ class SentenceControls:
         return set(self.prefix) | {piece for phrase in self.constraints for piece in phrase}
 
 
+def as_text(tokens: list[int]) -> str:
+    """Token ids as one character each, so that Python's substring search (in C) finds phrases."""
+    return "".join(map(chr, tokens))
+
+
 def contains(tokens: list[int], phrase: list[int]) -> bool:
-    """Whether ``phrase`` occurs in ``tokens`` as consecutive tokens."""
-    n = len(phrase)
-    return any(tokens[i:i + n] == phrase for i in range(len(tokens) - n + 1))
+    """Whether ``phrase`` occurs in ``tokens`` as consecutive tokens (linear time: a request may hold many)."""
+    return as_text(phrase) in as_text(tokens)
 
 
 def transitions(phrase: list[int]) -> list[list[int]]:
     """``table[state][k]``: how many pieces of ``phrase`` end the output after ``phrase[k]`` follows
     an output that ended with ``state`` of them (its longest prefix that is a suffix of the output).
-    A token that is no piece of the phrase always gives 0."""
-    def matched(text: list[int]) -> int:
-        return max(j for j in range(min(len(text), len(phrase)) + 1) if text[len(text) - j:] == phrase[:j])
-
-    return [[matched(phrase[:state] + [piece]) for piece in phrase] for state in range(len(phrase) + 1)]
+    A token that is no piece of the phrase always gives 0. Built as KMP's automaton, O(length^2):
+    each state continues as the state its longest proper border is in would, except on its own next piece."""
+    following: list[dict[int, int]] = [dict.fromkeys(phrase, 0)]  # per state: piece -> next state
+    border = 0  # the state after the phrase's pieces 1..state-1: where a mismatch falls back to
+    for state in range(len(phrase) + 1):
+        if state:
+            following.append(dict(following[border]))
+            if state < len(phrase):
+                border = following[border][phrase[state]]
+        if state < len(phrase):
+            following[state][phrase[state]] = state + 1
+    return [[row[piece] for piece in phrase] for row in following]
 
 
 def filled(phrases: list[list[list[int]]], device: torch.device, right: bool = False) -> Tensor:

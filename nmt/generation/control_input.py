@@ -13,10 +13,13 @@ for a binarized split); ``--ban FILE`` one banned phrase a line, for every sente
 
 from __future__ import annotations
 
+from typing import Callable
+
 from nmt.data.vocabulary import UNK_ID, Vocabulary
 from nmt.errors import NmtError
 from nmt.files import read_lines
-from nmt.generation.constraints import SentenceControls, contains
+from nmt.generation.constraints import SentenceControls, as_text
+from nmt.generation.search import SearchStopped
 from nmt.log import logger
 
 
@@ -36,21 +39,24 @@ def split_line(line: str, prefix_column: bool, constraints: bool, where: str) ->
     return source, prefix, fields
 
 
-def encode_phrase(vocab: Vocabulary, text: str, what: str) -> list[int]:
-    """A phrase's target pieces; empty text, or text the vocabulary cannot represent, is an error."""
+def encode_phrase(vocab: Vocabulary, text: str, what: str, most_pieces: int | None = None) -> list[int]:
+    """A phrase's target pieces; empty text, text the vocabulary cannot represent, or more than
+    ``most_pieces`` pieces (None: any number) is an error."""
     if not text.strip():
         raise NmtError(f"{what} is empty")
     ids = vocab.encode(text)
     if UNK_ID in ids:
         unknown = sorted({c for c in text if UNK_ID in vocab.encode(c)})
-        raise NmtError(f"{what} {text!r} has characters the target vocabulary cannot represent "
-                       f"({' '.join(unknown) or 'unknown pieces'})")
+        raise NmtError(f"{what} {text[:40]!r} has characters the target vocabulary cannot represent "
+                       f"({' '.join(unknown[:10]) or 'unknown pieces'})")
+    if most_pieces is not None and len(ids) > most_pieces:
+        raise NmtError(f"{what} {text[:40]!r} has {len(ids)} pieces; at most {most_pieces} a phrase")
     return ids
 
 
-def encode_bans(vocab: Vocabulary, phrases: list[str], what: str) -> list[list[int]]:
+def encode_bans(vocab: Vocabulary, phrases: list[str], what: str, most_pieces: int | None = None) -> list[list[int]]:
     """Banned phrases, blank ones left out; errors name phrase n as ``what`` n ("bans.txt line")."""
-    return [encode_phrase(vocab, text, f"{what} {number}") for number, text in enumerate(phrases, start=1)
+    return [encode_phrase(vocab, text, f"{what} {number}", most_pieces) for number, text in enumerate(phrases, start=1)
             if text.strip()]
 
 
@@ -59,30 +65,34 @@ def read_bans(vocab: Vocabulary, path: str) -> list[list[int]]:
 
 
 def sentence_controls(vocab: Vocabulary, prefix: str | None, constraints: list[str], bans: list[list[int]],
-                      where: str) -> SentenceControls | None:
-    """One sentence's controls (None when it has none). A prefix or constraint holding a banned
-    phrase is an error: the output could not both contain and avoid it."""
+                      where: str, most_pieces: int | None = None) -> SentenceControls | None:
+    """One sentence's controls (None when it has none); constraints hold at most ``most_pieces``
+    pieces each (None: any number). A prefix or constraint holding a banned phrase is an error: the
+    output could not both contain and avoid it. Linear in the phrases' pieces (see ``contains``)."""
     pieces = encode_phrase(vocab, prefix, f"{where}: the prefix") if prefix else []
-    phrases: list[list[int]] = []
+    phrases: dict[tuple[int, ...], None] = {}  # in order, each once
     for number, text in enumerate(constraints, start=1):
-        phrase = encode_phrase(vocab, text, f"{where}: constraint {number}")
-        if phrase not in phrases:
-            phrases.append(phrase)
-    for what, phrase in [("the prefix", pieces)] + [(f"constraint {i}", p) for i, p in enumerate(phrases, start=1)]:
-        for ban in bans:
-            if contains(phrase, ban):
-                raise NmtError(f"{where}: {what} {vocab.decode(phrase)!r} contains the banned phrase "
+        phrases.setdefault(tuple(encode_phrase(vocab, text, f"{where}: constraint {number}", most_pieces)))
+    banned = [(ban, as_text(ban)) for ban in bans]
+    for what, phrase in [("the prefix", pieces)] + [(f"constraint {i}", list(p)) for i, p in enumerate(phrases, 1)]:
+        text = as_text(phrase)
+        for ban, ban_text in banned:
+            if ban_text in text:
+                raise NmtError(f"{where}: {what} {vocab.decode(phrase)[:40]!r} contains the banned phrase "
                                f"{vocab.decode(ban)!r}")
-    controls = SentenceControls(pieces, phrases, bans)
+    controls = SentenceControls(pieces, [list(p) for p in phrases], bans)
     return controls or None
 
 
 def controls_from_lists(vocab: Vocabulary, count: int, prefixes: object = None, constraints: object = None,
-                        bans: object = None, names: tuple[str, str, str] = ("prefixes", "constraints", "bans")
+                        bans: object = None, names: tuple[str, str, str] = ("prefixes", "constraints", "bans"),
+                        most_pieces: int | None = None, should_stop: Callable[[], bool] | None = None
                         ) -> list[SentenceControls | None] | None:
     """The controls of ``count`` sentences given as Python lists (the API's and the server's form):
     one prefix (a string or None) and one list of constraint strings per sentence, and banned
-    phrases for all of them. None when none is given. ``names`` name the three in errors."""
+    phrases for all of them. None when none is given. ``names`` name the three in errors; a ban or
+    constraint may hold at most ``most_pieces`` pieces (None: any number). ``should_stop`` is
+    asked before each sentence (the server: has the client gone?); True raises SearchStopped."""
     if prefixes is None and constraints is None and not bans:
         return None
     prefix_name, constraints_name, bans_name = names
@@ -94,9 +104,15 @@ def controls_from_lists(vocab: Vocabulary, count: int, prefixes: object = None, 
         raise NmtError(f"{constraints_name} must be a list of one list of strings (or null) per sentence ({count})")
     if bans is not None and not (isinstance(bans, list) and all(isinstance(b, str) for b in bans)):
         raise NmtError(f"{bans_name} must be a list of strings")
-    banned = encode_bans(vocab, bans or [], f"{bans_name} phrase")
-    return [sentence_controls(vocab, prefixes[i] if prefixes else None, (constraints[i] or []) if constraints else [],
-                              banned, f"input line {i + 1}") for i in range(count)]
+    banned = encode_bans(vocab, bans or [], f"{bans_name} phrase", most_pieces)
+    controls = []
+    for i in range(count):
+        if should_stop is not None and should_stop():
+            raise SearchStopped(f"stopped at sentence {i + 1} of {count}")
+        controls.append(sentence_controls(vocab, prefixes[i] if prefixes else None,
+                                          (constraints[i] or []) if constraints else [], banned, f"input line {i + 1}",
+                                          most_pieces))
+    return controls
 
 
 def warn_of_tabs(lines: list[str], tab_form: bool, first_line: int = 1) -> bool:

@@ -42,7 +42,7 @@ from nmt.generation.constraints import BatchControls, SentenceControls, contains
 from nmt.generation.decoding_settings import stop_for
 from nmt.generation.ensemble import Ensemble
 from nmt.generation.options import BatchingOptions, SearchOptions, check_workers, choose_workers
-from nmt.generation.search import Hypothesis, beam_search, max_lengths, model_positions
+from nmt.generation.search import Hypothesis, SearchStopped, beam_search, max_lengths, model_positions
 from nmt.generation.workers import forks_workers, map_in_workers
 from nmt.log import logger
 from nmt.switches import turned_off
@@ -181,6 +181,8 @@ def translate_ids(model: nn.Module, sources: list[np.ndarray], request: Translat
     shortlist = request.shortlist if uses_shortlist(search, request.shortlist, device.type) else None
 
     def search_batch(indices: np.ndarray) -> list[list[Hypothesis]]:
+        if request.should_stop is not None and request.should_stop():  # before the controls' tables are built, too
+            raise SearchStopped("stopped before the batch began")
         with torch.inference_mode(), autocast(device, request.precision):  # both are per thread
             batch = collate(indices, [sources[i] for i in indices]).to(device)
             batch_controls = BatchControls.create([controls[i] for i in indices], device) if controls else None

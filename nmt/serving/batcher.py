@@ -13,6 +13,11 @@ search long (beam x longest output over ``long_search``) and one for the others,
 own thread; a light request never waits behind a heavy one's turn, only shares the processor
 with it. Two batches may then be in memory at once, each within the budget.
 
+A request with controls (prefixes, constraints, bans) is batched alone: its sentences are padded
+to its own largest control set, never another client's, and the tally counts their tensors. A
+batch that fails is tried again request by request, so that the error reaches only the request
+that causes it.
+
 A request that has gone (its client timed out or left) leaves the line at once, and a batch whose
 requests have all gone stops at its next search step. While a batch translates, the next requests
 pile up and make the next batch: under load the batches grow by themselves, and one lone request
@@ -36,7 +41,7 @@ import numpy as np
 from nmt.generation.constraints import SentenceControls
 from nmt.generation.options import SearchOptions
 from nmt.generation.search import Hypothesis, SearchStopped
-from nmt.serving.budget import SearchMemory
+from nmt.serving.budget import NO_CONTROLS, ControlShape, SearchMemory
 
 HEAVY_NICENESS = 10  # of 19: still running when the light worker waits for requests
 Controls = list[SentenceControls | None]
@@ -56,6 +61,8 @@ class Job:
     future: asyncio.Future
     long: bool  # searches long: the heavy requests' worker takes it
     controls: Controls | None = None  # per source: prefix, constraints, bans
+    alone: bool = False  # batched with no other request: it has controls, or its batch failed
+    control_shape: ControlShape = NO_CONTROLS  # what its sentences' controls are padded to (budget.py)
     done: int = 0  # sources translated so far
     results: list[list[Hypothesis]] = field(default_factory=list)
 
@@ -72,16 +79,17 @@ class Piece:
 
 
 class Tally:
-    """The memory of a batch being gathered (see SearchMemory.batch)."""
+    """The memory of a batch being gathered (see SearchMemory.batch), its controls padded to ``controls``
+    (a request with controls is batched alone: its own)."""
 
-    def __init__(self, memory: SearchMemory, beam: int):
-        self.memory, self.beam = memory, beam
+    def __init__(self, memory: SearchMemory, beam: int, controls: ControlShape = NO_CONTROLS):
+        self.memory, self.beam, self.controls = memory, beam, controls
         self.rows = self.sentences = self.longest_source = 0
 
     def with_sentence(self, source_length: int, output_limit: int) -> int:
         longest = max(self.longest_source, source_length)
         return self.rows + self.beam * self.memory.row(output_limit) + \
-            (self.sentences + 1) * self.memory.sentence(longest, self.beam)
+            (self.sentences + 1) * self.memory.sentence(longest, self.beam, self.controls)
 
     def add(self, source_length: int, output_limit: int) -> None:
         self.rows += self.beam * self.memory.row(output_limit)
@@ -122,7 +130,9 @@ class Batcher:
         if self.waiting + len(sources) > self.max_waiting:
             raise QueueFull(f"{self.waiting} sentences are waiting (at most {self.max_waiting}); retry later")
         job = Job(sources, options, output_limits, asyncio.get_running_loop().create_future(),
-                  long=options.beam * max(output_limits) > self.long_search, controls=controls)
+                  long=options.beam * max(output_limits) > self.long_search, controls=controls,
+                  alone=controls is not None,
+                  control_shape=ControlShape.of(controls) if controls else NO_CONTROLS)
         job.future.add_done_callback(lambda _: self.leave_line(job))
         self.waiting += len(sources)
         self.line.append(job)
@@ -155,7 +165,10 @@ class Batcher:
             await self.translate_batch(await self.gather(long), self.executors[long])
 
     def first_waiting(self, long: bool, options: SearchOptions | None = None) -> Job | None:
-        return next((job for job in self.line if job.long == long and options in (None, job.options)), None)
+        """The first job of the worker's line; with ``options``, the first that may join a batch of them."""
+        return next((job for job in self.line if job.long == long and (options is None or
+                                                                       (job.options == options and not job.alone))),
+                    None)
 
     async def gather(self, long: bool) -> list[Piece]:
         """The first waiting request's next sentences, then, within the window, those of the requests
@@ -165,10 +178,10 @@ class Batcher:
             arrived.clear()
             await arrived.wait()
         self.line.remove(first)
-        tally = Tally(self.memory, first.options.beam)
+        tally = Tally(self.memory, first.options.beam, first.control_shape)
         pieces = [self.take(first, tally)]
         deadline = asyncio.get_running_loop().time() + self.window
-        while True:
+        while not first.alone:
             job = self.first_waiting(long, first.options)
             if job is None:
                 remaining = deadline - asyncio.get_running_loop().time()
@@ -212,11 +225,19 @@ class Batcher:
             for piece in pieces:
                 self.drop(piece.job)
             return
-        except Exception as exc:  # noqa: BLE001  (each request gets the error; the worker goes on)
-            for piece in pieces:
-                if not piece.job.future.done():
-                    piece.job.future.set_exception(exc)
-                self.drop(piece.job, abandoned=False)
+        except Exception as exc:  # noqa: BLE001  (the request that causes it gets the error; the worker goes on)
+            if len(pieces) > 1:  # which one is not known: each goes first in line, to be translated alone
+                for piece in reversed(pieces):
+                    piece.job.alone = True
+                    self.line.appendleft(piece.job)
+                    self.arrived[piece.job.long].set()
+                    if piece.job.future.done():  # gone meanwhile: out again
+                        self.leave_line(piece.job)
+                return
+            job = pieces[0].job
+            if not job.future.done():
+                job.future.set_exception(exc)
+            self.drop(job, abandoned=False)
             return
         self.stats.batches += 1
         self.stats.sentences += len(sources)

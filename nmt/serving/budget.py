@@ -14,7 +14,12 @@ Per sentence, padded to the longest source of the batch:
 - ``encoder_output``: its encoder states and cross-attention keys and values (fp32 on CPU), as
   many times as the backend may hold them at once (TorchBackend.encoder_output_copies), and one
   step's cross-attention scores for its beams;
-- ``encoding``: while encoding, one layer's activations and attention scores.
+- ``encoding``: while encoding, one layer's activations and attention scores;
+- ``controls``: a sentence's prefix, constraints and bans (nmt/generation/constraints.py), padded to
+  the largest of its batch (ControlShape): their token tensors (constraints with their KMP tables;
+  8-byte ids) and one step's work on them, every row comparing its last tokens with every ban and,
+  with constraints, every candidate (2 x beam, plus each row's best token and next constraint
+  pieces) gathering its sentence's constraint pieces and tables. Nothing without controls.
 
 Every term is an upper bound of what it counts, not of the allocator's slack; tests/test_serve.py
 decodes the heaviest batch an estimate admits and compares the peak memory it took.
@@ -28,9 +33,10 @@ import torch
 from torch import nn
 
 from nmt.device import PRECISIONS
+from nmt.generation.constraints import SentenceControls
 from nmt.generation.search import row_bytes as search_row_bytes
 
-FLOAT = 4
+FLOAT, LONG = 4, 8
 
 
 @dataclass(frozen=True)
@@ -42,6 +48,29 @@ class LayerShape:
     heads: int
     decoder_layers: int
     vocab: int
+
+
+@dataclass(frozen=True)
+class ControlShape:
+    """The size of a batch's controls, each count the largest of its sentences': what they are padded to."""
+
+    prefix: int = 0  # pieces
+    constraints: int = 0  # per sentence
+    constraint_pieces: int = 0
+    bans: int = 0
+    ban_pieces: int = 0
+
+    @classmethod
+    def of(cls, controls: list[SentenceControls | None]) -> ControlShape:
+        given = [c for c in controls if c]
+        return cls(max((len(c.prefix) for c in given), default=0),
+                   max((len(c.constraints) for c in given), default=0),
+                   max((len(p) for c in given for p in c.constraints), default=0),
+                   max((len(c.bans) for c in given), default=0),
+                   max((len(p) for c in given for p in c.bans), default=0))
+
+
+NO_CONTROLS = ControlShape()
 
 
 class SearchMemory:
@@ -68,24 +97,40 @@ class SearchMemory:
                         for shape in self.shapes),
         }
 
-    def sentence_terms(self, longest_source: int, beam: int) -> dict[str, int]:
-        """One sentence of the batch, beside its rows: the encoder output and its cross-attention."""
+    def sentence_terms(self, longest_source: int, beam: int, controls: ControlShape = NO_CONTROLS) -> dict[str, int]:
+        """One sentence of the batch, beside its rows: the encoder output and its cross-attention, and its
+        controls padded to ``controls``."""
         copies, states = self.backend.encoder_output_copies(), self.dtype.itemsize
         return {
             "encoder_output": sum((copies * (states + 2 * shape.decoder_layers * FLOAT) * shape.d_model
                                    + beam * shape.heads * FLOAT) * longest_source for shape in self.shapes),
             "encoding": sum((6 * shape.d_model + shape.ffn_dim + shape.heads * longest_source) * longest_source * FLOAT
                             for shape in self.shapes),
+            "controls": control_bytes(controls, beam),
         }
 
     def row(self, longest_output: int) -> int:
         return sum(self.row_terms(longest_output).values())
 
-    def sentence(self, longest_source: int, beam: int) -> int:
-        return sum(self.sentence_terms(longest_source, beam).values())
+    def sentence(self, longest_source: int, beam: int, controls: ControlShape = NO_CONTROLS) -> int:
+        return sum(self.sentence_terms(longest_source, beam, controls).values())
 
-    def batch(self, output_limits: list[int], beam: int, longest_source: int) -> int:
+    def batch(self, output_limits: list[int], beam: int, longest_source: int,
+              controls: ControlShape = NO_CONTROLS) -> int:
         """A whole batch: each sentence's rows up to its own longest output, every sentence padded to the longest
-        source."""
+        source and the largest controls."""
         return sum(beam * self.row(limit) for limit in output_limits) + \
-            len(output_limits) * self.sentence(longest_source, beam)
+            len(output_limits) * self.sentence(longest_source, beam, controls)
+
+
+def control_bytes(shape: ControlShape, beam: int) -> int:
+    """One sentence's controls in a batch padded to ``shape``, at ``beam``: kept, and one step's work
+    (twice: the temporaries of gathers and comparisons)."""
+    count, pieces = shape.constraints, shape.constraint_pieces
+    table = count * (pieces + 1) * pieces
+    kept = (2 * shape.prefix + 3 * count * pieces + table + 3 * shape.bans * shape.ban_pieces) * LONG
+    rows = beam * 2 * count * LONG  # each row's matched pieces and met constraints
+    banning = beam * shape.bans * shape.ban_pieces * (LONG + 2)  # each row against each ban
+    candidates = (2 * beam + beam * (count + 1)) if count else 0
+    constraining = candidates * (count * pieces * (2 * LONG + 1) + table * LONG + 16 * LONG)
+    return kept + rows + 2 * (banning + constraining)

@@ -32,6 +32,13 @@ class ServeOptions:
     max_characters: int = field(default=20_000, metadata={"help": "Characters per request at most (413 beyond).",
                                                           "min": 1})
     max_beam: int = field(default=16, metadata={"help": "Largest beam a request may ask for.", "min": 1})
+    max_bans: int = field(default=64, metadata={"help": "Banned phrases per request at most (413 beyond).",
+                                                "min": 0})
+    max_constraints: int = field(default=8, metadata={
+        "help": "Constraints per sentence at most (413 beyond).", "min": 0})
+    max_phrase_pieces: int = field(default=16, metadata={
+        "help": "Target pieces per banned phrase or constraint at most (422 beyond); a prefix may hold up to "
+                "--max-output-length.", "min": 1})
     max_queue: int = field(default=1024, metadata={
         "help": "Sentences waiting or being translated at most; more answer 429.", "min": 1})
     batch_window_ms: float = field(default=5.0, metadata={
@@ -49,7 +56,12 @@ class ServeOptions:
     body_timeout: float = field(default=10.0, metadata={
         "help": "Seconds a client may take to send a request body; later it answers 408.", "min": 0.001})
     max_connections: int = field(default=128, metadata={
-        "help": "Connections open at once at most; a request on one more answers 503.", "min": 1})
+        "help": "Requests handled at once at most (their bodies being read or their translations awaited); one "
+                "more answers 503. Connections without a request count only against 4x this: beyond, a new "
+                "one is closed at once.", "min": 1})
+    idle_timeout: float = field(default=5.0, metadata={
+        "help": "Seconds a connection may stay open without sending a whole request head (from its opening, and "
+                "between requests); then it is closed.", "min": 0.001})
 
     def __post_init__(self) -> None:
         if self.api_key is None and API_KEY_ENV in os.environ:  # unlike a command line, other users cannot see it

@@ -26,6 +26,7 @@ from typing import Any, Literal, Mapping
 
 import yaml
 
+from nmt.confinement import Confinement, path_values
 from nmt.device_options import DeviceOptions
 from nmt.errors import NmtError
 from nmt.files import atomic_write
@@ -206,14 +207,23 @@ def parse_duration(text: str) -> float:
     return seconds
 
 
-def load_train_config(cli_values: Mapping[str, Any] | None = None, config_file: str | Path | None = None
-                      ) -> TrainConfig:
+def load_train_config(cli_values: Mapping[str, Any] | None = None, config_file: str | Path | None = None,
+                      confinement: Confinement | None = None) -> TrainConfig:
     """Merge the command line's given options over the recipe over the defaults.
 
-    A ``model`` mapping (``--set``) is merged key by key over the recipe's ``model:``.
+    A ``model`` mapping (``--set``) is merged key by key over the recipe's ``model:``. With a
+    ``confinement`` (`nmt train --config` gives one; a program's own file needs none), the paths the
+    recipe gives (not those the command line overrides) stay within it.
     """
     recipe = train_values(read_document(config_file, "config file"), config_file) if config_file is not None else {}
-    return build(TrainConfig, merge(recipe, cli_values or {}), "train", str(config_file or "the command line"))
+    config = build(TrainConfig, merge(recipe, cli_values or {}), "train", str(config_file or "the command line"))
+    if config_file is not None and confinement is not None:
+        from_file = {key for key in recipe if key not in (cli_values or {})}
+        paths = {key: value for key, value in path_values(config).items() if key in from_file and value is not None}
+        outputs = {f"train: {key}": paths.pop(key) for key in ("save_dir", "tensorboard_dir") if key in paths}
+        confinement.check(Path(config_file), outputs, {f"train: {key}": value for key, value in paths.items()},
+                          what="config file", command="nmt train")
+    return config
 
 
 def config_to_dict(config: TrainConfig, model_config: Any | None = None) -> dict[str, Any]:

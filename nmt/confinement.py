@@ -1,0 +1,89 @@
+"""Where a YAML file (an `nmt run` recipe, an `nmt train --config`) may read and write.
+
+A recipe from elsewhere is data, not code: it must not replace the user's files (``generate:
+output: ~/.bashrc``) nor translate their secrets into a place it chose (``input:
+~/.ssh/id_ed25519``). So every path it names resolves, symlinks followed, under its own
+directory, or under the directory the user names with --output-dir (outputs and inputs) or
+--input-dir (inputs); the working directory is not one of them (a recipe run from $HOME would
+write there). A file a recipe writes that is already there must be one that `nmt run` wrote
+(nmt/written.py), never another file of the same name. ``allow_outside`` (--allow-outside)
+trusts the file like code and checks nothing.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from nmt.errors import NmtError
+from nmt.options import options_of
+from nmt.written import nmt_wrote
+
+# The command-line options of `nmt run` and `nmt train --config` that set a Confinement.
+OUTPUT_DIR_HELP = ("Let the {what} also write (and read) under this directory, beside its own (`.`: the working "
+                   "directory, where its relative paths are taken from).")
+INPUT_DIR_HELP = "Let the {what} also read under this directory (repeat for several)."
+ALLOW_OUTSIDE_HELP = ("Let the {what} read and write anywhere (absolute paths, ..) and replace any file: it is then "
+                      "trusted like code.")
+
+
+@dataclass(frozen=True)
+class Confinement:
+    """The user's choices on the command line: the places beside the file's directory, or none at all."""
+
+    allow_outside: bool = False
+    output_dir: str | None = None  # also written (and read) under
+    input_dirs: tuple[str, ...] = field(default_factory=tuple)  # also read under
+
+    def check(self, source: Path, outputs: dict[str, str], inputs: dict[str, Any], files: Iterable[str] = (),
+              what: str = "recipe", command: str = "nmt run") -> None:
+        """Refuse an output (``{key: path}``) or input (``{key: path or paths}``) of the YAML file ``source``
+        outside its places, and an existing file among ``files`` (outputs written whole) that nmt did not write."""
+        if self.allow_outside:
+            return
+        writable = [real(source.parent)] + ([real(self.output_dir)] if self.output_dir else [])
+        readable = writable + [real(directory) for directory in self.input_dirs]
+        beside = " or --output-dir" if self.output_dir else ""
+        for key, path in outputs.items():
+            if not any(real(path).is_relative_to(root) for root in writable):
+                raise NmtError(f"{source}: `{key}: {path}` is outside the {what}'s directory{beside}; a {what} writes "
+                               f"only there unless you name a directory with `{command} --output-dir DIR` or trust "
+                               "it like code with `--allow-outside`")
+        for key, value in inputs.items():
+            for path in paths_in(value):
+                if path != "-" and not any(real(path).is_relative_to(root) for root in readable):
+                    raise NmtError(f"{source}: `{key}: {path}` is outside the {what}'s directory{beside}; a {what} "
+                                   f"reads only there unless you name a directory with `{command} --input-dir DIR` "
+                                   "or trust it like code with `--allow-outside`")
+        for path in files:
+            if os.path.lexists(path) and not nmt_wrote(path):
+                raise NmtError(f"{source}: {path} exists and `nmt run` did not write it; a {what} replaces only its "
+                               f"own outputs: remove it, choose another path, or trust the {what} like code with "
+                               "`--allow-outside`")
+
+
+def real(path: str | os.PathLike) -> Path:
+    return Path(os.path.realpath(path))
+
+
+def paths_in(value: Any) -> list[str]:
+    """The paths an option's value names: one, a list, or a ':'- or ','-separated list (an ensemble, prefixes)."""
+    if value is None:
+        return []
+    if isinstance(value, (list, tuple)):
+        return [path for item in value for path in paths_in(item)]
+    return [part.strip() for piece in str(value).split(",") for part in piece.split(":") if part.strip()]
+
+
+def path_values(options: Any) -> dict[str, Any]:
+    """An options dataclass's values of its path options (metadata ``path``), by option name."""
+    values = {}
+    for name, option in options_of(type(options)).items():
+        if option.metadata.get("path"):
+            holder = options
+            for owner in option.owner:
+                holder = getattr(holder, owner)
+            values[name] = getattr(holder, name)
+    return values

@@ -1,0 +1,205 @@
+"""The server's bounds on controls (prefixes, constraints, bans): their caps, their memory in the
+batch's estimate, who shares a batch with them, their preparation off the event loop, and the
+linear-time checks under them."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import random
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+from conftest import numbers_pairs
+
+from nmt.data.vocabulary import PAD_ID, Vocabulary
+from nmt.generation.constraints import BatchControls, SentenceControls, contains, transitions
+from nmt.generation.options import SearchOptions
+from nmt.generation.search import Hypothesis, SearchStopped
+from nmt.models.registry import build_model, get_arch, resolve_config
+from nmt.serving.batcher import Batcher
+from nmt.serving.budget import SearchMemory
+
+pytest.importorskip("starlette", reason="nmt serve needs the serve extra: pip install -e '.[serve]' in nmt's checkout")
+pytest.importorskip("uvicorn", reason="nmt serve needs the serve extra: pip install -e '.[serve]' in nmt's checkout")
+
+from test_serve import request, run_server  # noqa: E402
+from test_translator import tiny_checkpoint  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """A server with the default limits (64 bans, 8 constraints a sentence, 16 pieces a phrase)."""
+    vocab = Vocabulary.train([side for pair in numbers_pairs(300, seed=1) for side in pair], vocab_size=120)
+    checkpoint = tiny_checkpoint(tmp_path_factory.mktemp("controls") / "model.pt", vocab)
+    yield from run_server(checkpoint, tmp_path_factory)
+
+
+@pytest.mark.parametrize("body,status,message", [
+    ({"text": ["five"], "ban": ["sieben"] * 65}, 413, '65 phrases in "ban"; at most 64 (the server\'s --max-bans)'),
+    ({"text": ["five", "six"], "constraints": [None, ["sieben"] * 9]}, 413,
+     "9 constraints for text 2; at most 8 (the server's --max-constraints)"),
+    ({"text": ["five"], "ban": ["sieben acht neun zehn " * 5]}, 422, '"ban" phrase 1 '),
+    ({"text": ["five"], "constraints": [["sieben acht neun zehn " * 5]]}, 422, "text 1: constraint 1 "),
+    ({"text": ["five"], "ban": ["acht" * 5000]}, 413, "characters in one request (text and controls); at most 20000"),
+    # the issue's request, smaller: many bans, one of them long, at the largest beam
+    ({"text": ["five"], "beam": 16, "ban": ["sieben"] * 99 + ["sieben acht " * 100]}, 413, '100 phrases in "ban"'),
+])
+def test_controls_beyond_their_caps_are_refused(served, body, status, message):
+    start = time.monotonic()
+    got, answer = request(served, "POST", "/translate", body)
+    assert (got, list(answer)) == (status, ["error"]), answer
+    assert message in answer["error"] and "\n" not in answer["error"]
+    if status == 422:
+        assert "pieces; at most 16 a phrase" in answer["error"]
+    assert time.monotonic() - start < 10
+
+
+def test_health_answers_while_a_large_request_is_checked(served):
+    """The issue's body, smaller: a 4,000-word prefix against 2,000 bans held /health for seconds."""
+    words = sorted({word for _, german in numbers_pairs(300, seed=1) for word in german.split() if word.isalpha()})
+    bans = [" ".join(three) for three in itertools.product(words, repeat=3) if set(three) != {"sieben"}][:2000]
+    body = {"text": ["five"], "prefix": [" ".join(["sieben"] * 4000)], "ban": bans, "max_len_a": 0, "max_len_b": 256}
+    answers, delays = [], []
+    sender = threading.Thread(target=lambda: answers.append(request(served, "POST", "/translate", body)))
+    sender.start()
+    while sender.is_alive():
+        start = time.monotonic()
+        assert request(served, "GET", "/health")[0] == 200
+        delays.append(time.monotonic() - start)
+    sender.join()
+    assert answers[0][0] in (413, 422) and max(delays) < 1, (answers, delays)
+
+
+def tiny_model():
+    arch = get_arch("transformer_tiny")
+    torch.manual_seed(0)
+    return build_model(arch.model_name, resolve_config(arch.config, {"d_model": 32, "ffn_dim": 64}), 120, 120, PAD_ID)
+
+
+def source(token: int) -> np.ndarray:
+    return np.asarray([token, 3], dtype=np.int64)
+
+
+class Recorded:
+    """A translate function for the batcher that records each batch's first tokens and its controls."""
+
+    def __init__(self, poison: int | None = None):
+        self.batches: list[list[int]] = []
+        self.controls: list[object] = []
+        self.poison = poison
+
+    def __call__(self, sources, options, controls, should_stop):
+        tokens = [int(s[0]) for s in sources]
+        self.batches.append(tokens)
+        self.controls.append(controls)
+        if self.poison in tokens:
+            raise ValueError("this sentence cannot be translated")
+        return [[Hypothesis([token, 3], 0.0)] for token in tokens]
+
+
+def run_requests(translate, requests: list[tuple[list[int], list | None]], budget: int, window: float = 0.2):
+    """Submit the requests together to a batcher over the tiny model's memory estimate; their answers or errors."""
+    async def scenario():
+        memory = SearchMemory(tiny_model(), "fp32", "cpu")
+        batcher = Batcher(translate, window, memory, budget, 1000, long_search=10 ** 9)
+        worker = asyncio.create_task(batcher.run())
+        futures = [batcher.submit([source(t) for t in tokens], SearchOptions(), [10] * len(tokens), controls)
+                   for tokens, controls in requests]
+        answers = await asyncio.gather(*futures, return_exceptions=True)
+        worker.cancel()
+        return answers, batcher.waiting
+
+    return asyncio.run(scenario())
+
+
+BANS = [[5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20 + i] for i in range(64)]  # 64 of 16 pieces
+
+
+def test_a_requests_controls_count_in_its_batches_memory():
+    """Eight sentences whose search fits one batch take several once their bans are counted."""
+    memory = SearchMemory(tiny_model(), "fp32", "cpu")
+    budget = int(1.05 * memory.batch([10] * 8, 4, 2))
+    translate = Recorded()
+    answers, waiting = run_requests(translate, [(list(range(30, 38)), [SentenceControls(bans=BANS)] * 8)], budget)
+    assert len(answers[0]) == 8 and waiting == 0
+    assert len(translate.batches) > 1 and sum(map(len, translate.batches)) == 8
+
+
+def test_a_request_with_controls_is_batched_alone():
+    """Its bans would pad every other sentence of the batch: other clients' sentences never share it."""
+    translate = Recorded()
+    controlled = [SentenceControls(bans=BANS[:2])] * 2
+    answers, _ = run_requests(translate, [([40], None), ([41, 42], controlled), ([43], None)], budget=10 ** 12)
+    assert [[hyps[0].tokens[0] for hyps in answer] for answer in answers] == [[40], [41, 42], [43]]
+    assert sorted(translate.batches) == [[40, 43], [41, 42]]
+    assert translate.controls[translate.batches.index([40, 43])] is None
+
+
+def test_a_failing_batch_fails_only_the_request_that_causes_it():
+    translate = Recorded(poison=51)
+    answers, waiting = run_requests(translate, [([50], None), ([51], None), ([52], None)], budget=10 ** 12)
+    assert [hyps[0].tokens[0] for hyps in answers[0]] == [50] and [hyps[0].tokens[0] for hyps in answers[2]] == [52]
+    assert isinstance(answers[1], ValueError) and waiting == 0
+    assert translate.batches[0] == [50, 51, 52]  # together first, then each alone
+
+
+def test_a_stopped_search_builds_no_control_tables(monkeypatch):
+    """transitions() and the control tensors are built before the search's first step: a request whose
+    client has gone must not pay for them."""
+    from nmt.generation.inference import TranslationRequest, translate_ids
+
+    built = []
+    monkeypatch.setattr(BatchControls, "create", classmethod(lambda cls, *args: built.append(args)))
+    with pytest.raises(SearchStopped):
+        translate_ids(tiny_model(), [source(30)], TranslationRequest(controls=[SentenceControls(bans=BANS)],
+                                                                     should_stop=lambda: True))
+    assert built == []
+
+
+def test_the_controls_checks_take_linear_time():
+    """A prefix against bans and a long constraint's automaton: quadratic or worse, they took seconds."""
+    from nmt.generation.control_input import sentence_controls
+
+    class Pieces:  # a vocabulary whose text is its pieces' numbers
+        @staticmethod
+        def encode(text):
+            return [int(word) for word in text.split()]
+
+        @staticmethod
+        def decode(ids):
+            return " ".join(map(str, ids))
+
+    prefix = " ".join(str(4 + i % 90) for i in range(5000))
+    bans = [[100 + i, 101 + i] for i in range(500)]
+    constraint = " ".join(str(4 + i % 3) for i in range(60))
+    start = time.perf_counter()
+    controls = sentence_controls(Pieces(), prefix, [constraint] * 3, bans, "input line 1")
+    BatchControls([controls], torch.device("cpu"))
+    assert time.perf_counter() - start < 0.5
+    assert len(controls.constraints) == 1  # the same constraint three times is kept once
+
+
+def test_the_automaton_and_the_search_find_what_the_definitions_say():
+    def matched(text, phrase):
+        return max(j for j in range(min(len(text), len(phrase)) + 1) if text[len(text) - j:] == phrase[:j])
+
+    chosen = random.Random(0)
+    for _ in range(500):
+        phrase = [chosen.randint(4, 6) for _ in range(chosen.randint(1, 8))]
+        assert transitions(phrase) == [[matched(phrase[:state] + [piece], phrase) for piece in phrase]
+                                       for state in range(len(phrase) + 1)], phrase
+        tokens = [chosen.randint(4, 6) for _ in range(chosen.randint(0, 12))]
+        assert contains(tokens, phrase) == any(tokens[i:i + len(phrase)] == phrase
+                                               for i in range(len(tokens) - len(phrase) + 1))
+
+
+def test_the_info_bound_holds_a_sentence_with_controls_at_their_caps(served):
+    """The budget fits the heaviest sentence with controls at their caps (it is sized from them)."""
+    info = request(served, "GET", "/info")[1]
+    assert info["limits"]["max_bans"] == 64 and info["limits"]["max_constraints"] == 8
+    assert info["limits"]["max_phrase_pieces"] == 16 and info["memory_mib"]["connections"] > 0
+
