@@ -167,6 +167,22 @@ def test_grouped_attention_keeps_to_each_sentence_and_skips_padding(head_dim):
 
 
 @needs_kernels
+@pytest.mark.parametrize("head_dim", [16, 64])
+def test_grouped_attention_of_a_sentence_is_the_same_with_any_padding_after_it(head_dim):
+    """To the bit (a batch's longest sentence sets the padding: an int8 model's rounding turned
+    last-bit differences into other scores)."""
+    g = torch.Generator().manual_seed(2)
+    keys, values = (torch.randn(1, 2, 7, head_dim, generator=g) for _ in range(2))
+    query = torch.randn(1, 3, 2, head_dim, generator=g)
+    alone = KERNELS.grouped_attention(keys, values, torch.ones(1, 7, dtype=torch.bool), query)
+    for padding in (1, 2, 9, 30):
+        padded_keys, padded_values = (torch.cat([t, torch.randn(1, 2, padding, head_dim, generator=g)], dim=2)
+                                      for t in (keys, values))
+        allowed = torch.arange(7 + padding)[None, :] < 7
+        assert torch.equal(KERNELS.grouped_attention(padded_keys, padded_values, allowed, query), alone), padding
+
+
+@needs_kernels
 def test_grouped_attention_reads_each_sentence_from_its_row():
     """Beam search leaves the encoder's keys and values in place as sentences leave: row numbers say
     where each remaining sentence's are."""

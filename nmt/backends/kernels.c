@@ -386,6 +386,11 @@ static inline void grouped_attention_of(const float *keys, const float *values, 
     for (int64_t s = 0; s < sentences; ++s) {
         const int64_t stored = rows ? rows[s] : s;
         const uint8_t *mask = allowed + stored * length;
+        /* Up to the sentence's last allowed position: its padding after that, which depends on the
+         * batch, must not move positions between the loops below nor change the length of the
+         * softmax's sum (an int8 model's rounding turned such last-bit differences into other scores). */
+        int64_t used = length;
+        while (used > 0 && !mask[used - 1]) --used;
         for (int64_t h = 0; h < heads; ++h) {
             const float *k = keys + (stored * heads + h) * length * head_dim;
             const float *v = values + (stored * heads + h) * length * head_dim;
@@ -393,7 +398,7 @@ static inline void grouped_attention_of(const float *keys, const float *values, 
                 const int64_t at = ((s * group + g) * heads + h) * head_dim;
                 const float *q = query + at;
                 int64_t p = 0;
-                for (; p + 4 <= length; p += 4) {  /* four positions' sums at once */
+                for (; p + 4 <= used; p += 4) {  /* four positions' sums at once */
                     const float *k0 = k + p * head_dim;
                     float s0 = 0.f, s1 = 0.f, s2 = 0.f, s3 = 0.f;
                     for (int64_t d = 0; d < head_dim; ++d) {
@@ -407,11 +412,11 @@ static inline void grouped_attention_of(const float *keys, const float *values, 
                     scores[p + 2] = scale * s2;
                     scores[p + 3] = scale * s3;
                 }
-                for (; p < length; ++p) scores[p] = scale * dot(q, k + p * head_dim, head_dim);
-                softmax(scores, mask, length);  /* padding's weights are 0 */
+                for (; p < used; ++p) scores[p] = scale * dot(q, k + p * head_dim, head_dim);
+                softmax(scores, mask, used);  /* padding's weights are 0 */
                 float *o = out + at;
                 memset(o, 0, sizeof(float) * head_dim);
-                for (p = 0; p < length; ++p) {
+                for (p = 0; p < used; ++p) {
                     if (!mask[p]) continue;
                     const float weight = scores[p];
                     for (int64_t d = 0; d < head_dim; ++d) o[d] += weight * v[p * head_dim + d];
