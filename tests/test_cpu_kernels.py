@@ -220,6 +220,24 @@ def test_log_softmax_keeps_each_row_to_its_sentences_columns():
 
 
 @needs_kernels
+def test_log_softmax_of_a_row_is_the_same_with_any_minus_inf_columns_after_it():
+    """To the bit, whether the logits or the ban put them there: a sentence's shortlist is as wide as
+    its batch's widest, the rest -inf (before, the sum's vectorized order changed with the width)."""
+    g = torch.Generator().manual_seed(0)
+    for width in range(20, 400, 7):
+        row = torch.randn(1, width, generator=g) * 3
+        alone = KERNELS.log_softmax_(row.clone(), None, torch.arange(1))
+        for extra in (1, 3, 9, 40, 300):
+            minus_inf = torch.full((1, extra), -float("inf"))
+            padded = KERNELS.log_softmax_(torch.cat([row, minus_inf], dim=1), None, torch.arange(1))
+            banned = torch.cat([torch.zeros(1, width), minus_inf], dim=1)
+            banned_after = KERNELS.log_softmax_(torch.cat([row, torch.randn(1, extra, generator=g)], dim=1), banned,
+                                                torch.arange(1))
+            for out in (padded, banned_after):
+                assert torch.equal(out[:, :width], alone) and out[:, width:].isneginf().all(), (width, extra)
+
+
+@needs_kernels
 @pytest.mark.parametrize("columns", [3, 64, 300])
 def test_select_top_chooses_as_torchs_operations(columns):
     """The best 2*beam continuations over a sentence's rows, in order; fewer columns than that (a tiny

@@ -453,9 +453,14 @@ void log_softmax_rows(float *logits, int64_t rows, int64_t columns, const float 
             const float *ban = banned + which[r / width] * columns;
             for (int64_t c = 0; c < columns; ++c) x[c] += ban[c];
         }
+        /* Up to the row's last column that is not -inf: the -inf columns after it (a shortlist narrower
+         * than its batch's widest) must not change the length of the vectorized sum, whose order
+         * would then differ in the last bits from the sentence's alone. */
+        int64_t used = columns;
+        while (used > 1 && x[used - 1] == -INFINITY) --used;
         float max = -INFINITY, sum = 0.f;
-        for (int64_t c = 0; c < columns; ++c) max = x[c] > max ? x[c] : max;
-        for (int64_t c = 0; c < columns; ++c) sum += exp_fast(x[c] - max);
+        for (int64_t c = 0; c < used; ++c) max = x[c] > max ? x[c] : max;
+        for (int64_t c = 0; c < used; ++c) sum += exp_fast(x[c] - max);
         const float log_sum = max + logf(sum);
         for (int64_t c = 0; c < columns; ++c) x[c] -= log_sum;
     }
