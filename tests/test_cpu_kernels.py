@@ -40,7 +40,8 @@ def test_every_exported_kernel_is_typed_from_its_c_prototype():
     found = prototypes(SOURCE.read_text())
     assert set(found) == {"append_position", "append_position_bf16", "self_attention", "self_attention_bf16",
                           "grouped_attention", "log_softmax_rows", "select_top", "project_columns_int8",
-                          "attention_avx512", "project_columns_int8_vnni"}
+                          "attention_avx512", "int8_vnni", "pack_int8_weight", "int8_linear",
+                          "int8_quantize_rows", "int8_scale_outputs"}
     grouped = found["grouped_attention"]
     assert [p.name for p in grouped.parameters] == ["keys", "values", "allowed", "rows", "sentences", "group", "heads",
                                                     "length", "head_dim", "query", "out", "scores"]
@@ -414,6 +415,31 @@ def test_the_int8_projections_plain_loops_give_what_its_vnni_path_gives(tmp_path
     out = plain.project_columns_int8(x, weight, 0.01, columns, sums, counts)
     torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-6)
     assert torch.equal(out, KERNELS.project_columns_int8(x, weight, 0.01, columns, sums, counts))
+
+
+@needs_kernels
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="needs x86")
+def test_the_int8_products_plain_loops_give_what_their_vnni_tiles_give(tmp_path):
+    """Built without AVX512-VNNI, int8_linear takes plain loops: the same outputs to the bit, for
+    rows, inputs and outputs that fill no tile, no group of 4 and no panel; and so do torch's int8
+    product between the kernels' quantization and scaling."""
+    plain = plain_build(tmp_path, "avx512vnni")
+    g = torch.Generator().manual_seed(11)
+    weight = torch.randint(-127, 128, (70, 250), dtype=torch.int8, generator=g)
+    x = torch.randn(13, 250, generator=g) * torch.logspace(-3, 3, 13)[:, None]
+    x[4] = 0
+    padded = 80  # the outputs rounded up to 16
+    sums = F.pad(weight.sum(dim=1, dtype=torch.int32), (0, padded - 70))
+    scales = F.pad(torch.rand(70, generator=g) / 100, (0, padded - 70))
+    bias = F.pad(torch.randn(70, generator=g), (0, padded - 70))
+    out = plain.int8_linear(x, plain.pack_int8_weight(weight), 70, sums, scales, bias, True)
+    quantized, row_scales = plain.int8_quantize_rows(x)
+    through_torch = plain.int8_scale_outputs(torch._int_mm(quantized, weight.t()), row_scales, scales[:70],
+                                             bias[:70], True)
+    assert torch.equal(out, through_torch) and (out == 0).any() and out[4].equal(bias[:70].relu())
+    if KERNELS.int8_vnni:
+        assert not plain.int8_vnni
+        assert torch.equal(KERNELS.int8_linear(x, KERNELS.pack_int8_weight(weight), 70, sums, scales, bias, True), out)
 
 
 @pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64") or KERNELS is None or not KERNELS.attention_avx512,
