@@ -349,29 +349,31 @@ static void grouped_attention64(const float *keys, const float *values, const ui
 }
 #endif
 
-void self_attention(const float *cache, const int64_t *starts, const int32_t *history, int64_t length, int64_t rows,
-                    int64_t heads, int64_t head_dim, const float *query, float *out, float *scores) {
-    if (head_dim == 64)  /* the usual size, known to the compiler here: unrolled loops without remainders */
+/* Both caches' self-attention: head size 64 (the usual one, known to the compiler here: unrolled
+ * loops without remainders) in AVX-512 where built with it, any other in the plain loops. Inlined into
+ * the two kernels below, each with its constant bf16, which the compiler specializes. */
+static inline __attribute__((always_inline)) void self_attention_for(
+        const void *cache, int bf16, const int64_t *starts, const int32_t *history, int64_t length, int64_t rows,
+        int64_t heads, int64_t head_dim, const float *query, float *out, float *scores) {
+    if (head_dim == 64)
 #if ATTENTION_AVX512
-        self_attention64(cache, 0, starts, history, length, rows, heads, query, out, scores);
+        self_attention64(cache, bf16, starts, history, length, rows, heads, query, out, scores);
 #else
-        self_attention_of(cache, 0, starts, history, length, rows, heads, 64, query, out, scores);
+        self_attention_of(cache, bf16, starts, history, length, rows, heads, 64, query, out, scores);
 #endif
     else
-        self_attention_of(cache, 0, starts, history, length, rows, heads, head_dim, query, out, scores);
+        self_attention_of(cache, bf16, starts, history, length, rows, heads, head_dim, query, out, scores);
+}
+
+void self_attention(const float *cache, const int64_t *starts, const int32_t *history, int64_t length, int64_t rows,
+                    int64_t heads, int64_t head_dim, const float *query, float *out, float *scores) {
+    self_attention_for(cache, 0, starts, history, length, rows, heads, head_dim, query, out, scores);
 }
 
 void self_attention_bf16(const uint16_t *cache, const int64_t *starts, const int32_t *history, int64_t length,
                          int64_t rows, int64_t heads, int64_t head_dim, const float *query, float *out,
                          float *scores) {
-    if (head_dim == 64)
-#if ATTENTION_AVX512
-        self_attention64(cache, 1, starts, history, length, rows, heads, query, out, scores);
-#else
-        self_attention_of(cache, 1, starts, history, length, rows, heads, 64, query, out, scores);
-#endif
-    else
-        self_attention_of(cache, 1, starts, history, length, rows, heads, head_dim, query, out, scores);
+    self_attention_for(cache, 1, starts, history, length, rows, heads, head_dim, query, out, scores);
 }
 
 /* Attention of `group` queries per sentence (its beams) to that sentence's keys and values.
