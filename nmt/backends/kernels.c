@@ -1,7 +1,7 @@
 /* Decoding's kernels on CPU: one-query and grouped attention, the cache's writes, the search's
- * log-probabilities and its top-k (nmt/backends/kernel_build.py compiles this file; kernels.py calls
- * each exported function through the prototype it reads here, so a prototype is the one place that
- * says what a kernel takes).
+ * log-probabilities and its top-k, the int8 products (nmt/backends/kernel_build.py compiles this
+ * file; kernels.py calls each exported function through the prototype it reads here, so a prototype
+ * is the one place that says what a kernel takes).
  *
  * torch's attention kernel spends most of a decoding step's attention time on per-(row, head)
  * overhead for products of one query with a few dozen keys, and beam search copies the whole
@@ -9,8 +9,8 @@
  * `history` says, per position, which slot of the cache holds a row's ancestor there, and the
  * loops stream through each position's block of the cache once.
  *
- * Every tensor is float32 (the self-attention cache float32 or bf16) and contiguous; the scale is
- * 1/sqrt(head_dim), as torch's default.
+ * Every tensor is contiguous, its floats float32 (the self-attention cache float32 or bf16);
+ * attention's scale is 1/sqrt(head_dim), as torch's default.
  */
 #include <float.h>
 #include <math.h>
