@@ -41,7 +41,8 @@ def test_every_exported_kernel_is_typed_from_its_c_prototype():
     found = prototypes(SOURCE.read_text())
     assert set(found) == {"append_position", "append_position_bf16", "self_attention", "self_attention_bf16",
                           "grouped_attention", "log_softmax_rows", "select_top", "project_columns_int8",
-                          "attention_avx512", "project_columns_int8_vnni"}
+                          "attention_avx512", "int8_vnni", "pack_int8_weight", "int8_linear",
+                          "int8_quantize_rows", "int8_scale_outputs"}
     grouped = found["grouped_attention"]
     assert [p.name for p in grouped.parameters] == ["keys", "values", "allowed", "rows", "sentences", "group", "heads",
                                                     "length", "head_dim", "query", "out", "scores"]
@@ -168,6 +169,22 @@ def test_grouped_attention_keeps_to_each_sentence_and_skips_padding(head_dim):
 
 
 @needs_kernels
+@pytest.mark.parametrize("head_dim", [16, 64])
+def test_grouped_attention_of_a_sentence_is_the_same_with_any_padding_after_it(head_dim):
+    """To the bit (a batch's longest sentence sets the padding: an int8 model's rounding turned
+    last-bit differences into other scores)."""
+    g = torch.Generator().manual_seed(2)
+    keys, values = (torch.randn(1, 2, 7, head_dim, generator=g) for _ in range(2))
+    query = torch.randn(1, 3, 2, head_dim, generator=g)
+    alone = KERNELS.grouped_attention(keys, values, torch.ones(1, 7, dtype=torch.bool), query)
+    for padding in (1, 2, 9, 30):
+        padded_keys, padded_values = (torch.cat([t, torch.randn(1, 2, padding, head_dim, generator=g)], dim=2)
+                                      for t in (keys, values))
+        allowed = torch.arange(7 + padding)[None, :] < 7
+        assert torch.equal(KERNELS.grouped_attention(padded_keys, padded_values, allowed, query), alone), padding
+
+
+@needs_kernels
 def test_grouped_attention_reads_each_sentence_from_its_row():
     """Beam search leaves the encoder's keys and values in place as sentences leave: row numbers say
     where each remaining sentence's are."""
@@ -202,6 +219,24 @@ def test_log_softmax_keeps_each_row_to_its_sentences_columns():
     expected = torch.log_softmax(logits[:4].view(2, 2, 300) + banned[left].unsqueeze(1), dim=-1).view(4, 300)
     assert torch.equal(out.isinf(), expected.isinf())
     torch.testing.assert_close(out[expected.isfinite()], expected[expected.isfinite()], rtol=1e-6, atol=1e-5)
+
+
+@needs_kernels
+def test_log_softmax_of_a_row_is_the_same_with_any_minus_inf_columns_after_it():
+    """To the bit, whether the logits or the ban put them there: a sentence's shortlist is as wide as
+    its batch's widest, the rest -inf (before, the sum's vectorized order changed with the width)."""
+    g = torch.Generator().manual_seed(0)
+    for width in range(20, 400, 7):
+        row = torch.randn(1, width, generator=g) * 3
+        alone = KERNELS.log_softmax_(row.clone(), None, torch.arange(1))
+        for extra in (1, 3, 9, 40, 300):
+            minus_inf = torch.full((1, extra), -float("inf"))
+            padded = KERNELS.log_softmax_(torch.cat([row, minus_inf], dim=1), None, torch.arange(1))
+            banned = torch.cat([torch.zeros(1, width), minus_inf], dim=1)
+            banned_after = KERNELS.log_softmax_(torch.cat([row, torch.randn(1, extra, generator=g)], dim=1), banned,
+                                                torch.arange(1))
+            for out in (padded, banned_after):
+                assert torch.equal(out[:, :width], alone) and out[:, width:].isneginf().all(), (width, extra)
 
 
 @needs_kernels
@@ -383,6 +418,31 @@ def test_the_int8_projections_plain_loops_give_what_its_vnni_path_gives(tmp_path
     out = plain.project_columns_int8(x, weight, 0.01, columns, sums, counts)
     torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-6)
     assert torch.equal(out, KERNELS.project_columns_int8(x, weight, 0.01, columns, sums, counts))
+
+
+@needs_kernels
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="needs x86")
+def test_the_int8_products_plain_loops_give_what_their_vnni_tiles_give(tmp_path):
+    """Built without AVX512-VNNI, int8_linear takes plain loops: the same outputs to the bit, for
+    rows, inputs and outputs that fill no tile, no group of 4 and no panel; and so do torch's int8
+    product between the kernels' quantization and scaling."""
+    plain = plain_build(tmp_path, "avx512vnni")
+    g = torch.Generator().manual_seed(11)
+    weight = torch.randint(-127, 128, (70, 250), dtype=torch.int8, generator=g)
+    x = torch.randn(13, 250, generator=g) * torch.logspace(-3, 3, 13)[:, None]
+    x[4] = 0
+    padded = 80  # the outputs rounded up to 16
+    sums = F.pad(weight.sum(dim=1, dtype=torch.int32), (0, padded - 70))
+    scales = F.pad(torch.rand(70, generator=g) / 100, (0, padded - 70))
+    bias = F.pad(torch.randn(70, generator=g), (0, padded - 70))
+    out = plain.int8_linear(x, plain.pack_int8_weight(weight), 70, sums, scales, bias, True)
+    quantized, row_scales = plain.int8_quantize_rows(x)
+    through_torch = plain.int8_scale_outputs(torch._int_mm(quantized, weight.t()), row_scales, scales[:70],
+                                             bias[:70], True)
+    assert torch.equal(out, through_torch) and (out == 0).any() and out[4].equal(bias[:70].relu())
+    if KERNELS.int8_vnni:
+        assert not plain.int8_vnni
+        assert torch.equal(KERNELS.int8_linear(x, KERNELS.pack_int8_weight(weight), 70, sums, scales, bias, True), out)
 
 
 @pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64") or KERNELS is None or not KERNELS.attention_avx512,

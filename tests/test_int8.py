@@ -1,26 +1,114 @@
-"""Int8 inference layers (nmt/backends/int8.py): torch.ao's dynamic quantization, called straight."""
+"""Int8 inference layers (nmt/backends/int8.py): int8 weights, each row of activations quantized on
+its own, so that a sentence's outputs and translation never depend on its batch (#40)."""
 
 import warnings
 
+import pytest
 import torch
 from torch import nn
 
+from nmt import Translator
+from nmt.backends import int8 as int8_module
 from nmt.backends.int8 import Int8Linear, quantize
+from nmt.backends.kernel_build import built_kernels
 from nmt.data.vocabulary import BOS_ID, EOS_ID, PAD_ID
 from nmt.models.transformer import Transformer, transformer_tiny
 
+KERNELS = built_kernels()[0]
+# The layers' paths: nmt's C kernels (VNNI's int8_linear where built with it), and torch's operations.
+PATHS = [pytest.param(KERNELS, id="kernels", marks=pytest.mark.skipif(KERNELS is None, reason="no kernels here")),
+         pytest.param(None, id="torch")]
 
-def test_the_same_products_as_torch_ao_s_layer():
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8))
+
+def rows_of_every_magnitude(rows: int, width: int, seed: int) -> torch.Tensor:
+    """Rows from 1e-3 to 1e3 in size, one of zeros: a batch's sentences are not alike."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, width, generator=g) * torch.logspace(-3, 3, rows)[torch.randperm(rows, generator=g), None]
+    x[rows // 2] = 0
+    return x
+
+
+def close(a: torch.Tensor, b: torch.Tensor, relative: float = 0.0, absolute: float = 0.0) -> bool:
+    """Within the tolerances, NaN where the other is NaN."""
+    nan = a.isnan()
+    return torch.equal(nan, b.isnan()) and bool(((a - b).abs() <= absolute + relative * b.abs())[~nan].all())
+
+
+@pytest.mark.parametrize("kernels", PATHS)
+@pytest.mark.parametrize("inputs,outputs", [(64, 192), (100, 70), (256, 1030)])
+def test_a_row_s_products_are_the_same_alone_and_in_any_batch(inputs, outputs, kernels):
+    """To the bit, whatever the rows beside it (fbgemm's dynamic layer gave the whole batch one scale)."""
+    torch.manual_seed(inputs)
+    layer = quantize(nn.Sequential(nn.Linear(inputs, outputs)), kernels)[0]
+    x = rows_of_every_magnitude(23, inputs, seed=outputs)
+    whole = layer(x)
+    for i in range(len(x)):
+        assert torch.equal(layer(x[i:i + 1]), whole[i:i + 1]), i
+    order = torch.randperm(len(x), generator=torch.Generator().manual_seed(1))
+    assert torch.equal(layer(x[order]), whole[order])
+    assert torch.equal(layer(x[3:9].view(2, 3, inputs)), whole[3:9].view(2, 3, outputs))
+    assert torch.equal(layer(torch.cat([x[:7], 1e4 * x[:7]]))[:7], whole[:7])  # beside larger rows
+
+
+@pytest.mark.parametrize("kernels", PATHS)
+def test_each_row_is_quantized_to_8_bits_with_a_scale_of_its_own(kernels):
+    """round(x * 127 / max |x|) times the int8 weight, scaled back: closer to the float layer than
+    fbgemm's one 7-bit scale per batch where the rows differ in size; a row with an inf or a NaN
+    gives NaN, the others what they give alone."""
+    torch.manual_seed(7)
+    model = nn.Sequential(nn.Linear(100, 70))
+    layer = quantize(model, kernels)[0]
+    x = rows_of_every_magnitude(9, 100, seed=8)
+    weight = layer.quantized
+    top = x.abs().amax(dim=1, keepdim=True)
+    q = torch.round(x * torch.where(top > 0, 127 / top, 0))
+    exact = (q.double() @ weight.values.double().t()) * (top / 127 * weight.scales).double() + weight.bias.double()
+    out = layer(x)
+    assert close(out, exact.float(), relative=1e-6, absolute=1e-7)
+    assert torch.equal(out[4], weight.bias)  # the row of zeros
+    assert torch.equal(layer.with_relu()(x), torch.relu(out))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        reference = torch.ao.quantization.quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8)
-    ours = quantize(model)
-    assert [type(m) for m in ours] == [Int8Linear, nn.ReLU, Int8Linear]
-    x = torch.randn(5, 3, 16)
-    assert torch.equal(ours(x), reference(x))
-    assert not torch.equal(ours(x), model(x))  # int8, not the float layers
+        fbgemm = torch.ao.quantization.quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8)[0]
+    with torch.no_grad():
+        expected = model(x)
+        ours, theirs = ((y - expected).abs() / expected.abs().amax(dim=1, keepdim=True) for y in (out, fbgemm(x)))
+    assert ours.mean() < theirs.mean() / 10  # relative to each row's size
+    x[2, 5], x[6, 0] = float("nan"), float("inf")
+    kept = [0, 1, 3, 4, 5, 7, 8]
+    assert layer(x)[[2, 6]].isnan().all() and torch.equal(layer(x)[kept], out[kept])
+
+
+@pytest.mark.skipif(KERNELS is None, reason="nmt's CPU kernels could not be built here")
+@pytest.mark.parametrize("relu", [False, True])
+def test_the_c_kernel_torch_s_int8_product_and_torch_s_operations_give_the_same_outputs(relu, monkeypatch):
+    """VNNI's kernel where it is built; torch._int_mm between the C kernels' quantization and
+    scaling elsewhere (the same bits); torch's operations without the kernels (the same but for
+    the last rounding)."""
+    torch.manual_seed(9)
+    layer = quantize(nn.Sequential(nn.Linear(250, 1030)), KERNELS)[0]
+    layer = layer.with_relu() if relu else layer
+    x = rows_of_every_magnitude(13, 250, seed=10)
+    x[3, 7] = float("nan")
+    out = layer(x)
+    assert out[3].isnan().all() and not out[[0, 1, 2, 4]].isnan().any()
+    monkeypatch.setattr(layer.quantized, "packed", None)
+    assert close(layer(x), out)  # torch._int_mm's
+    monkeypatch.setattr(layer.quantized, "kernels", None)
+    assert close(layer(x), out, relative=1e-6)  # torch's operations
+
+
+@pytest.mark.skipif(KERNELS is None or not KERNELS.int8_vnni, reason="needs the kernels built with AVX512-VNNI")
+def test_large_products_on_two_threads_give_what_one_thread_gives():
+    """On more than one thread a large product goes to torch's int8 product (its threads): the same bits."""
+    torch.manual_seed(13)
+    layer = quantize(nn.Sequential(nn.Linear(256, 1030)), KERNELS)[0]
+    x = rows_of_every_magnitude(70, 256, seed=14)
+    assert 70 * 256 * 1030 >= int8_module.THREADED_PRODUCT
+    one = layer(x)
+    torch.set_num_threads(2)  # put back by conftest's threads_as_they_were
+    assert torch.equal(layer(x), one)
+    assert torch.equal(torch.cat([layer(x[i:i + 1]) for i in range(70)]), one)
 
 
 def test_a_layer_of_some_rows_multiplies_by_those_rows():
@@ -28,7 +116,7 @@ def test_a_layer_of_some_rows_multiplies_by_those_rows():
     layer = quantize(nn.Sequential(nn.Linear(16, 40, bias=False)))[0]
     rows = torch.tensor([3, 0, 39, 17])
     x = torch.randn(6, 16)
-    torch.testing.assert_close(layer.rows(rows)(x), layer(x)[:, rows], rtol=0, atol=1e-6)
+    assert torch.equal(layer.rows(rows)(x), layer(x)[:, rows])
 
 
 def test_fused_projections_give_each_layer_s_own_results():
@@ -77,3 +165,25 @@ def test_int8_feed_forward_layers_apply_the_relu_in_their_first_product():
     expected = block.fc2(torch.relu(block.fc1(x)))
     block.fc1.forward = not_called
     assert isinstance(block.fc1_relu, Int8Linear) and torch.equal(block(x), expected)
+
+
+def scored(translator: Translator, sentences: list[str], **options) -> list[list[tuple]]:
+    return [[(h.pieces, h.score, h.token_scores) for h in hyps]
+            for hyps in translator.hypotheses(sentences, beam=3, nbest=2, max_len_a=0, max_len_b=8, **options)]
+
+
+SENTENCES = ["five", "My room number is eighty-two and his is seventy-seven thousand three hundred and forty-one",
+             "the number four", "x"]
+
+
+def test_an_int8_translation_is_the_same_alone_in_any_batch_and_through_translator(untrained_checkpoint):
+    """Each sentence's hypotheses, scores to the bit, as it decodes alone and in batches of other
+    sentences, short and long, through the Python API (the path `nmt serve` translates by). The
+    untrained model's close scores make any difference show."""
+    translator = Translator.from_checkpoint(untrained_checkpoint, device="cpu", quantize="int8")
+    assert any(isinstance(m, Int8Linear) for m in translator.model.modules())
+    alone = [scored(translator, [sentence])[0] for sentence in SENTENCES]
+    assert scored(translator, SENTENCES) == alone
+    assert scored(translator, SENTENCES[::-1], batch_size=3) == alone[::-1]
+    longer = [SENTENCES[1] + " and " + SENTENCES[1]] * 3
+    assert scored(translator, longer + SENTENCES + SENTENCES[:2])[3:-2] == alone

@@ -79,14 +79,15 @@ class CpuKernelsBackend(TorchBackend):
     def column_projection(self, output: nn.Module | Tensor, columns: Tensor) -> ColumnProjection | Int8Columns:
         """An int8 layer with one scale (as int8.quantize makes them) on a CPU with AVX512-VNNI: the
         kernel multiplies each sentence's rows by its own candidates' weight rows (a few hundred, where
-        the batch's union has thousands: docs/performance.md). Without VNNI its plain loops were not
-        measured against fbgemm's product onto the union, which is taken then."""
-        if not (self.kernels.int8_vnni and isinstance(output, Int8Linear)) or output.weight.q_zero_point() or \
-                output.weight.qscheme() not in (torch.per_tensor_affine, torch.per_tensor_symmetric):
+        the batch's union has thousands: docs/performance.md). Without VNNI the product onto the union
+        (TorchBackend's, Int8Linear.rows) is taken."""
+        if not (self.kernels.int8_vnni and isinstance(output, Int8Linear)) or \
+                bool((output.quantized.scales != output.quantized.scales[0]).any()):
             return super().column_projection(output, columns)
+        weight = output.quantized
         counts = 1 + (columns[:, 1:] != columns[:, :-1]).sum(dim=1, dtype=torch.int32)
-        return Int8Columns(self.kernels, output.int_weight, output.weight.q_scale(), columns,
-                           output.row_sums[columns], counts)
+        return Int8Columns(self.kernels, weight.values, float(weight.scales[0]), columns, weight.row_sums[columns],
+                           counts)
 
     def log_softmax_(self, logits: Tensor, banned: Tensor | None, sentences: Tensor) -> Tensor:
         return self.kernels.log_softmax_(logits, banned, sentences)

@@ -1,75 +1,131 @@
-"""Linear layers in int8 for inference on CPU: torch's dynamic quantization, called straight.
+"""Linear layers in int8 for inference on CPU, each row of a batch quantized on its own.
 
-``quantize(model)`` turns every ``nn.Linear`` into torch.ao's dynamic int8 layer (int8 weights, each
-batch's activations quantized on the fly, fbgemm's kernels) and then each of those into an
-:class:`Int8Linear` that calls the same operator with the same arguments: torch.ao's module checks
-its version and weight type and goes through the Python operator registry on every call, about 4 us
-of the 10-20 us that a decoding step's small products take.
+``quantize(model)`` turns every ``nn.Linear`` into an :class:`Int8Linear`: the int8 weights of
+torch.ao's dynamic quantization (a scale per layer) times activations quantized on the fly, a scale
+per row (max |x| / 127, 8 bits), so that a sentence's outputs never depend on the other sentences of
+its batch (#40: fbgemm's dynamic layer, which nmt called before, quantizes a whole batch with one
+7-bit scale, and a sentence's translation could change with its neighbours). With nmt's C kernels
+built with AVX512-VNNI, the products run in ``int8_linear``: quantization, product, scales, bias and
+ReLU in one call on one thread. Elsewhere, and for large products where torch has more than one
+thread, torch's int8 product (``torch._int_mm``) goes between the kernels' quantization and scaling:
+the same outputs to the bit, as the integer sums are exact. Without the kernels (the torch backend),
+torch's operations quantize and scale (the same up to the last rounding).
 """
 
 from __future__ import annotations
 
-import functools
 import warnings
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
-LINEAR = torch.ops.quantized.linear_dynamic.default
-LINEAR_RELU = torch.ops.quantized.linear_relu_dynamic.default
-PREPACK = torch.ops.quantized.linear_prepack.default
+from nmt.backends.kernels import Kernels, round_up
+
+FLOAT_MAX = torch.finfo(torch.float32).max
+# Multiply-adds from which torch's int8 product on more than one thread (oneDNN's) beat the kernel on
+# one: 2 threads on a Zen 4, 64-128 rows of 256 x 256 to 1,024.
+THREADED_PRODUCT = 1 << 23
+
+
+class Int8Weight:
+    """An int8 weight (outputs, inputs), a float32 scale per output and an optional bias, with what
+    the products need of them: the rows' sums, and where the VNNI kernel runs, the weight in its
+    layout (packed once, here) and the sums, scales and bias padded to 16 outputs (its loads)."""
+
+    def __init__(self, values: Tensor, scales: Tensor, bias: Tensor | None, kernels: Kernels | None):
+        if values.dtype != torch.int8 or values.dim() != 2 or scales.shape != values.shape[:1] or \
+                bias is not None and bias.shape != scales.shape:
+            raise ValueError(f"an int8 weight (outputs, inputs), a scale per output and a bias or none, not "
+                             f"{values.dtype} {tuple(values.shape)}, {tuple(scales.shape)} and "
+                             f"{None if bias is None else tuple(bias.shape)}")
+        self.kernels = kernels
+        self.values, self.scales = values.contiguous(), scales.float().contiguous()
+        self.bias = None if bias is None else bias.detach().float().contiguous()
+        self.row_sums = self.values.sum(dim=1, dtype=torch.int32)
+        padding = (0, round_up(len(scales), 16) - len(scales))
+        self.padded_sums, self.padded_scales = F.pad(self.row_sums, padding), F.pad(self.scales, padding)
+        self.padded_bias = F.pad(self.scales.new_zeros(len(scales)) if bias is None else self.bias, padding)
+        self.packed = kernels.pack_int8_weight(self.values) if kernels is not None and kernels.int8_vnni else None
+
+    @classmethod
+    def of(cls, weight: Tensor, bias: Tensor | None, kernels: Kernels | None) -> Int8Weight:
+        """From a quantized tensor (torch.ao's layers' weight()) without zero points."""
+        if weight.qscheme() in (torch.per_tensor_affine, torch.per_tensor_symmetric) and not weight.q_zero_point():
+            scales = torch.full(weight.shape[:1], weight.q_scale(), dtype=torch.float32)
+        elif weight.qscheme() in (torch.per_channel_affine, torch.per_channel_symmetric) and \
+                weight.q_per_channel_axis() == 0 and not weight.q_per_channel_zero_points().any():
+            scales = weight.q_per_channel_scales().float()
+        else:
+            raise ValueError(f"an int8 weight with {weight.qscheme()} and zero points: not supported")
+        return cls(weight.int_repr(), scales, bias, kernels)
 
 
 class Int8Linear(nn.Module):
-    def __init__(self, packed: torch.ScriptObject, in_features: int, out_features: int, relu: bool = False):
+    def __init__(self, weight: Int8Weight, relu: bool = False):
         super().__init__()
-        self.packed = packed  # fbgemm's int8 weight, with the bias
-        self.in_features, self.out_features = in_features, out_features
-        self.operator = LINEAR_RELU if relu else LINEAR  # with a ReLU on its outputs, in the same pass
+        self.quantized = weight
+        self.out_features, self.in_features = weight.values.shape
+        self.relu = relu  # a ReLU on its outputs, in the same pass
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.operator(x, self.packed, True)  # reduce_range, as torch.ao's layer calls it
+        if x.size(-1) != self.in_features:
+            raise ValueError(f"inputs of {x.size(-1)} features for a layer of {self.in_features}")
+        rows = x.reshape(-1, self.in_features).float().contiguous()  # no copy where it is so already
+        weight, kernels = self.quantized, self.quantized.kernels
+        if weight.packed is not None and (rows.numel() * self.out_features < THREADED_PRODUCT
+                                          or torch.get_num_threads() == 1):
+            out = kernels.int8_linear(rows, weight.packed, self.out_features, weight.padded_sums,
+                                      weight.padded_scales, weight.padded_bias, self.relu)
+        elif kernels is not None:
+            quantized, row_scales = kernels.int8_quantize_rows(rows)
+            out = kernels.int8_scale_outputs(torch._int_mm(quantized, weight.values.t()), row_scales,
+                                             weight.padded_scales[:self.out_features],
+                                             weight.padded_bias[:self.out_features], self.relu)
+        else:
+            out = self.torch_product(rows)
+        return out.view(*x.shape[:-1], self.out_features)
+
+    def torch_product(self, rows: Tensor) -> Tensor:
+        """forward's outputs in torch's operations, without nmt's C kernels: the same quantization and
+        integer sums; the last step rounds twice (float64, then float32) where the kernels' fma rounds
+        once, which can differ in the last bit."""
+        top = rows.abs().amax(dim=1, keepdim=True)
+        finite = top.isfinite()
+        inverse = torch.where(top > 0, (127 / top).clamp(max=FLOAT_MAX), 0.0)
+        quantized = torch.where(finite, torch.round(rows * inverse), 0.0).to(torch.int8)
+        row_scales = torch.where(finite, top / 127, float("nan"))
+        sums = torch._int_mm(quantized, self.quantized.values.t())
+        out = sums.double() * (row_scales * self.quantized.scales).double()
+        if self.quantized.bias is not None:
+            out += self.quantized.bias.double()
+        out = out.float()
+        return out.masked_fill_(out < 0, 0.0) if self.relu else out
+
+    def with_relu(self) -> Int8Linear:
+        """The same layer (its weights shared) with a ReLU on its outputs, in the same pass."""
+        return Int8Linear(self.quantized, relu=True)
 
     def rows(self, indices: Tensor) -> Int8Linear:
         """The layer of some output rows only (a batch's shortlist candidates), without a bias."""
-        return Int8Linear(PREPACK(self.weight.index_select(0, indices), None), self.in_features, len(indices))
-
-    @functools.cached_property
-    def int_weight(self) -> Tensor:
-        """The weight's int8 values (out_features, in_features), contiguous."""
-        return self.weight.int_repr().contiguous()
-
-    @functools.cached_property
-    def row_sums(self) -> Tensor:
-        """Each output row's sum of its int8 weights (int32)."""
-        return self.int_weight.sum(dim=1, dtype=torch.int32)
-
-    @functools.cached_property
-    def weight(self) -> Tensor:
-        """The int8 weight (out_features, in_features), unpacked from fbgemm's layout once (it takes
-        longer than packing some of its rows again)."""
-        return torch.ops.quantized.linear_unpack(self.packed)[0]
+        weight = self.quantized
+        return Int8Linear(Int8Weight(weight.values.index_select(0, indices), weight.scales.index_select(0, indices),
+                                     None, weight.kernels))
 
     def extra_repr(self) -> str:
-        relu = ", relu" if self.operator is LINEAR_RELU else ""
+        relu = ", relu" if self.relu else ""
         return f"in_features={self.in_features}, out_features={self.out_features}, int8{relu}"
 
 
-def concatenated(layers: list[Int8Linear]) -> Int8Linear | None:
+def concatenated(layers: list[Int8Linear]) -> Int8Linear:
     """One layer whose outputs are those of ``layers`` side by side, with the same int8 weights and
-    scales (a scale per output row; the activations, quantized once for all, as each layer would
-    quantize them alone): the same results in one product. None where a weight has a scale per row
-    or a zero point."""
-    unpacked = [torch.ops.quantized.linear_unpack(layer.packed) for layer in layers]
-    weights = [weight for weight, _ in unpacked]
-    if any(w.qscheme() != torch.per_tensor_affine or w.q_zero_point() for w in weights):
-        return None
-    scales = torch.cat([torch.full((w.size(0),), w.q_scale(), dtype=torch.float64) for w in weights])
-    weight = torch._make_per_channel_quantized_tensor(torch.cat([w.int_repr() for w in weights]), scales,
-                                                      torch.zeros(len(scales), dtype=torch.int64), 0)
-    bias = None if all(b is None for _, b in unpacked) else \
-        torch.cat([torch.zeros(w.size(0)) if b is None else b for w, b in unpacked])
-    return Int8Linear(PREPACK(weight, bias), layers[0].in_features, len(scales))
+    scales (a scale per output row; each row of activations quantized once for all, as each layer
+    would quantize it alone): the same results in one product."""
+    weights = [layer.quantized for layer in layers]
+    bias = None if all(w.bias is None for w in weights) else \
+        torch.cat([w.scales.new_zeros(len(w.scales)) if w.bias is None else w.bias for w in weights])
+    return Int8Linear(Int8Weight(torch.cat([w.values for w in weights]), torch.cat([w.scales for w in weights]),
+                                 bias, weights[0].kernels))
 
 
 def fuse_layers(model: nn.Module) -> None:
@@ -85,18 +141,19 @@ def fuse_layers(model: nn.Module) -> None:
     for block in model.modules():
         first = getattr(block, "fc1", None)
         if hasattr(block, "fc1_relu") and isinstance(first, Int8Linear):
-            block.fc1_relu = Int8Linear(first.packed, first.in_features, first.out_features, relu=True)
+            block.fc1_relu = first.with_relu()
 
 
-def quantize(model: nn.Module) -> nn.Module:
-    """A copy of the model with its linear layers in int8 (as torch.ao's quantize_dynamic makes it)."""
+def quantize(model: nn.Module, kernels: Kernels | None = None) -> nn.Module:
+    """A copy of the model with its linear layers in int8: the weights as torch.ao's quantize_dynamic
+    quantizes them (one scale per layer), the activations a row at a time (Int8Linear), in nmt's C
+    ``kernels`` where given (the CPU backend's), else in torch's operations."""
     with warnings.catch_warnings():  # torch.ao's eager quantization warns it will move to torchao
         warnings.simplefilter("ignore")
         model = torch.ao.quantization.quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8)
-    for parent in list(model.modules()):
-        for name, child in parent.named_children():
-            if isinstance(child, torch.ao.nn.quantized.dynamic.Linear):
-                setattr(parent, name, Int8Linear(child._packed_params._packed_params, child.in_features,
-                                                 child.out_features))
+        for parent in list(model.modules()):
+            for name, child in parent.named_children():
+                if isinstance(child, torch.ao.nn.quantized.dynamic.Linear):
+                    setattr(parent, name, Int8Linear(Int8Weight.of(child.weight(), child.bias(), kernels)))
     fuse_layers(model)
     return model

@@ -1,7 +1,7 @@
 /* Decoding's kernels on CPU: one-query and grouped attention, the cache's writes, the search's
- * log-probabilities and its top-k (nmt/backends/kernel_build.py compiles this file; kernels.py calls
- * each exported function through the prototype it reads here, so a prototype is the one place that
- * says what a kernel takes).
+ * log-probabilities and its top-k, the int8 products (nmt/backends/kernel_build.py compiles this
+ * file; kernels.py calls each exported function through the prototype it reads here, so a prototype
+ * is the one place that says what a kernel takes).
  *
  * torch's attention kernel spends most of a decoding step's attention time on per-(row, head)
  * overhead for products of one query with a few dozen keys, and beam search copies the whole
@@ -9,8 +9,8 @@
  * `history` says, per position, which slot of the cache holds a row's ancestor there, and the
  * loops stream through each position's block of the cache once.
  *
- * Every tensor is float32 (the self-attention cache float32 or bf16) and contiguous; the scale is
- * 1/sqrt(head_dim), as torch's default.
+ * Every tensor is contiguous, its floats float32 (the self-attention cache float32 or bf16);
+ * attention's scale is 1/sqrt(head_dim), as torch's default.
  */
 #include <float.h>
 #include <math.h>
@@ -349,29 +349,31 @@ static void grouped_attention64(const float *keys, const float *values, const ui
 }
 #endif
 
-void self_attention(const float *cache, const int64_t *starts, const int32_t *history, int64_t length, int64_t rows,
-                    int64_t heads, int64_t head_dim, const float *query, float *out, float *scores) {
-    if (head_dim == 64)  /* the usual size, known to the compiler here: unrolled loops without remainders */
+/* Both caches' self-attention: head size 64 (the usual one, known to the compiler here: unrolled
+ * loops without remainders) in AVX-512 where built with it, any other in the plain loops. Inlined into
+ * the two kernels below, each with its constant bf16, which the compiler specializes. */
+static inline __attribute__((always_inline)) void self_attention_for(
+        const void *cache, int bf16, const int64_t *starts, const int32_t *history, int64_t length, int64_t rows,
+        int64_t heads, int64_t head_dim, const float *query, float *out, float *scores) {
+    if (head_dim == 64)
 #if ATTENTION_AVX512
-        self_attention64(cache, 0, starts, history, length, rows, heads, query, out, scores);
+        self_attention64(cache, bf16, starts, history, length, rows, heads, query, out, scores);
 #else
-        self_attention_of(cache, 0, starts, history, length, rows, heads, 64, query, out, scores);
+        self_attention_of(cache, bf16, starts, history, length, rows, heads, 64, query, out, scores);
 #endif
     else
-        self_attention_of(cache, 0, starts, history, length, rows, heads, head_dim, query, out, scores);
+        self_attention_of(cache, bf16, starts, history, length, rows, heads, head_dim, query, out, scores);
+}
+
+void self_attention(const float *cache, const int64_t *starts, const int32_t *history, int64_t length, int64_t rows,
+                    int64_t heads, int64_t head_dim, const float *query, float *out, float *scores) {
+    self_attention_for(cache, 0, starts, history, length, rows, heads, head_dim, query, out, scores);
 }
 
 void self_attention_bf16(const uint16_t *cache, const int64_t *starts, const int32_t *history, int64_t length,
                          int64_t rows, int64_t heads, int64_t head_dim, const float *query, float *out,
                          float *scores) {
-    if (head_dim == 64)
-#if ATTENTION_AVX512
-        self_attention64(cache, 1, starts, history, length, rows, heads, query, out, scores);
-#else
-        self_attention_of(cache, 1, starts, history, length, rows, heads, 64, query, out, scores);
-#endif
-    else
-        self_attention_of(cache, 1, starts, history, length, rows, heads, head_dim, query, out, scores);
+    self_attention_for(cache, 1, starts, history, length, rows, heads, head_dim, query, out, scores);
 }
 
 /* Attention of `group` queries per sentence (its beams) to that sentence's keys and values.
@@ -386,6 +388,11 @@ static inline void grouped_attention_of(const float *keys, const float *values, 
     for (int64_t s = 0; s < sentences; ++s) {
         const int64_t stored = rows ? rows[s] : s;
         const uint8_t *mask = allowed + stored * length;
+        /* Up to the sentence's last allowed position: its padding after that, which depends on the
+         * batch, must not move positions between the loops below nor change the length of the
+         * softmax's sum (an int8 model's rounding turned such last-bit differences into other scores). */
+        int64_t used = length;
+        while (used > 0 && !mask[used - 1]) --used;
         for (int64_t h = 0; h < heads; ++h) {
             const float *k = keys + (stored * heads + h) * length * head_dim;
             const float *v = values + (stored * heads + h) * length * head_dim;
@@ -393,7 +400,7 @@ static inline void grouped_attention_of(const float *keys, const float *values, 
                 const int64_t at = ((s * group + g) * heads + h) * head_dim;
                 const float *q = query + at;
                 int64_t p = 0;
-                for (; p + 4 <= length; p += 4) {  /* four positions' sums at once */
+                for (; p + 4 <= used; p += 4) {  /* four positions' sums at once */
                     const float *k0 = k + p * head_dim;
                     float s0 = 0.f, s1 = 0.f, s2 = 0.f, s3 = 0.f;
                     for (int64_t d = 0; d < head_dim; ++d) {
@@ -407,11 +414,11 @@ static inline void grouped_attention_of(const float *keys, const float *values, 
                     scores[p + 2] = scale * s2;
                     scores[p + 3] = scale * s3;
                 }
-                for (; p < length; ++p) scores[p] = scale * dot(q, k + p * head_dim, head_dim);
-                softmax(scores, mask, length);  /* padding's weights are 0 */
+                for (; p < used; ++p) scores[p] = scale * dot(q, k + p * head_dim, head_dim);
+                softmax(scores, mask, used);  /* padding's weights are 0 */
                 float *o = out + at;
                 memset(o, 0, sizeof(float) * head_dim);
-                for (p = 0; p < length; ++p) {
+                for (p = 0; p < used; ++p) {
                     if (!mask[p]) continue;
                     const float weight = scores[p];
                     for (int64_t d = 0; d < head_dim; ++d) o[d] += weight * v[p * head_dim + d];
@@ -448,9 +455,14 @@ void log_softmax_rows(float *logits, int64_t rows, int64_t columns, const float 
             const float *ban = banned + which[r / width] * columns;
             for (int64_t c = 0; c < columns; ++c) x[c] += ban[c];
         }
+        /* Up to the row's last column that is not -inf: the -inf columns after it (a shortlist narrower
+         * than its batch's widest) must not change the length of the vectorized sum, whose order
+         * would then differ in the last bits from the sentence's alone. */
+        int64_t used = columns;
+        while (used > 1 && x[used - 1] == -INFINITY) --used;
         float max = -INFINITY, sum = 0.f;
-        for (int64_t c = 0; c < columns; ++c) max = x[c] > max ? x[c] : max;
-        for (int64_t c = 0; c < columns; ++c) sum += exp_fast(x[c] - max);
+        for (int64_t c = 0; c < used; ++c) max = x[c] > max ? x[c] : max;
+        for (int64_t c = 0; c < used; ++c) sum += exp_fast(x[c] - max);
         const float log_sum = max + logf(sum);
         for (int64_t c = 0; c < columns; ++c) x[c] -= log_sum;
     }
@@ -494,6 +506,37 @@ void select_top(const float *logprobs, const float *scores, int64_t sentences, i
     }
 }
 
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#define INT8_VNNI 1
+#else
+#define INT8_VNNI 0
+#endif
+
+/* x (dim) as q + offset, q = round(x * 127 / max |x|) in -127..127 (to nearest even), in quantized
+ * (k_pad bytes, the padding `offset`: a q of 0); its scale max / 127 in *scale, NaN for a row with an
+ * inf or a NaN (whose outputs are then NaN). The maximum is taken over the floats' bits (for |x| the
+ * integers' order, inf and NaN above every finite float): loops that compilers vectorize. */
+static void quantize_row(const float *x, int64_t dim, int64_t k_pad, int offset, uint8_t *quantized, float *scale) {
+    uint32_t top = 0;
+    for (int64_t k = 0; k < dim; ++k) {
+        uint32_t bits;
+        memcpy(&bits, x + k, sizeof bits);
+        bits &= 0x7FFFFFFFu;
+        top = bits > top ? bits : top;
+    }
+    memset(quantized + dim, offset, k_pad - dim);
+    if (top > 0x7F7FFFFFu) {
+        memset(quantized, offset, dim);
+        *scale = NAN;
+        return;
+    }
+    float max;
+    memcpy(&max, &top, sizeof max);
+    const float inverse = max > 0.f ? fminf(127.f / max, FLT_MAX) : 0.f;  /* a tiny max: no inf */
+    for (int64_t k = 0; k < dim; ++k) quantized[k] = (uint8_t)((int32_t)nearbyintf(x[k] * inverse) + offset);
+    *scale = max / 127.f;
+}
+
 /* The int8 output projection onto each sentence's own vocabulary entries (its shortlist candidates):
  * out (sentences * group, width) for x (sentences * group, dim), the `group` rows of a sentence
  * consecutive; column j of sentence s is weight row columns[s][j] for j < counts[s], -inf after.
@@ -503,7 +546,7 @@ void select_top(const float *logprobs, const float *scores, int64_t sentences, i
  * which take the +128 back out. weight (vocabulary, dim) int8, one scale. With AVX512-VNNI: 16
  * columns at a time, 64 products per instruction, their lanes summed at the end; else plain loops.
  * A row with an infinite or NaN entry gets NaN logits. */
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#if INT8_VNNI
 #include <immintrin.h>
 
 /* Lane i of the result: the sum of v[i]'s 16 lanes. */
@@ -567,37 +610,190 @@ int attention_avx512(void) {
 #endif
 }
 
-int project_columns_int8_vnni(void) {
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
-    return 1;
-#else
-    return 0;
-#endif
-}
+/* Whether the int8 kernels (project_columns_int8, int8_linear) run VNNI's instructions. */
+int int8_vnni(void) { return INT8_VNNI; }
 
 /* quantized: room for one row, dim rounded up to 64. The int32 sums hold for dim < 66,000. */
 void project_columns_int8(const float *x, int64_t sentences, int64_t group, int64_t dim, const int8_t *weight,
                           float weight_scale, const int64_t *columns, const int32_t *column_sums,
                           const int32_t *counts, int64_t width, float *out, uint8_t *quantized) {
     const int64_t stride = (dim + 63) / 64 * 64;
-    memset(quantized + dim, 0, stride - dim);
     for (int64_t r = 0; r < sentences * group; ++r) {
-        const float *row = x + r * dim;
         const int64_t s = r / group;
         float *o = out + r * width;
-        float max = 0.f, nan_if_not_finite = 0.f;
-        for (int64_t k = 0; k < dim; ++k) {
-            max = fabsf(row[k]) > max ? fabsf(row[k]) : max;
-            nan_if_not_finite += row[k] * 0.f;
-        }
-        if (nan_if_not_finite != 0.f) {  /* an inf or NaN: no logits to be had */
+        float row_scale;
+        quantize_row(x + r * dim, dim, stride, 128, quantized, &row_scale);
+        if (isnan(row_scale)) {  /* an inf or NaN: no logits to be had */
             for (int64_t j = 0; j < width; ++j) o[j] = j < counts[s] ? NAN : -INFINITY;
             continue;
         }
-        const float inverse = max > 0.f ? fminf(127.f / max, FLT_MAX) : 0.f;  /* a tiny max: no inf */
-        for (int64_t k = 0; k < dim; ++k) quantized[k] = (uint8_t)((int32_t)nearbyintf(row[k] * inverse) + 128);
-        const float scale = max / 127.f * weight_scale;
-        project_row(quantized, dim, weight, columns + s * width, column_sums + s * width, counts[s], scale, o);
+        project_row(quantized, dim, weight, columns + s * width, column_sums + s * width, counts[s],
+                    row_scale * weight_scale, o);
         for (int64_t j = counts[s]; j < width; ++j) o[j] = -INFINITY;
+    }
+}
+
+/* Dense int8 products (nmt/backends/int8.py's Int8Linear): out (rows, out_features) = x (rows, in_features)
+ * times an int8 weight (its rows: the outputs), each row of x quantized with a scale of its own
+ * (max |x| / 127, as above), so that a row's outputs never depend on the batch's other rows. The
+ * integer sums are exact in any order, and each output is then sum * (row scale * output's scale)
+ * + bias in one rounding (fmaf), the ReLU after where asked: the same bits whichever path computes
+ * them, int8_linear's VNNI tiles, its plain loops, or torch's int8 product between
+ * int8_quantize_rows and int8_scale_outputs (int8.py says where).
+ *
+ * For int8_linear the weight is packed once per layer (pack_int8_weight): panels of 64 outputs (the
+ * last 16, 32 or 48: outputs rounded up to 16 with zero rows), each panel in groups of 4 inputs
+ * (inputs rounded up to 4 with zeros), a group holding the panel's outputs' 4 weights side by side:
+ * one 64-byte load gives 16 outputs' 4 weights, which vpdpbusd multiplies by one row's 4 inputs
+ * (broadcast, held as q + 128) in one instruction. A tile is up to 6 rows by a panel, 24
+ * accumulators; the weight's row sums take the 128s back out. */
+#define INT8_PANEL 64
+#define INT8_TILE_ROWS 6
+
+static inline int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
+
+void pack_int8_weight(const int8_t *weight, int64_t out_features, int64_t in_features, int8_t *packed) {
+    const int64_t n_pad = round_up(out_features, 16), k_pad = round_up(in_features, 4);
+    for (int64_t n0 = 0; n0 < n_pad; n0 += INT8_PANEL) {
+        const int64_t width = n_pad - n0 < INT8_PANEL ? n_pad - n0 : INT8_PANEL;
+        int8_t *panel = packed + n0 * k_pad;
+        for (int64_t g = 0; g < k_pad / 4; ++g)
+            for (int64_t c = 0; c < width; ++c)
+                for (int64_t t = 0; t < 4; ++t) {
+                    const int64_t n = n0 + c, k = 4 * g + t;
+                    panel[(g * width + c) * 4 + t] = n < out_features && k < in_features ? weight[n * in_features + k] : 0;
+                }
+    }
+}
+
+/* One output from its integer sum (of q * w). */
+static inline float int8_output(int32_t sum, float row_scale, float scale, float bias, int relu) {
+    const float value = fmaf((float)sum, row_scale * scale, bias);
+    return relu && value < 0.f ? 0.f : value;  /* NaN stays NaN */
+}
+
+/* The rows of x (rows, dim) as int8_linear quantizes them, but as q (int8: offset 0) or q + 128
+ * (offset 128), each in `stride` bytes; their scales in row_scales. */
+void int8_quantize_rows(const float *x, int64_t rows, int64_t dim, int64_t stride, int64_t offset,
+                        uint8_t *quantized, float *row_scales) {
+    for (int64_t r = 0; r < rows; ++r)
+        quantize_row(x + r * dim, dim, stride, (int)offset, quantized + r * stride, row_scales + r);
+}
+
+/* out (rows, columns) from the integer sums (rows, columns), as int8_linear's outputs. */
+void int8_scale_outputs(const int32_t *sums, int64_t rows, int64_t columns, const float *row_scales,
+                        const float *scales, const float *bias, int64_t relu, float *out) {
+    for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < columns; ++c)
+            out[r * columns + c] = int8_output(sums[r * columns + c], row_scales[r], scales[c], bias[c], (int)relu);
+}
+
+#if INT8_VNNI
+/* Row `row_scale`'s 16 outputs from acc, the sums of (q + 128) * w: int8_output's arithmetic. */
+static inline __attribute__((always_inline)) void int8_store16(
+        __m512i acc, float row_scale, const int32_t *weight_sums, const float *scales, const float *bias, int relu,
+        float *out, __mmask16 lanes) {
+    const __m512i offset = _mm512_slli_epi32(_mm512_loadu_si512(weight_sums), 7);  /* 128 * sum */
+    const __m512 sum = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc, offset));
+    __m512 value = _mm512_fmadd_ps(sum, _mm512_mul_ps(_mm512_set1_ps(row_scale), _mm512_loadu_ps(scales)),
+                                   _mm512_loadu_ps(bias));
+    if (relu) value = _mm512_max_ps(_mm512_setzero_ps(), value);  /* NaN: the second operand, kept */
+    _mm512_mask_storeu_ps(out, lanes, value);
+}
+
+/* The accumulators are named variables: GCC kept an array of them on the stack, 1.5x slower. */
+#define INT8_ACCUMULATORS(R) __m512i acc##R##0 = _mm512_setzero_si512(), acc##R##1 = acc##R##0, \
+    acc##R##2 = acc##R##0, acc##R##3 = acc##R##0;
+#define INT8_ROW(R) \
+    if (rows > R) { \
+        int32_t four; \
+        memcpy(&four, a + R * k_pad + 4 * g, sizeof four); \
+        const __m512i x = _mm512_set1_epi32(four); \
+        acc##R##0 = _mm512_dpbusd_epi32(acc##R##0, x, w0); \
+        if (vectors > 1) acc##R##1 = _mm512_dpbusd_epi32(acc##R##1, x, w1); \
+        if (vectors > 2) acc##R##2 = _mm512_dpbusd_epi32(acc##R##2, x, w2); \
+        if (vectors > 3) acc##R##3 = _mm512_dpbusd_epi32(acc##R##3, x, w3); \
+    }
+#define INT8_STORE(R, V) \
+    if (rows > R && vectors > V && columns > 16 * V) \
+        int8_store16(acc##R##V, row_scales[R], weight_sums + 16 * V, scales + 16 * V, bias + 16 * V, relu, \
+                     out + R * out_stride + 16 * V, \
+                     columns >= 16 * (V + 1) ? (__mmask16)0xFFFF : (__mmask16)((1u << (columns - 16 * V)) - 1));
+#define INT8_STORE_ROW(R) INT8_STORE(R, 0) INT8_STORE(R, 1) INT8_STORE(R, 2) INT8_STORE(R, 3)
+
+/* rows (<= 6) of quantized inputs a by a panel of 16 * vectors (<= 4) outputs, its first `columns`
+ * stored; inlined with constant rows and vectors (int8_tile_of), the code for other counts removed. */
+static inline __attribute__((always_inline)) void int8_tile(
+        const uint8_t *a, int64_t k_pad, int rows, const int8_t *panel, int vectors, const float *row_scales,
+        const int32_t *weight_sums, const float *scales, const float *bias, int relu, float *out,
+        int64_t out_stride, int64_t columns) {
+    INT8_ACCUMULATORS(0) INT8_ACCUMULATORS(1) INT8_ACCUMULATORS(2) INT8_ACCUMULATORS(3) INT8_ACCUMULATORS(4)
+    INT8_ACCUMULATORS(5)
+    const int64_t groups = k_pad / 4, width = 16 * vectors;
+    for (int64_t g = 0; g < groups; ++g) {
+        const int8_t *p = panel + g * width * 4;
+        const __m512i w0 = _mm512_loadu_si512(p);
+        const __m512i w1 = vectors > 1 ? _mm512_loadu_si512(p + 64) : w0;
+        const __m512i w2 = vectors > 2 ? _mm512_loadu_si512(p + 128) : w0;
+        const __m512i w3 = vectors > 3 ? _mm512_loadu_si512(p + 192) : w0;
+        INT8_ROW(0) INT8_ROW(1) INT8_ROW(2) INT8_ROW(3) INT8_ROW(4) INT8_ROW(5)
+    }
+    INT8_STORE_ROW(0) INT8_STORE_ROW(1) INT8_STORE_ROW(2) INT8_STORE_ROW(3) INT8_STORE_ROW(4) INT8_STORE_ROW(5)
+}
+
+#define INT8_TILE_CASE(ROWS, VECTORS) \
+    case (ROWS) * 8 + (VECTORS): \
+        int8_tile(a, k_pad, ROWS, panel, VECTORS, row_scales, weight_sums, scales, bias, relu, out, out_stride, \
+                  columns); \
+        break;
+#define INT8_TILE_CASES(ROWS) INT8_TILE_CASE(ROWS, 1) INT8_TILE_CASE(ROWS, 2) INT8_TILE_CASE(ROWS, 3) \
+    INT8_TILE_CASE(ROWS, 4)
+
+static void int8_tile_of(const uint8_t *a, int64_t k_pad, int rows, const int8_t *panel, int vectors,
+                         const float *row_scales, const int32_t *weight_sums, const float *scales, const float *bias,
+                         int relu, float *out, int64_t out_stride, int64_t columns) {
+    switch (rows * 8 + vectors) {
+        INT8_TILE_CASES(1) INT8_TILE_CASES(2) INT8_TILE_CASES(3) INT8_TILE_CASES(4) INT8_TILE_CASES(5)
+        INT8_TILE_CASES(6)
+        default: break;
+    }
+}
+#else
+static void int8_tile_of(const uint8_t *a, int64_t k_pad, int rows, const int8_t *panel, int vectors,
+                         const float *row_scales, const int32_t *weight_sums, const float *scales, const float *bias,
+                         int relu, float *out, int64_t out_stride, int64_t columns) {
+    const int64_t width = 16 * vectors, groups = k_pad / 4;
+    for (int r = 0; r < rows; ++r) {
+        int32_t acc[INT8_PANEL] = {0};
+        for (int64_t g = 0; g < groups; ++g) {
+            const uint8_t *x = a + r * k_pad + 4 * g;
+            const int8_t *w = panel + g * width * 4;
+            for (int64_t c = 0; c < width; ++c)
+                acc[c] += x[0] * w[4 * c] + x[1] * w[4 * c + 1] + x[2] * w[4 * c + 2] + x[3] * w[4 * c + 3];
+        }
+        for (int64_t c = 0; c < width && c < columns; ++c)
+            out[r * out_stride + c] = int8_output(acc[c] - 128 * weight_sums[c], row_scales[r], scales[c], bias[c],
+                                                  relu);
+    }
+}
+#endif
+
+/* out (rows, out_features) for x (rows, in_features), the weight packed by pack_int8_weight;
+ * weight_sums (its rows' sums), scales and bias with room for out_features rounded up to 16 (zeros
+ * after); quantized: room for rows x in_features rounded up to 4 bytes; row_scales for rows floats.
+ * The int32 sums hold for in_features < 66,000. Without VNNI: plain loops, 6-14x slower than
+ * VNNI's tiles (AVX-512 without VNNI, or AVX2: measured on a Zen 4), where int8.py takes torch's
+ * int8 product instead. */
+void int8_linear(const float *x, int64_t rows, int64_t in_features, const int8_t *packed, int64_t out_features,
+                 const int32_t *weight_sums, const float *scales, const float *bias, int64_t relu, float *out,
+                 uint8_t *quantized, float *row_scales) {
+    const int64_t k_pad = round_up(in_features, 4), n_pad = round_up(out_features, 16);
+    int8_quantize_rows(x, rows, in_features, k_pad, 128, quantized, row_scales);
+    for (int64_t n0 = 0; n0 < n_pad; n0 += INT8_PANEL) {
+        const int64_t width = n_pad - n0 < INT8_PANEL ? n_pad - n0 : INT8_PANEL;
+        for (int64_t r0 = 0; r0 < rows; r0 += INT8_TILE_ROWS)
+            int8_tile_of(quantized + r0 * k_pad, k_pad, (int)(rows - r0 < INT8_TILE_ROWS ? rows - r0 : INT8_TILE_ROWS),
+                         packed + n0 * k_pad, (int)(width / 16), row_scales + r0, weight_sums + n0, scales + n0,
+                         bias + n0, (int)relu, out + r0 * out_features + n0, out_features, out_features - n0);
     }
 }

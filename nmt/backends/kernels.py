@@ -74,7 +74,7 @@ class Kernels:
             function.argtypes, function.restype = list(prototype.ctypes), prototype.returns
             self.functions[name] = prototype, function
         self.attention_avx512 = bool(self.call("attention_avx512"))
-        self.int8_vnni = bool(self.call("project_columns_int8_vnni"))  # the int8 projection's 16 columns at a time
+        self.int8_vnni = bool(self.call("int8_vnni"))  # the int8 kernels' VNNI instructions
 
     def describe(self) -> str:
         """Which of their instruction sets this build has, for the log line that names the backend."""
@@ -202,6 +202,58 @@ class Kernels:
         self.call("project_columns_int8", rows, sentences, len(rows) // sentences, dim, weight, weight_scale, columns,
                   column_sums, counts, width, out, quantized)
         return out.view(*x.shape[:-1], width)
+
+
+    def pack_int8_weight(self, weight: Tensor) -> Tensor:
+        """An int8 weight (outputs, inputs) in the layout int8_linear reads (kernels.c: panels of 64
+        outputs, groups of 4 inputs), outputs rounded up to 16 and inputs to 4 with zeros."""
+        outputs, inputs = weight.shape
+        packed = torch.empty(round_up(outputs, 16) * round_up(inputs, 4), dtype=torch.int8)
+        self.call("pack_int8_weight", weight.to(torch.int8).contiguous(), outputs, inputs, packed)
+        return packed
+
+    def int8_linear(self, x: Tensor, packed: Tensor, outputs: int, weight_sums: Tensor, scales: Tensor,
+                    bias: Tensor, relu: bool) -> Tensor:
+        """x (rows, inputs) float32 times the int8 weight that ``packed`` holds (pack_int8_weight), each
+        row of x quantized with a scale of its own: (rows, outputs) float32, the ReLU in the same pass.
+        ``weight_sums`` (the weight rows' sums, int32), ``scales`` and ``bias`` (float32) per output,
+        outputs rounded up to 16 with zeros."""
+        rows, inputs = x.shape
+        padded = round_up(outputs, 16)
+        check_shapes("int8_linear", packed=(packed, (padded * round_up(inputs, 4),)),
+                     weight_sums=(weight_sums, (padded,)), scales=(scales, (padded,)), bias=(bias, (padded,)))
+        out = torch.empty(rows, outputs, dtype=torch.float32)
+        quantized = torch.empty(rows * round_up(inputs, 4), dtype=torch.uint8)
+        row_scales = torch.empty(rows, dtype=torch.float32)
+        self.call("int8_linear", x, rows, inputs, packed, outputs, weight_sums, scales, bias, int(relu), out,
+                  quantized, row_scales)
+        return out
+
+    def int8_quantize_rows(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """The rows of x (rows, dim) float32 as int8_linear quantizes them: int8 values
+        q = round(x * 127 / max |x|) (rows, dim) and each row's scale, max |x| / 127 (NaN for a row
+        with an inf or a NaN, whose q are 0)."""
+        rows, dim = x.shape
+        quantized = torch.empty(rows, dim, dtype=torch.uint8)  # the C side writes bytes: q itself (offset 0)
+        row_scales = torch.empty(rows, dtype=torch.float32)
+        self.call("int8_quantize_rows", x, rows, dim, dim, 0, quantized, row_scales)
+        return quantized.view(torch.int8), row_scales
+
+    def int8_scale_outputs(self, sums: Tensor, row_scales: Tensor, scales: Tensor, bias: Tensor,
+                           relu: bool) -> Tensor:
+        """Outputs (rows, columns) float32 from the integer sums (rows, columns, int32) of q * w, as
+        int8_linear makes them: sum * (row scale * column scale) + bias in one rounding, the ReLU
+        after where asked."""
+        rows, columns = sums.shape
+        check_shapes("int8_scale_outputs", row_scales=(row_scales, (rows,)), scales=(scales, (columns,)),
+                     bias=(bias, (columns,)))
+        out = torch.empty(rows, columns, dtype=torch.float32)
+        self.call("int8_scale_outputs", sums, rows, columns, row_scales, scales, bias, int(relu), out)
+        return out
+
+
+def round_up(n: int, multiple: int) -> int:
+    return (n + multiple - 1) // multiple * multiple
 
 
 def check_shapes(kernel: str, **tensors: tuple[Tensor, tuple[int, ...]]) -> None:

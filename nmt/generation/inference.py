@@ -103,7 +103,7 @@ def inference_model(model: nn.Module, quantize: str, backend: TorchBackend) -> n
     model.eval()
     if quantize == "int8":
         model.separate_output_layer()  # the largest product of every step; int8 only sees modules
-        model = int8.quantize(model)
+        model = int8.quantize(model, backend.kernels if isinstance(backend, CpuKernelsBackend) else None)
     model.backend = backend
     return model
 
