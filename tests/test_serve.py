@@ -567,20 +567,26 @@ def test_option_errors_name_the_request_fields_whole_flags_only():
         '"lenpen_style" x; "lenpen" 1; "nbest" must be between 1 and "beam"; --max-beam 16'
 
 
-def test_ctrl_c_stops_the_server_with_its_line_and_130(checkpoint, tmp_path):
-    """Through uvicorn's own signal handling, which the two-step server hooks into."""
+@pytest.mark.parametrize("inherited", ["default", "ignored"])
+def test_ctrl_c_stops_the_server_with_its_line_and_130(checkpoint, tmp_path, inherited):
+    """Through uvicorn's own signal handling, which the two-step server hooks into; also when the
+    server starts with Ctrl-C ignored, as a shell's background job (`&`, nohup) does."""
     import signal
+
+    def ignore_ctrl_c() -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     log = tmp_path / "stderr.txt"
     with open(log, "w") as stderr:
-        process = subprocess.Popen(serve_command(checkpoint, "--port", "0"), stderr=stderr, stdout=subprocess.DEVNULL)
+        process = subprocess.Popen(serve_command(checkpoint, "--port", "0"), stderr=stderr, stdout=subprocess.DEVNULL,
+                                   preexec_fn=ignore_ctrl_c if inherited == "ignored" else None)
     try:
         deadline = time.monotonic() + GIVE_UP
         while "serving " not in log.read_text() and time.monotonic() < deadline:
             assert process.poll() is None, log.read_text()
             time.sleep(0.05)
         process.send_signal(signal.SIGINT)
-        assert process.wait(GIVE_UP) == 130
+        assert process.wait(GIVE_UP) == 130, log.read_text()
     finally:
         process.kill()
     text = log.read_text()

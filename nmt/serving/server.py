@@ -38,7 +38,7 @@ from nmt.checkpoint.format import load_checkpoint
 from nmt.checkpoint.names import split_paths
 from nmt.data.vocabulary import EOS_ID
 from nmt.device import use_threads
-from nmt.errors import NmtError, install_hint
+from nmt.errors import NmtError, Stopped, install_hint
 from nmt.generation.inference import translate_ids, uses_shortlist
 from nmt.generation.options import BatchingOptions, SearchOptions, choose_workers
 from nmt.generation.search import HYPOTHESIS_BYTES_PER_TOKEN, SearchStopped, model_positions
@@ -309,6 +309,8 @@ def serve(options: ServeOptions) -> None:
         logger.info("serving %s on http://%s:%d (POST /translate, GET /health, GET /info); %s", translator.path,
                     shown, port, translator.decoding.describe())
         server.run(sockets=[sock])
+    if server.stop_signal:  # uvicorn raised it again after stopping; here when the signal was ignored (nohup, `&`)
+        raise Stopped(server.stop_signal)
 
 
 def server_stopping_in_two_steps(base: type) -> type:
@@ -318,6 +320,7 @@ def server_stopping_in_two_steps(base: type) -> type:
 
     class Server(base):
         early_signals: list[int] = []
+        stop_signal = 0  # the first Ctrl-C or SIGTERM
         handlers: dict[int, Any] = {}  # before the early signals were noted
 
         @contextlib.contextmanager
@@ -352,6 +355,7 @@ def server_stopping_in_two_steps(base: type) -> type:
                 logger.warning("%s: stopped at once, requests in progress unanswered", name)
                 os._exit(128 + sig)  # nothing of the user's is being written: the server writes no files
             else:
+                self.stop_signal = sig
                 logger.warning("%s: stopping once the requests in progress are answered (a second Ctrl-C or "
                                "SIGTERM stops at once)", name)
                 super().handle_exit(sig, frame)
