@@ -124,8 +124,8 @@ def decoding_settings(compute: InferenceDeviceOptions, search: SearchOptions, pa
     if stop == settings.stop:
         return settings
     return dataclasses.replace(settings, stop=stop, reason=f"{settings.reason}; stop exact: the check searched with "
-                               f"{describe_search(settings.checked_search())}, not this search (`nmt average "
-                               "--check-lenpen ...` names the search it judges)")
+                               f"{describe_search(settings.checked_search())}, not this search (`nmt average` and "
+                               "`nmt train` name it: --check-beam, --check-lenpen, ...)")
 
 
 def stop_for(search: SearchOptions, settings: DecodingSettings | None) -> str:

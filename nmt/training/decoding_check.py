@@ -133,7 +133,7 @@ SKIPPED = "decoding check of %s skipped: %s (--quantize auto and --stop auto wil
 
 
 def timed_check(checkpoint: dict[str, Any], sources: Sequence[np.ndarray], references: Sequence[np.ndarray],
-                device: torch.device, name: str, search: SearchOptions) -> DecodingSettings | None:
+                device: torch.device, name: str, search: SearchOptions | None = None) -> DecodingSettings | None:
     """``check_decoding``, with one log line of its choice and its cost; one saying why when it cannot
     run (too few sentences to decode, a BLEU tokenizer missing here), which leaves the model
     unchecked rather than failing the training or averaging that asked for it. A small validation
@@ -147,14 +147,14 @@ def timed_check(checkpoint: dict[str, Any], sources: Sequence[np.ndarray], refer
     except NmtError as exc:
         logger.warning(SKIPPED, name, exc)
         return None
-    logger.info("decoding check of %s with %s: quantize %s, stop %s, in %.1f s on %s (%s)", name,
-                describe_search(choice.checked_search()), choice.quantize, choice.stop, time.perf_counter() - started,
-                device, choice.reason)
+    logger.info("decoding check of %s: quantize %s, stop %s, in %.1f s on %s, searching with %s (%s)", name,
+                choice.quantize, choice.stop, time.perf_counter() - started, device,
+                describe_search(choice.checked_search()), choice.reason)
     return choice
 
 
 def check_with_training_data(checkpoint: dict[str, Any], train_config: dict[str, Any] | None,
-                             name: str, search: SearchOptions) -> DecodingSettings | None:
+                             name: str, search: SearchOptions | None = None) -> DecodingSettings | None:
     """The check on the validation split the run that made ``checkpoint`` validated on (its
     ``train_config``), on the device `nmt generate` would take by default; None, with one log line
     saying why, when that data cannot be found here."""
@@ -181,7 +181,7 @@ def check_with_training_data(checkpoint: dict[str, Any], train_config: dict[str,
     return timed_check(checkpoint, sources, references, resolve_device("auto"), name, search)
 
 
-def check_averaged(output: str | Path, averaged: list[Path], search: SearchOptions) -> None:
+def check_averaged(output: str | Path, averaged: list[Path], search: SearchOptions | None = None) -> None:
     """`nmt average`'s check, after averaging: the checkpoint at ``output`` checked with ``search`` on
     the validation split that the run of its last input (``averaged``, oldest first) validated on,
     with the record written into it."""
