@@ -38,7 +38,7 @@ from nmt.generation.decoding_settings import (
 )
 from nmt.generation.generate import generate
 from nmt.generation.inference import TranslationRequest, inference_model, translate_ids
-from nmt.generation.options import CHECKED_SEARCH, GenerateOptions, SearchOptions
+from nmt.generation.options import GenerateOptions, SearchOptions
 from nmt.generation.search import Hypothesis
 from nmt.options import build
 from nmt.scoring import MetricOptions, score
@@ -72,7 +72,7 @@ def average(inputs, output, **count):
 
 
 FAST = DecodingSettings("int8", "finished", "validation check, 40 sentences: ...")
-SEARCH_AT_1_4 = {name: getattr(SearchOptions(lenpen=1.4), name) for name in CHECKED_SEARCH}
+SEARCH_AT_1_4 = SearchOptions(lenpen=1.4).checked()
 CHECKED_AT_1_4 = dataclasses.replace(FAST, search=SEARCH_AT_1_4)  # a check that searched with --lenpen 1.4
 SAFE = DecodingSettings("none", "exact", "validation check, 40 sentences: no faster setting kept it")
 
@@ -109,8 +109,7 @@ def test_the_record_is_a_plain_dict_and_a_malformed_one_is_refused():
     assert CHECKED_AT_1_4.to_dict() == {"quantize": "int8", "stop": "finished", "reason": FAST.reason,
                                         "search": SEARCH_AT_1_4}
     old = {"quantize": "int8", "stop": "finished", "reason": FAST.reason}  # before records named their search
-    assert DecodingSettings.from_dict(old).checked_search() == {name: getattr(SearchOptions(), name)
-                                                                for name in CHECKED_SEARCH}
+    assert DecodingSettings.from_dict(old).checked_search() == SearchOptions().checked()
     for bad in ({"quantize": "int4", "stop": "exact", "reason": ""}, {"quantize": "int8"}, "int8",
                 {**old, "search": {"beam": 4}}, {**old, "search": "beam 4"}):
         with pytest.raises(NmtError, match="malformed 'decoding' record"):

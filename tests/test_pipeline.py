@@ -14,7 +14,7 @@ from nmt.demo import demo_recipe
 from nmt.demo_data import write_demo_corpus
 from nmt.errors import NmtError
 from nmt.generation.decoding_settings import RECORD_KEY, DecodingSettings, decoding_settings
-from nmt.generation.options import CHECKED_SEARCH, CheckSearchOptions
+from nmt.generation.options import CheckSearchOptions
 from nmt.models.registry import get_arch
 from nmt.options import build
 from nmt.pipeline import plan_recipe, run_recipe
@@ -76,7 +76,7 @@ def test_the_generate_stage_takes_the_choice_of_the_check_of_its_search(pipeline
     _, path, report = pipeline_run
     generate = plan_recipe(path, ("generate",)).generate
     record = DecodingSettings.from_dict(load_checkpoint(report.model)[RECORD_KEY])
-    assert record.search == {name: getattr(generate.search, name) for name in CHECKED_SEARCH}
+    assert record.search == generate.search.checked()
     settings = decoding_settings(generate.compute, generate.search, generate.path)
     assert settings.stop == record.stop and "not this search" not in settings.reason
 

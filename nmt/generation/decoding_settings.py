@@ -48,8 +48,7 @@ class DecodingSettings:
 
     def checked_search(self) -> dict[str, Any]:
         """The search the check ran, by SearchOptions' names."""
-        defaults = SearchOptions()
-        return self.search if self.search is not None else {name: getattr(defaults, name) for name in CHECKED_SEARCH}
+        return self.search if self.search is not None else SearchOptions().checked()
 
     def to_dict(self) -> dict[str, Any]:
         """The checkpoint's record: plain types, which a weights-only load reads."""
@@ -136,5 +135,4 @@ def stop_for(search: SearchOptions, settings: DecodingSettings | None) -> str:
         return search.stop
     if settings is None:
         return "exact"
-    checked = settings.checked_search()
-    return settings.stop if all(getattr(search, name) == checked[name] for name in CHECKED_SEARCH) else "exact"
+    return settings.stop if search.checked() == settings.checked_search() else "exact"

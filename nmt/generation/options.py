@@ -18,6 +18,10 @@ from nmt.scoring import AUTO, LOWERCASE_HELP, TOKENIZE_HELP, BleuTokenizer
 
 LenpenStyle = Literal["gnmt", "fairseq"]
 
+# What decides whether finished search keeps exact search's translations: the decoding check's
+# verdict on the stop rule holds for the search it ran with these values only.
+CHECKED_SEARCH = ("beam", "lenpen", "lenpen_style", "max_len_a", "max_len_b", "min_len")
+
 
 @dataclass(frozen=True)
 class SearchOptions:
@@ -51,6 +55,10 @@ class SearchOptions:
     topp: float = field(default=0.0, metadata={"help": "Nucleus sampling mass (0 = off).", "min": 0.0, "max": 1.0})
     seed: int = field(default=1, metadata={"help": "Random seed for sampling.", "min": 0})
 
+    def checked(self) -> dict[str, Any]:
+        """What the decoding check's verdict on the stop rule depends on (CHECKED_SEARCH), by name."""
+        return {name: getattr(self, name) for name in CHECKED_SEARCH}
+
     def __post_init__(self) -> None:
         check_values(self)
         if self.nbest > self.beam:
@@ -60,11 +68,6 @@ class SearchOptions:
         if self.max_len_a == 0 and self.min_len > max(1, self.max_len_b):  # max_lengths gives at least 1
             raise NmtError(f"--min-len {self.min_len} is over the max length --max-len-b {self.max_len_b} "
                            "(with --max-len-a 0)")
-
-
-# What decides whether finished search keeps exact search's translations: the decoding check's
-# verdict on the stop rule holds for the search it ran with these values only.
-CHECKED_SEARCH = ("beam", "lenpen", "lenpen_style", "max_len_a", "max_len_b", "min_len")
 
 
 def checked(name: str, what: str) -> Any:
@@ -97,7 +100,7 @@ class CheckSearchOptions:
     @staticmethod
     def values_for(search: SearchOptions) -> dict[str, Any]:
         """The options that name ``search`` (a recipe's generate stage's), by option name."""
-        return {f"check_{name}": getattr(search, name) for name in CHECKED_SEARCH}
+        return {f"check_{name}": value for name, value in search.checked().items()}
 
 
 CPU_MAX_TOKENS, GPU_MAX_TOKENS = 8000, 32000  # --max-tokens 0 (the default), by device: docs/performance.md

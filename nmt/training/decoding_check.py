@@ -28,7 +28,7 @@ from nmt.device_options import BLEU_TOLERANCE
 from nmt.errors import NmtError
 from nmt.generation.decoding_settings import RECORD_KEY, DecodingSettings, describe_search
 from nmt.generation.inference import TranslationRequest, choose_backend, inference_model, translate_ids
-from nmt.generation.options import CHECKED_SEARCH, SearchOptions
+from nmt.generation.options import SearchOptions
 from nmt.log import logger
 from nmt.scoring import MetricOptions, score
 from nmt.training.config import subset_names
@@ -105,7 +105,7 @@ def check_decoding(checkpoint: dict[str, Any] | str | Path, sources: Sequence[np
     candidates = [setting for setting in CANDIDATES if setting.quantize == "none" or device.type == "cpu"]
     note = "" if len(candidates) == len(CANDIDATES) else f"; int8 not tried on {device.type}"
     choice = choose_decoding(bleu(REFERENCE), ((setting, bleu(setting)) for setting in candidates), len(sources), note)
-    return dataclasses.replace(choice, search={name: getattr(search, name) for name in CHECKED_SEARCH})
+    return dataclasses.replace(choice, search=search.checked())
 
 
 def first_pairs(dataset: ParallelDataset, indices: Iterable[int], max_positions: int | None
