@@ -33,7 +33,7 @@ from nmt.files import refuse_overwriting
 from nmt.generation.options import GenerateOptions
 from nmt.log import logger
 from nmt.options import build, check_keys, flat_values
-from nmt.recipe import STAGES, data_dir, read_document, section, train_values
+from nmt.recipe import STAGES, checked_search, data_dir, read_document, section, train_values
 from nmt.scoring import ScoreOptions
 from nmt.training.config import TrainConfig
 from nmt.written import record_written
@@ -108,7 +108,7 @@ def plan_recipe(path: str | Path, stages: tuple[str, ...] = STAGES, confinement:
     model_path = save_dir / BEST
     if (values := section(document, "average")) is not None:
         plan.average = build(AverageOptions, {"inputs": [str(save_dir)], "output": str(save_dir / "averaged.pt"),
-                                              **values}, "average", where)
+                                              **checked_search(document, path), **values}, "average", where)
         if len(plan.average.selection()) != 1:
             raise NmtError(f"{where}: the `average:` section needs num_epoch_checkpoints, num_update_checkpoints or "
                            "epoch_share (exactly one)")
@@ -308,7 +308,7 @@ def run_plan(plan: Plan) -> PipelineReport:
 
         options = plan.average
         used = average(options.inputs, options.output, **options.selection())
-        check_averaged(options.output, used)
+        check_averaged(options.output, used, options.check_search.search())
         record_written(options.output)  # after the check, which writes its record into the checkpoint
         return f"{options.output} (from {len(used)} checkpoints)"
 

@@ -3,8 +3,8 @@
     data: DIR                  # optional: the data directory of every stage (default: preprocess.destdir)
     preprocess: {...}          # PreprocessOptions
     arch: NAME                 # plus `model:` overrides of the arch's hyper-parameters
-    train: {...}               # TrainConfig
-    average: {...}             # AverageOptions (input: the train save dir)
+    train: {...}               # TrainConfig (check_beam, ...: generate's, when not given)
+    average: {...}             # AverageOptions (input: the train save dir; check_beam, ...: generate's)
     generate: {...}            # GenerateOptions (data, path and output are filled in)
     score: {...}               # ScoreOptions (system and reference are filled in)
 
@@ -19,7 +19,8 @@ from typing import Any
 
 from nmt.errors import NmtError
 from nmt.files import read_yaml_mapping
-from nmt.options import did_you_mean
+from nmt.generation.options import CheckSearchOptions, SearchOptions
+from nmt.options import build, did_you_mean, options_of
 
 STAGES = ("preprocess", "train", "average", "generate", "score")
 TOP_LEVEL = ("data", "arch", "model")
@@ -54,9 +55,21 @@ def data_dir(document: dict[str, Any]) -> str | None:
     return None if preprocess.get("destdir") is None else str(preprocess["destdir"])
 
 
+def checked_search(document: dict[str, Any], path: str | Path) -> dict[str, Any]:
+    """The generate stage's search as the decoding check's options (check_beam, ...), so that the
+    check at training's end or after averaging judges the search that generate runs, whose --stop
+    auto then takes the check's choice; empty without a `generate:` section."""
+    values = section(document, "generate")
+    if values is None:
+        return {}
+    search = {key: value for key, value in values.items() if key in options_of(SearchOptions)}
+    return CheckSearchOptions.values_for(build(SearchOptions, search, "generate", str(path)))
+
+
 def train_values(document: dict[str, Any], path: str | Path) -> dict[str, Any]:
-    """The train options a recipe gives: its `train:` section plus top-level arch, model and data dir."""
-    values = section(document, "train") or {}
+    """The train options a recipe gives: its `train:` section plus top-level arch, model and data dir,
+    and the decoding check's search (generate's, unless the section names it)."""
+    values = {**checked_search(document, path), **(section(document, "train") or {})}
     for key in ("arch", "model"):
         if key in document:
             if key in values and values[key] != document[key]:

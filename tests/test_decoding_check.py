@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import logged_messages, tiny_config
+from conftest import logged_messages, run_cli, tiny_config
 
 import nmt.training.decoding_check as decoding_check_module
 import nmt.training.validation as validation_module
@@ -72,6 +72,8 @@ def average(inputs, output, **count):
 
 
 FAST = DecodingSettings("int8", "finished", "validation check, 40 sentences: ...")
+SEARCH_AT_1_4 = SearchOptions(lenpen=1.4).checked()
+CHECKED_AT_1_4 = dataclasses.replace(FAST, search=SEARCH_AT_1_4)  # a check that searched with --lenpen 1.4
 SAFE = DecodingSettings("none", "exact", "validation check, 40 sentences: no faster setting kept it")
 
 
@@ -102,10 +104,14 @@ def test_when_no_candidate_keeps_bleu_the_reference_setting_is_chosen():
 
 
 def test_the_record_is_a_plain_dict_and_a_malformed_one_is_refused():
-    assert DecodingSettings.from_dict(FAST.to_dict()) == FAST
+    assert DecodingSettings.from_dict(CHECKED_AT_1_4.to_dict()) == CHECKED_AT_1_4
     assert DecodingSettings.from_dict({**FAST.to_dict(), "bleu": {"int8 finished": 27.35}}) == FAST  # a later version's
-    assert FAST.to_dict() == {"quantize": "int8", "stop": "finished", "reason": FAST.reason}
-    for bad in ({"quantize": "int4", "stop": "exact", "reason": ""}, {"quantize": "int8"}, "int8"):
+    assert CHECKED_AT_1_4.to_dict() == {"quantize": "int8", "stop": "finished", "reason": FAST.reason,
+                                        "search": SEARCH_AT_1_4}
+    old = {"quantize": "int8", "stop": "finished", "reason": FAST.reason}  # before records named their search
+    assert DecodingSettings.from_dict(old).checked_search() == SearchOptions().checked()
+    for bad in ({"quantize": "int4", "stop": "exact", "reason": ""}, {"quantize": "int8"}, "int8",
+                {**old, "search": {"beam": 4}}, {**old, "search": "beam 4"}):
         with pytest.raises(NmtError, match="malformed 'decoding' record"):
             DecodingSettings.from_dict(bad, "x.pt")
 
@@ -359,8 +365,58 @@ def test_a_search_the_check_did_not_run_is_exact_and_the_reason_says_so(trained,
     path = with_record(trained[0] / BEST, tmp_path / "fast.pt", FAST)
     settings = decoding_settings(InferenceDeviceOptions(device="cpu"), SearchOptions(lenpen=1.0), str(path))
     assert (settings.quantize, settings.stop) == ("int8", "exact")
-    assert settings.reason.endswith("stop exact: the check searched with generate's beam, length penalty and length "
-                                    "limits, not these")
+    assert settings.reason.endswith("stop exact: the check searched with --beam 4 --lenpen 0.6 --lenpen-style gnmt "
+                                    "--max-len-a 1.0 --max-len-b 50 --min-len 1, not this search (`nmt average` and "
+                                    "`nmt train` name it: --check-beam, --check-lenpen, ...)")
+
+
+def test_the_records_stop_rule_holds_for_the_search_its_check_named():
+    assert stop_for(SearchOptions(lenpen=1.4), CHECKED_AT_1_4) == "finished"
+    assert stop_for(SearchOptions(), CHECKED_AT_1_4) == "exact"  # generate's defaults: not what was checked
+    assert stop_for(SearchOptions(lenpen=1.4, beam=5), CHECKED_AT_1_4) == "exact"
+
+
+def test_generate_takes_the_choice_of_a_check_that_ran_its_search(trained, tmp_path):
+    path = with_record(trained[0] / BEST, tmp_path / "fast.pt", CHECKED_AT_1_4)
+    settings = decoding_settings(InferenceDeviceOptions(device="cpu"), SearchOptions(lenpen=1.4), str(path))
+    assert settings == DecodingSettings("int8", "finished", f"auto: {FAST.reason}", SEARCH_AT_1_4)
+
+
+def test_an_ensemble_whose_checks_ran_different_searches_searches_exactly():
+    settings = resolve_decoding("auto", "auto", "auto", "cpu", {"a.pt": FAST, "b.pt": CHECKED_AT_1_4})
+    assert (settings.quantize, settings.stop) == ("int8", "exact")
+    assert "stop exact: the models' checks ran different searches" in settings.reason
+
+
+def test_average_checks_the_search_its_options_name_and_records_it(trained, tmp_path, monkeypatch, capsys):
+    decoded = []
+    real = decoding_check_module.translate_ids
+
+    def spy(model, sources, request, *args, **kwargs):
+        decoded.append(request.search)
+        return real(model, sources, request, *args, **kwargs)
+
+    monkeypatch.setattr(decoding_check_module, "translate_ids", spy)
+    output = tmp_path / "averaged.pt"
+    code, _, err = run_cli(monkeypatch, capsys, "average", trained[0], "--num-update-checkpoints", "2", "-o", output,
+                           "--check-beam", "2", "--check-lenpen", "1.4", "--check-max-len-a", "0.5",
+                           "--check-max-len-b", "7")
+    assert code == 0, err
+    asked = {"beam": 2, "lenpen": 1.4, "max_len_a": 0.5, "max_len_b": 7}
+    assert decoded and all({name: getattr(search, name) for name in asked} == asked for search in decoded)
+    record = DecodingSettings.from_dict(load_checkpoint(output)[RECORD_KEY])
+    assert record.search == {**asked, "lenpen_style": "gnmt", "min_len": 1}
+    assert "searching with --beam 2 --lenpen 1.4 --lenpen-style gnmt --max-len-a 0.5 --max-len-b 7 --min-len 1 (" \
+        in " ".join(err.split()), err
+    code, _, err = run_cli(monkeypatch, capsys, "average", trained[0], "--num-update-checkpoints", "2", "-o", output,
+                           "--check-beam", "0")
+    assert code != 0 and err.strip() == "error: --check-beam must be at least 1, got 0"
+
+
+def test_training_checks_the_search_its_config_names(tiny_data_dir, tmp_path):
+    train(tiny_config(tiny_data_dir, tmp_path, max_update=9, check_lenpen=1.4))
+    record = DecodingSettings.from_dict(load_checkpoint(tmp_path / BEST)[RECORD_KEY])
+    assert record.search == SEARCH_AT_1_4
 
 
 # -- which settings and sentences the check decodes ------------------------------------------------------

@@ -13,7 +13,8 @@ from nmt.data.preprocess import PreprocessOptions, preprocess
 from nmt.demo import demo_recipe
 from nmt.demo_data import write_demo_corpus
 from nmt.errors import NmtError
-from nmt.generation.decoding_settings import RECORD_KEY
+from nmt.generation.decoding_settings import RECORD_KEY, DecodingSettings, decoding_settings
+from nmt.generation.options import CheckSearchOptions
 from nmt.models.registry import get_arch
 from nmt.options import build
 from nmt.pipeline import plan_recipe, run_recipe
@@ -66,6 +67,37 @@ def test_stages_can_be_rerun_alone_without_the_training_text(pipeline_run):
         for file in train:
             file.with_name("archived-" + file.name).rename(file)
     assert list(report.seconds) == ["generate", "score"]
+
+
+@pytest.mark.slow
+def test_the_generate_stage_takes_the_choice_of_the_check_of_its_search(pipeline_run):
+    """The recipe generates with beam 2 and max_len_b 8, not generate's defaults: the average stage's
+    check judged that search, so --stop auto takes its choice (not exact, for a search it did not run)."""
+    _, path, report = pipeline_run
+    generate = plan_recipe(path, ("generate",)).generate
+    record = DecodingSettings.from_dict(load_checkpoint(report.model)[RECORD_KEY])
+    assert record.search == generate.search.checked()
+    settings = decoding_settings(generate.compute, generate.search, generate.path)
+    assert settings.stop == record.stop and "not this search" not in settings.reason
+
+
+def test_the_decoding_check_judges_the_generate_stages_search(tmp_path):
+    raw = write_demo_corpus(tmp_path / "raw", train_size=20, valid_size=5, test_size=5, seed=3)
+    recipe, path = tiny_recipe(tmp_path, raw), tmp_path / "recipe.yaml"
+    recipe["generate"]["lenpen"] = 1.4
+    path.write_text(yaml.safe_dump(recipe), encoding="utf-8")
+    generated = CheckSearchOptions(check_beam=2, check_lenpen=1.4, check_max_len_b=8)
+    assert plan_recipe(path).average.check_search == generated
+    recipe["average"]["check_lenpen"] = 1.0  # a section's own choice stays
+    path.write_text(yaml.safe_dump(recipe), encoding="utf-8")
+    assert plan_recipe(path).average.check_search.check_lenpen == 1.0
+    del recipe["average"]
+    path.write_text(yaml.safe_dump(recipe), encoding="utf-8")
+    assert plan_recipe(path).train.check_search == generated  # training's end checks checkpoint_best.pt
+    recipe["generate"]["lenpen"] = "long"
+    path.write_text(yaml.safe_dump(recipe), encoding="utf-8")
+    with pytest.raises(NmtError, match="`generate: lenpen`"):
+        plan_recipe(path)
 
 
 def test_training_leaves_the_decoding_check_to_an_average_stage(tmp_path):

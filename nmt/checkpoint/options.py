@@ -8,6 +8,7 @@ from pathlib import Path
 
 from nmt.checkpoint.names import LAST, is_training_checkpoint_name
 from nmt.errors import NmtError
+from nmt.generation.options import CheckSearchOptions
 from nmt.options import check_values
 
 
@@ -29,6 +30,8 @@ class AverageOptions:
         "help": "Average the checkpoint{epoch}.pt files of the last SHARE of the run's epochs (e.g. 0.1: the last "
                 "tenth, at least one), so that the window follows the run's length on a fast and a slow machine.",
         "above": 0.0, "max": 1.0})
+    check_search: CheckSearchOptions = field(default_factory=CheckSearchOptions, metadata={
+        "help": "The search the decoding check judges (a recipe's: its generate stage's).", "panel": "Decoding check"})
 
     def __post_init__(self) -> None:
         check_values(self)

@@ -19,14 +19,11 @@ from nmt.checkpoint.names import split_paths
 from nmt.device import resolve_device
 from nmt.device_options import InferenceDeviceOptions
 from nmt.errors import NmtError
-from nmt.generation.options import SearchOptions
+from nmt.generation.options import CHECKED_SEARCH, SearchOptions
 
 RECORD_KEY = "decoding"  # the checkpoint entry
 NO_RECORD = ("no validation check in {}: training's end records one, and `nmt average` of a run's checkpoints "
              "with its data directory here")
-# What decides whether finished search keeps exact search's translations; the check searched with
-# generate's defaults, so its verdict on the stop rule holds for those only.
-CHECKED_SEARCH = ("beam", "lenpen", "lenpen_style", "max_len_a", "max_len_b", "min_len")
 
 
 @dataclass(frozen=True)
@@ -37,6 +34,9 @@ class DecodingSettings:
     quantize: str  # none or int8
     stop: str  # exact or finished
     reason: str = ""  # e.g. "validation check, 500 sentences: fp32 exact 38.95, int8 finished 38.81 BLEU: ..."
+    # The check's search (CHECKED_SEARCH's values), whose stop rule alone the choice holds for; None:
+    # generate's defaults, which a record written before it named its search was checked with.
+    search: dict[str, Any] | None = None
 
     def name(self) -> str:
         """The setting alone: "int8 finished", "fp32 exact"."""
@@ -46,17 +46,28 @@ class DecodingSettings:
         """For the log line of each surface that decodes with it."""
         return f"quantize {self.quantize}, stop {self.stop} ({self.reason})"
 
-    def to_dict(self) -> dict[str, str]:
+    def checked_search(self) -> dict[str, Any]:
+        """The search the check ran, by SearchOptions' names."""
+        return self.search if self.search is not None else SearchOptions().checked()
+
+    def to_dict(self) -> dict[str, Any]:
         """The checkpoint's record: plain types, which a weights-only load reads."""
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, values: Any, where: str = "the checkpoint") -> DecodingSettings:
-        fields = [spec.name for spec in dataclasses.fields(cls)]
-        if not isinstance(values, dict) or not set(fields) <= set(values) \
-                or values["quantize"] not in ("none", "int8") or values["stop"] not in ("exact", "finished"):
+        required = ("quantize", "stop", "reason")  # search: since records named it
+        if not isinstance(values, dict) or not set(required) <= set(values) \
+                or values["quantize"] not in ("none", "int8") or values["stop"] not in ("exact", "finished") \
+                or not (values.get("search") is None or isinstance(values["search"], dict)
+                        and set(values["search"]) == set(CHECKED_SEARCH)):
             raise NmtError(f"{where} has a malformed {RECORD_KEY!r} record: {values!r}")
-        return cls(**{name: values[name] for name in fields})  # a later version's other entries are left
+        return cls(*(values[name] for name in required), values.get("search"))  # a later version's others are left
+
+
+def describe_search(search: dict[str, Any]) -> str:
+    """As generate's options: "--beam 4 --lenpen 0.6 ..."."""
+    return " ".join(f"--{name.replace('_', '-')} {search[name]}" for name in CHECKED_SEARCH)
 
 
 def resolve_decoding(quantize: str, stop: str, precision: str, device_type: str,
@@ -81,10 +92,14 @@ def resolve_decoding(quantize: str, stop: str, precision: str, device_type: str,
         elif quantize == "int8" and precision not in ("auto", "fp32"):
             quantize = "none"
             notes.append(f"--precision {precision} asked for")
+    searches = [record.checked_search() for record in records.values()]
     if stop == "auto":
         stop = "finished" if all(record.stop == "finished" for record in records.values()) else "exact"
+        if stop == "finished" and any(search != searches[0] for search in searches):
+            stop = "exact"
+            notes.append("stop exact: the models' checks ran different searches")
     checks = [record.reason if len(records) == 1 else f"{path}: {record.reason}" for path, record in records.items()]
-    return DecodingSettings(quantize, stop, "auto: " + "; ".join(notes + checks))
+    return DecodingSettings(quantize, stop, "auto: " + "; ".join(notes + checks), next(iter(records.values())).search)
 
 
 def read_records(path: str | list[str]) -> dict[str, DecodingSettings | None]:
@@ -108,7 +123,8 @@ def decoding_settings(compute: InferenceDeviceOptions, search: SearchOptions, pa
     if stop == settings.stop:
         return settings
     return dataclasses.replace(settings, stop=stop, reason=f"{settings.reason}; stop exact: the check searched with "
-                               "generate's beam, length penalty and length limits, not these")
+                               f"{describe_search(settings.checked_search())}, not this search (`nmt average` and "
+                               "`nmt train` name it: --check-beam, --check-lenpen, ...)")
 
 
 def stop_for(search: SearchOptions, settings: DecodingSettings | None) -> str:
@@ -117,6 +133,6 @@ def stop_for(search: SearchOptions, settings: DecodingSettings | None) -> str:
     the library, which knows no record) exact."""
     if search.stop != "auto":
         return search.stop
-    defaults = SearchOptions()
-    same = all(getattr(search, name) == getattr(defaults, name) for name in CHECKED_SEARCH)
-    return settings.stop if settings is not None and same else "exact"
+    if settings is None:
+        return "exact"
+    return settings.stop if search.checked() == settings.checked_search() else "exact"

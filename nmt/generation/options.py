@@ -3,9 +3,10 @@ search and batch, on what device. Torch-free, so that `nmt --help` does not impo
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from nmt.checkpoint.names import split_paths
 from nmt.data.meta import is_data_directory
@@ -15,6 +16,12 @@ from nmt.files import is_zip_file, refuse_overwriting
 from nmt.options import check_values
 from nmt.scoring import AUTO, LOWERCASE_HELP, TOKENIZE_HELP, BleuTokenizer
 
+LenpenStyle = Literal["gnmt", "fairseq"]
+
+# What decides whether finished search keeps exact search's translations: the decoding check's
+# verdict on the stop rule holds for the search it ran with these values only.
+CHECKED_SEARCH = ("beam", "lenpen", "lenpen_style", "max_len_a", "max_len_b", "min_len")
+
 
 @dataclass(frozen=True)
 class SearchOptions:
@@ -22,7 +29,7 @@ class SearchOptions:
 
     beam: int = field(default=4, metadata={"help": "Beam size (1 = greedy).", "min": 1})
     lenpen: float = field(default=0.6, metadata={"help": "Length penalty alpha.", "min": -5.0, "max": 5.0})
-    lenpen_style: Literal["gnmt", "fairseq"] = field(default="gnmt", metadata={
+    lenpen_style: LenpenStyle = field(default="gnmt", metadata={
         "help": "gnmt: score / ((5+|Y|)/6)^alpha (the paper's); fairseq: score / |Y|^alpha."})
     max_len_a: float = field(default=1.0, metadata={"help": "Max output length = a * source length + b.", "min": 0})
     max_len_b: int = field(default=50, metadata={"help": "See --max-len-a.", "min": 0})
@@ -48,6 +55,10 @@ class SearchOptions:
     topp: float = field(default=0.0, metadata={"help": "Nucleus sampling mass (0 = off).", "min": 0.0, "max": 1.0})
     seed: int = field(default=1, metadata={"help": "Random seed for sampling.", "min": 0})
 
+    def checked(self) -> dict[str, Any]:
+        """What the decoding check's verdict on the stop rule depends on (CHECKED_SEARCH), by name."""
+        return {name: getattr(self, name) for name in CHECKED_SEARCH}
+
     def __post_init__(self) -> None:
         check_values(self)
         if self.nbest > self.beam:
@@ -58,6 +69,38 @@ class SearchOptions:
             raise NmtError(f"--min-len {self.min_len} is over the max length --max-len-b {self.max_len_b} "
                            "(with --max-len-a 0)")
 
+
+def checked(name: str, what: str) -> Any:
+    """The field of the check's twin of SearchOptions' ``name``: the same default and bounds."""
+    spec = next(spec for spec in dataclasses.fields(SearchOptions) if spec.name == name)
+    help_text = f"The decoding check's {what}: `nmt generate --stop auto` takes its choice with this --{name} only."
+    return field(default=spec.default, metadata={**spec.metadata, "help": help_text.replace("_", "-")})
+
+
+@dataclass(frozen=True)
+class CheckSearchOptions:
+    """The search the decoding check (nmt/training/decoding_check.py) decodes the validation set with,
+    for `nmt average` and training's end: by default generate's; a recipe gives its generate stage's."""
+
+    check_beam: int = checked("beam", "beam size")
+    check_lenpen: float = checked("lenpen", "length penalty")
+    check_lenpen_style: LenpenStyle = checked("lenpen_style", "length penalty style")
+    check_max_len_a: float = checked("max_len_a", "max length's a")
+    check_max_len_b: int = checked("max_len_b", "max length's b")
+    check_min_len: int = checked("min_len", "min length")
+
+    def __post_init__(self) -> None:
+        check_values(self)
+        self.search()  # and what SearchOptions checks across its values
+
+    def search(self) -> SearchOptions:
+        """The search the check runs (its stop rule set per setting tried)."""
+        return SearchOptions(**{name: getattr(self, f"check_{name}") for name in CHECKED_SEARCH})
+
+    @staticmethod
+    def values_for(search: SearchOptions) -> dict[str, Any]:
+        """The options that name ``search`` (a recipe's generate stage's), by option name."""
+        return {f"check_{name}": value for name, value in search.checked().items()}
 
 
 CPU_MAX_TOKENS, GPU_MAX_TOKENS = 8000, 32000  # --max-tokens 0 (the default), by device: docs/performance.md

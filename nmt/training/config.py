@@ -30,6 +30,7 @@ from nmt.confinement import Confinement, path_values
 from nmt.device_options import DeviceOptions
 from nmt.errors import NmtError
 from nmt.files import atomic_write
+from nmt.generation.options import CheckSearchOptions
 from nmt.options import build, check_values, flag, flat_values, merge
 from nmt.recipe import read_document, train_values
 from nmt.scoring import AUTO, LOWERCASE_HELP, TOKENIZE_HELP, BleuTokenizer
@@ -123,6 +124,8 @@ class TrainConfig:
                 "finished) keep checkpoint_best.pt's BLEU, and record them in it for `nmt generate`'s --quantize "
                 "auto and --stop auto (`nmt average` checks its output alike); the log gives its seconds.",
         "panel": CHECKPOINTS})
+    check_search: CheckSearchOptions = field(default_factory=CheckSearchOptions, metadata={
+        "help": "The search the decoding check judges (a recipe's: its generate stage's).", "panel": CHECKPOINTS})
 
     # Stopping (0 / None: no limit).
     max_update: int = field(default=0, metadata={

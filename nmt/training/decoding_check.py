@@ -4,7 +4,9 @@ checkpoint for ``--quantize auto`` and ``--stop auto`` (nmt/generation/decoding_
 int8 dynamic quantization (1.35x bf16's speed and 1.9x fp32's on a Zen 4) and ``--stop finished``
 (about 1.3x) usually keep BLEU, but not always. The end of `nmt train` and `nmt average` decode the
 validation set with the reference setting (fp32, exact search) and the faster ones, and store the
-fastest that kept BLEU under the checkpoint's ``decoding`` key (a plain dict).
+fastest that kept BLEU under the checkpoint's ``decoding`` key (a plain dict), with the search it
+decoded with (beam, length penalty and limits: --check-beam, --check-lenpen, ...; a recipe's are
+its generate stage's), for which alone ``--stop auto`` takes the choice.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from nmt.data.vocabulary import Vocabularies
 from nmt.device import resolve_device
 from nmt.device_options import BLEU_TOLERANCE
 from nmt.errors import NmtError
-from nmt.generation.decoding_settings import RECORD_KEY, DecodingSettings
+from nmt.generation.decoding_settings import RECORD_KEY, DecodingSettings, describe_search
 from nmt.generation.inference import TranslationRequest, choose_backend, inference_model, translate_ids
 from nmt.generation.options import SearchOptions
 from nmt.log import logger
@@ -69,11 +71,14 @@ def check_reason(sentences: int, seen: list[str], verdict: str, note: str) -> st
 
 
 def check_decoding(checkpoint: dict[str, Any] | str | Path, sources: Sequence[np.ndarray],
-                   references: Sequence[np.ndarray], device: torch.device) -> DecodingSettings:
+                   references: Sequence[np.ndarray], device: torch.device,
+                   search: SearchOptions | None = None) -> DecodingSettings:
     """Decode the first CHECK_SENTENCES sources (token ids ending in EOS) with the reference setting
     (fp32, exact search) and the faster candidates, fastest first, and choose by corpus BLEU against
-    ``references`` (both sides detokenized by the target vocabulary). The search and the shortlist
-    are `nmt generate`'s defaults on ``device`` (on a GPU: no shortlist); int8 is tried on the CPU only."""
+    ``references`` (both sides detokenized by the target vocabulary). The search is ``search``'s
+    beam, length penalty and limits (None: `nmt generate`'s defaults), recorded with the choice; the
+    shortlist is generate's default on ``device`` (on a GPU: none); int8 is tried on the CPU only."""
+    search = search or SearchOptions()
     checkpoint = checkpoint if isinstance(checkpoint, dict) else load_checkpoint(checkpoint)
     sources, references = list(sources[:CHECK_SENTENCES]), list(references[:CHECK_SENTENCES])
     if not sources or len(sources) != len(references):
@@ -91,14 +96,16 @@ def check_decoding(checkpoint: dict[str, Any] | str | Path, sources: Sequence[np
             model = model_from_checkpoint(checkpoint)[0]  # afresh: int8 changes the model it quantizes
             backend = choose_backend(device, setting.quantize)
             models[setting.quantize] = inference_model(model, setting.quantize, backend).to(device)
-        request = TranslationRequest(SearchOptions(stop=setting.stop), device=device, shortlist=vocabs.shortlist)
+        request = TranslationRequest(dataclasses.replace(search, stop=setting.stop), device=device,
+                                     shortlist=vocabs.shortlist)
         found = translate_ids(models[setting.quantize], sources, request)
         hypotheses = [vocabs.target.decode(hyps[0].tokens) for hyps in found]
         return score(hypotheses, [decoded_references], options=MetricOptions(language=vocabs.target_lang))[0].score
 
     candidates = [setting for setting in CANDIDATES if setting.quantize == "none" or device.type == "cpu"]
     note = "" if len(candidates) == len(CANDIDATES) else f"; int8 not tried on {device.type}"
-    return choose_decoding(bleu(REFERENCE), ((setting, bleu(setting)) for setting in candidates), len(sources), note)
+    choice = choose_decoding(bleu(REFERENCE), ((setting, bleu(setting)) for setting in candidates), len(sources), note)
+    return dataclasses.replace(choice, search=search.checked())
 
 
 def first_pairs(dataset: ParallelDataset, indices: Iterable[int], max_positions: int | None
@@ -126,27 +133,28 @@ SKIPPED = "decoding check of %s skipped: %s (--quantize auto and --stop auto wil
 
 
 def timed_check(checkpoint: dict[str, Any], sources: Sequence[np.ndarray], references: Sequence[np.ndarray],
-                device: torch.device, name: str) -> DecodingSettings | None:
+                device: torch.device, name: str, search: SearchOptions | None = None) -> DecodingSettings | None:
     """``check_decoding``, with one log line of its choice and its cost; one saying why when it cannot
     run (too few sentences to decode, a BLEU tokenizer missing here), which leaves the model
     unchecked rather than failing the training or averaging that asked for it. A small validation
     split is a normal case, said at the info level; the others are warnings."""
     started = time.perf_counter()
     try:
-        choice = check_decoding(checkpoint, sources, references, device)
+        choice = check_decoding(checkpoint, sources, references, device, search)
     except TooFewSentences as exc:
         logger.info(SKIPPED, name, exc)
         return None
     except NmtError as exc:
         logger.warning(SKIPPED, name, exc)
         return None
-    logger.info("decoding check of %s: quantize %s, stop %s, in %.1f s on %s (%s)", name, choice.quantize,
-                choice.stop, time.perf_counter() - started, device, choice.reason)
+    logger.info("decoding check of %s: quantize %s, stop %s, in %.1f s on %s, searching with %s (%s)", name,
+                choice.quantize, choice.stop, time.perf_counter() - started, device,
+                describe_search(choice.checked_search()), choice.reason)
     return choice
 
 
 def check_with_training_data(checkpoint: dict[str, Any], train_config: dict[str, Any] | None,
-                             name: str) -> DecodingSettings | None:
+                             name: str, search: SearchOptions | None = None) -> DecodingSettings | None:
     """The check on the validation split the run that made ``checkpoint`` validated on (its
     ``train_config``), on the device `nmt generate` would take by default; None, with one log line
     saying why, when that data cannot be found here."""
@@ -170,14 +178,14 @@ def check_with_training_data(checkpoint: dict[str, Any], train_config: dict[str,
         return None
     dataset = datadir.split(splits[0])
     sources, references = first_pairs(dataset, range(len(dataset)), checkpoint["model_config"].get("max_positions"))
-    return timed_check(checkpoint, sources, references, resolve_device("auto"), name)
+    return timed_check(checkpoint, sources, references, resolve_device("auto"), name, search)
 
 
-def check_averaged(output: str | Path, averaged: list[Path]) -> None:
-    """`nmt average`'s check, after averaging: the checkpoint at ``output`` checked on the validation
-    split that the run of its last input (``averaged``, oldest first) validated on, with the record
-    written into it."""
+def check_averaged(output: str | Path, averaged: list[Path], search: SearchOptions | None = None) -> None:
+    """`nmt average`'s check, after averaging: the checkpoint at ``output`` checked with ``search`` on
+    the validation split that the run of its last input (``averaged``, oldest first) validated on,
+    with the record written into it."""
     output = Path(output)
     checkpoint = load_checkpoint(output)
     train_config = load_checkpoint(averaged[-1], mmap=True, verify=("train_config",)).get("train_config")
-    save_with_record(output, checkpoint, check_with_training_data(checkpoint, train_config, output.name))
+    save_with_record(output, checkpoint, check_with_training_data(checkpoint, train_config, output.name, search))

@@ -400,7 +400,8 @@ class Trainer:
             return
         split = self.data.valid[0]
         sources, references = first_pairs(split.dataset, split.pairs.tolist(), None)  # pairs fit the model
-        save_with_record(path, checkpoint, timed_check(checkpoint, sources, references, self.device, BEST))
+        save_with_record(path, checkpoint, timed_check(checkpoint, sources, references, self.device, BEST,
+                                                       self.config.check_search.search()))
 
     def epoch_end_owed(self) -> bool:
         """Whether the epoch's updates are all done but not its end (validation, its checkpoint): a
