@@ -486,11 +486,12 @@ def test_int8_quantization_runs_and_mostly_agrees(checkpoint, data_dir):
 
 def test_int8_decodes_on_the_cpu_in_fp32_whatever_auto_would_pick():
     # auto resolves to bf16 on CPUs with avx512_bf16: int8 layers cannot take bf16 inputs.
-    assert inference_device(InferenceDeviceOptions("auto", "auto", "int8"))[:2] == (torch.device("cpu"), "fp32")
+    int8 = InferenceDeviceOptions(device="auto", precision="auto", quantize="int8")
+    assert inference_device(int8)[:2] == (torch.device("cpu"), "fp32")
     with pytest.raises(NmtError, match="int8 computes in fp32"):
-        InferenceDeviceOptions("auto", "bf16", "int8")
+        InferenceDeviceOptions(device="auto", precision="bf16", quantize="int8")
     with pytest.raises(NmtError, match="int8 is for CPU"):
-        InferenceDeviceOptions("cuda", "auto", "int8")
+        InferenceDeviceOptions(device="cuda", precision="auto", quantize="int8")
 
 
 def test_bf16_generation_runs_on_cpu(checkpoint, data_dir):
