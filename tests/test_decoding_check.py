@@ -110,8 +110,10 @@ def test_the_record_is_a_plain_dict_and_a_malformed_one_is_refused():
                                         "search": SEARCH_AT_1_4}
     old = {"quantize": "int8", "stop": "finished", "reason": FAST.reason}  # before records named their search
     assert DecodingSettings.from_dict(old).checked_search() == SearchOptions().checked()
+    other_version = DecodingSettings.from_dict({**old, "search": {"beam": 4, "sampling": False}})
+    assert other_version.checked_search() != SearchOptions().checked()  # a different search: it never matches
     for bad in ({"quantize": "int4", "stop": "exact", "reason": ""}, {"quantize": "int8"}, "int8",
-                {**old, "search": {"beam": 4}}, {**old, "search": "beam 4"}):
+                {**old, "search": "beam 4"}):
         with pytest.raises(NmtError, match="malformed 'decoding' record"):
             DecodingSettings.from_dict(bad, "x.pt")
 

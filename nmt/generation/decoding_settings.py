@@ -19,7 +19,7 @@ from nmt.checkpoint.names import split_paths
 from nmt.device import resolve_device
 from nmt.device_options import InferenceDeviceOptions
 from nmt.errors import NmtError
-from nmt.generation.options import CHECKED_SEARCH, SearchOptions
+from nmt.generation.options import SearchOptions
 
 RECORD_KEY = "decoding"  # the checkpoint entry
 NO_RECORD = ("no validation check in {}: training's end records one, and `nmt average` of a run's checkpoints "
@@ -56,18 +56,18 @@ class DecodingSettings:
 
     @classmethod
     def from_dict(cls, values: Any, where: str = "the checkpoint") -> DecodingSettings:
-        required = ("quantize", "stop", "reason")  # search: since records named it
+        required = ("quantize", "stop", "reason")  # search: since records named it; one named by other
+        # options than today's (another version's) is a different search: it never matches, so stop is exact
         if not isinstance(values, dict) or not set(required) <= set(values) \
                 or values["quantize"] not in ("none", "int8") or values["stop"] not in ("exact", "finished") \
-                or not (values.get("search") is None or isinstance(values["search"], dict)
-                        and set(values["search"]) == set(CHECKED_SEARCH)):
+                or not (values.get("search") is None or isinstance(values["search"], dict)):
             raise NmtError(f"{where} has a malformed {RECORD_KEY!r} record: {values!r}")
         return cls(*(values[name] for name in required), values.get("search"))  # a later version's others are left
 
 
 def describe_search(search: dict[str, Any]) -> str:
     """As generate's options: "--beam 4 --lenpen 0.6 ..."."""
-    return " ".join(f"--{name.replace('_', '-')} {search[name]}" for name in CHECKED_SEARCH)
+    return " ".join(f"--{name.replace('_', '-')} {value}" for name, value in search.items())
 
 
 def resolve_decoding(quantize: str, stop: str, precision: str, device_type: str,
