@@ -152,10 +152,20 @@ def test_dry_run_prints_every_stage_resolved_and_runs_nothing(recipe, tmp_path, 
     assert not (tmp_path / "data-bin").exists() and not (tmp_path / "checkpoints").exists()
 
 
+def header_confinement(path: Path) -> Confinement:
+    """The places the recipe's header tells its user to name: `nmt run RECIPE --output-dir X --input-dir Y`."""
+    command = next(line for line in path.read_text(encoding="utf-8").splitlines() if "nmt run recipes/" in line)
+    words = command.split()
+    named = {flag: words[words.index(flag) + 1] for flag in ("--output-dir", "--input-dir") if flag in words}
+    return Confinement(output_dir=named.get("--output-dir"),
+                       input_dirs=(named["--input-dir"],) if "--input-dir" in named else ())
+
+
 @pytest.mark.parametrize("path", sorted(RECIPES.glob("*.yaml")), ids=lambda path: path.name)
-def test_shipped_recipes_are_valid(path):
-    plan = plan_recipe(path, ("train", "average", "generate"),  # preprocess and score need the raw corpus
-                       Confinement(allow_outside=True))  # their paths are taken from the checkout's root
+def test_shipped_recipes_are_valid_as_their_header_runs_them(path, monkeypatch):
+    monkeypatch.chdir(RECIPES.parent)  # their paths are taken from the checkout's root
+    plan = plan_recipe(path.relative_to(RECIPES.parent), ("train", "average", "generate"),  # preprocess and score
+                       header_confinement(path))                                             # need the raw corpus
     assert plan.train.data == plan.preprocess.destdir == plan.generate.data  # the data dir is named once
 
 
