@@ -4,9 +4,12 @@
     python benchmarks/train_speed.py --device cuda --precisions fp32,bf16,fp16 --max-tokens 8192
 
 Speed: a few warm-up updates, then ``--updates`` timed ones through the trainer's own update step
-(batches prepared by its prefetch thread, as in training). Loss: ``--loss-updates`` updates of
-``--loss-arch`` from the same seed in each precision, then the validation loss (nats per target
-token; the model is evaluated in the precision it was trained in).
+(batches prepared by its prefetch thread, as in training). On a CPU each row also gives the FLOP/s
+of its linear layers and output projection (forward and backward) beside the matmul limit: what
+torch.matmul reaches at the same shapes in the row's precision (benchmarks/matmul_limit.py); the
+share of that limit says how much of an update is spent outside the matrix units. Loss:
+``--loss-updates`` updates of ``--loss-arch`` from the same seed in each precision, then the
+validation loss (nats per target token; the model is evaluated in the precision it was trained in).
 
 The binarized Multi30k is built in a temporary directory with the preprocess library (joint BPE,
 8000 pieces) unless ``--data`` names one. Needs ../shared/data/multi30k beside the repository.
