@@ -41,6 +41,7 @@ from nmt.training.distributed import DistributedContext
 from nmt.training.inputs import check_inputs
 from nmt.training.iterator import EpochIterator
 from nmt.training.trainer import Trainer, train
+from nmt.tuning import bound_onednn_caches
 
 sys.path.insert(0, str(Path(__file__).parent))
 from matmul_limit import LinearShapes, training_flops, training_matmul_seconds  # noqa: E402  (a sibling script)
@@ -59,6 +60,7 @@ def build_multi30k(directory: Path, vocab_size: int = 8000) -> str:
 
 def measure_speed(config: TrainConfig, warmup: int, updates: int, threads: int | None) -> dict[str, float]:
     """Run in a fresh process (see ``measure_in_subprocess``), so that its peak RSS is its own."""
+    bound_onednn_caches()  # as `nmt train` does
     if threads:
         torch.set_num_threads(threads)
     setup_logging(quiet=True)
