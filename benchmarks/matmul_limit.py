@@ -4,9 +4,9 @@ An update's matmuls are its linear layers (every ``nn.Linear`` the forward pass 
 hooks) and the output projection over its real target tokens; each forward (M x K) @ (K x N)
 runs again twice in backward, as (M x N) @ (N x K) for the input's gradient and (N x M) @ (M x K)
 for the weight's (in the layouts autograd uses). Those three products timed for each shape give
-the update's matmul time at full speed; the update's real time over it is the share of that
-limit that training reaches. Attention's own
-(sequence x sequence) products are left out: short sentences make them a few percent of the work.
+the update's matmul time at full speed; that time over the update's real one is the share of the
+limit that training reaches. Attention's own (sequence x sequence) products are left out: short
+sentences make them a few percent of the work.
 """
 
 from __future__ import annotations
