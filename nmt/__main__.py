@@ -3,8 +3,10 @@
 As nmt itself (never as a program that calls this ``main``), the subcommands that decode tune the
 process for it before anything else is loaded: `nmt generate` starts again with huge pages for
 malloc (nmt/huge_pages.py), and it and `nmt serve` take one malloc arena and small oneDNN caches
-(nmt/tuning.py). The other subcommands run in the process as Python started it: training's speed
-and peak memory did not move with huge pages on a Xeon (issue #40), so they are not asked for there.
+(nmt/tuning.py). `nmt train` and `nmt run` take the small oneDNN caches only: bf16 training meets
+new product shapes at every batch too. The other subcommands run in the process as Python started
+it: training's speed and peak memory did not move with huge pages on a Xeon (issue #40), so they
+are not asked for there.
 
 Loading the command's libraries (torch above all) takes seconds; a Ctrl-C in them ends the
 command quietly with 130, as it does once the command runs, not with a traceback."""
@@ -13,10 +15,11 @@ import sys
 from pathlib import Path
 
 from nmt.huge_pages import restart_with_huge_pages
-from nmt.tuning import tune_for_decoding
+from nmt.tuning import bound_onednn_caches, tune_for_decoding
 
 HUGE_PAGES_FOR = ("generate",)  # where huge pages were measured to pay: decoding
 TUNED_FOR = ("generate", "serve")
+TRAINING = ("train", "run")
 
 
 def main() -> None:
@@ -27,6 +30,8 @@ def main() -> None:
             restart_with_huge_pages()
         if subcommand in TUNED_FOR:
             tune_for_decoding()
+        elif subcommand in TRAINING:
+            bound_onednn_caches()
     try:
         from nmt.cli import main as run
     except KeyboardInterrupt:

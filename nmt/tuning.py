@@ -2,7 +2,8 @@
 
 They change the whole process for the rest of its life, so nmt sets them only as the `nmt`
 command, for the subcommands that decode (nmt/__main__.py: `nmt generate` and `nmt serve`; with
-huge pages for malloc too where they were measured to pay, nmt/huge_pages.py). A program that
+huge pages for malloc too where they were measured to pay, nmt/huge_pages.py), and the small
+oneDNN caches for those that train (`nmt train`, `nmt run`). A program that
 uses the Python API keeps its allocator and environment as they are, unless it asks::
 
     import nmt
@@ -45,15 +46,17 @@ def share_one_malloc_arena() -> None:
 
 
 def bound_onednn_caches() -> None:
-    """Keep the caches behind torch's bf16 products on CPU small for decoding, unless the user sized them.
+    """Keep the caches behind torch's bf16 products on CPU small, unless the user sized them.
 
     Those products run on oneDNN, which keeps a compiled primitive per matrix shape
     (``ONEDNN_PRIMITIVE_CACHE_CAPACITY``), and torch keeps the arguments it prepared for each
     shape (``LRU_CACHE_CAPACITY``). Decoding meets new shapes at nearly every step (a batch's rows
     change as sentences finish), so large caches only grow: about 280 MiB of peak RSS over the
     1,000 test sentences of transformer_small, for 3-6% more CPU time (docs/performance.md); 16
-    holds every shape in use at once. Both are read when first used, so this acts in a process that
-    has not run bf16 products yet.
+    holds every shape in use at once. Training meets new shapes at every batch: bf16 training's peak
+    RSS was 2.95 GiB and growing after 100 updates on a Zen 4, 1.28 GiB with these (fp32: 1.20),
+    at the same speed (benchmarks/notes/bf16-training-zen4-2026-11-28.md). Both are read when first
+    used, so this acts in a process that has not run bf16 products yet.
     """
     for variable in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY"):
         os.environ.setdefault(variable, str(ONEDNN_CACHE_CAPACITY))

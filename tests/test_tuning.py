@@ -25,15 +25,17 @@ def test_tuning_bounds_onednn_caches_unless_the_user_sized_them(monkeypatch):
     assert os.environ["LRU_CACHE_CAPACITY"] == "512"
 
 
-@pytest.mark.parametrize("subcommand, huge_pages, tuned", [
-    ("generate", True, True), ("serve", False, True), ("train", False, False), ("average", False, False),
-    ("--version", False, False)])
-def test_only_the_decoding_subcommands_tune_the_process(monkeypatch, subcommand, huge_pages, tuned):
-    """Huge pages where they were measured to pay (decoding); the allocator settings wherever nmt decodes."""
+@pytest.mark.parametrize("subcommand, huge_pages, tuned, bounded", [
+    ("generate", True, True, False), ("serve", False, True, False), ("train", False, False, True),
+    ("run", False, False, True), ("average", False, False, False), ("--version", False, False, False)])
+def test_only_the_decoding_subcommands_tune_the_process(monkeypatch, subcommand, huge_pages, tuned, bounded):
+    """Huge pages where they were measured to pay (decoding); the allocator settings wherever nmt decodes;
+    small oneDNN caches for training too (bf16 products at a new shape every batch)."""
     calls = []
     monkeypatch.setattr(sys, "argv", ["/venv/bin/nmt", subcommand, "--help"])
     monkeypatch.setattr(nmt.__main__, "restart_with_huge_pages", lambda: calls.append("huge pages"))
     monkeypatch.setattr(nmt.__main__, "tune_for_decoding", lambda: calls.append("tuned"))
+    monkeypatch.setattr(nmt.__main__, "bound_onednn_caches", lambda: calls.append("bounded"))
     with pytest.raises(SystemExit):
         nmt.__main__.main()
-    assert calls == ["huge pages"] * huge_pages + ["tuned"] * tuned
+    assert calls == ["huge pages"] * huge_pages + ["tuned"] * tuned + ["bounded"] * bounded
