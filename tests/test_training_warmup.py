@@ -34,3 +34,14 @@ def test_train_logs_the_warning(tiny_data_dir, tmp_path, messages):
     train(tiny_config(tiny_data_dir, tmp_path, max_epoch=1, warmup_updates=100, check_decoding=False))
     assert any("stops at 9 updates (--max-epoch 1 x 9 updates per epoch), inside its 100-update warm-up" in m
                for m in messages)
+
+
+def test_a_run_that_ended_inside_its_warmup_is_told_at_its_end(tiny_data_dir, tmp_path, messages):
+    """A time limit cannot be judged at the start: the end says so (here --max-update ends it, as a
+    spent --max-time would)."""
+    train(tiny_config(tiny_data_dir, tmp_path, max_update=3, warmup_updates=100, check_decoding=False))
+    assert any("training ended at update 3 (reached --max-update 3), inside its 100-update warm-up" in m
+               for m in messages)
+    messages.clear()
+    train(tiny_config(tiny_data_dir, tmp_path / "past", max_update=3, warmup_updates=2, check_decoding=False))
+    assert not any("inside its" in m for m in messages)

@@ -372,6 +372,8 @@ class Trainer:
             skipped_updates=run_meter.skipped)
         if interrupt.requested:
             raise Stopped(interrupt.signum, stop)  # the CLI's last line: where the run stopped, what was saved
+        if context.is_main and (warning := ended_in_warmup(config, state.update, stop)):
+            logger.warning(warning)
         if context.is_main and logger.isEnabledFor(logging.INFO):
             rows = {"arch": config.arch, "epochs": summary.epoch, "updates": summary.updates,
                     "train loss (this run)": summary.train_loss,
@@ -473,6 +475,16 @@ def warmup_warning(config: TrainConfig, updates_per_epoch: int) -> str | None:
     return (f"this run stops at {updates:,} updates ({why}), {where} its {config.warmup_updates:,}-update warm-up "
             f"(--warmup-updates): the learning rate {'never reaches' if where == 'inside' else 'barely holds'} its "
             f"peak; give about a tenth of the run, e.g. --warmup-updates {max(updates // 10, 1):,}, or more updates")
+
+
+def ended_in_warmup(config: TrainConfig, updates: int, stop: str | None) -> str | None:
+    """A warning when the run ended (by --max-time, say, which warmup_warning cannot foresee) before
+    its --warmup-updates were done: its learning rate never reached its peak."""
+    if config.warmup_share or updates >= config.warmup_updates:
+        return None
+    return (f"training ended at update {updates:,} ({stop}), inside its {config.warmup_updates:,}-update warm-up: "
+            f"the learning rate never reached its peak; give more time, fewer --warmup-updates, or "
+            f"--warmup-share with --lr-schedule cosine (a share of the budget)")
 
 
 def stop_reason(config: TrainConfig, state: TrainState) -> str | None:
