@@ -86,6 +86,18 @@ def seconds_per_update(recipe: dict, repeats: int = 3) -> float:
     return min(timings[1:])
 
 
+def check_resumable(workdir: Path, max_update: int) -> None:
+    """A demo resumes only its own run: another --max-update saves and averages other checkpoints."""
+    config = workdir / "checkpoints" / "config.yaml"
+    try:
+        before = (yaml.safe_load(config.read_text(encoding="utf-8")) or {}).get("train", {}).get("max_update")
+    except (OSError, yaml.YAMLError, AttributeError):
+        return
+    if before is not None and before != max_update:
+        raise NmtError(f"{workdir} holds a demo run of --max-update {before}: resume it with --max-update {before}, "
+                       f"or start another with a new --workdir (or after removing {workdir})")
+
+
 def run_demo(workdir: str | Path = "nmt-demo", max_update: int = 300, train_size: int = 20_000) -> PipelineReport:
     workdir = Path(workdir)
     if max_update < 1:
@@ -94,6 +106,7 @@ def run_demo(workdir: str | Path = "nmt-demo", max_update: int = 300, train_size
         (workdir / "raw").mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise NmtError(f"cannot use --workdir {workdir}: {exc.strerror or exc}") from exc
+    check_resumable(workdir, max_update)
     raw = write_corpus_if_changed(workdir / "raw", train_size)
     recipe = demo_recipe(workdir, raw, max_update)
     recipe_path = workdir / "demo.yaml"

@@ -43,3 +43,12 @@ def test_a_workdir_that_cannot_be_a_directory_is_a_clear_error(tmp_path):
     with pytest.raises(NmtError, match=r"cannot use --workdir .*file: Not a directory"):
         run_demo(tmp_path / "file", max_update=1)
     assert (tmp_path / "file").read_text() == "mine"
+
+
+def test_resuming_with_another_max_update_is_refused_before_any_work(tmp_path):
+    """The tryout's case: stopped at 300, resumed with 80, it failed at averaging (other checkpoints)."""
+    (tmp_path / "checkpoints").mkdir(parents=True)
+    (tmp_path / "checkpoints" / "config.yaml").write_text("train:\n  max_update: 300\n")
+    with pytest.raises(NmtError, match=r"holds a demo run of --max-update 300: resume it with --max-update 300"):
+        run_demo(tmp_path, max_update=80)
+    assert not (tmp_path / "raw").exists() or not any((tmp_path / "raw").iterdir())
