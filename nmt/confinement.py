@@ -48,13 +48,15 @@ class Confinement:
         beside = " or --output-dir" if self.output_dir else ""
         for key, path in outputs.items():
             if not any(real(path).is_relative_to(root) for root in writable):
-                raise NmtError(f"{source}: `{key}: {path}` is outside the {what}'s directory{beside}; a {what} writes "
+                raise NmtError(f"{source}: `{key}: {path}`{through_links(path)} is outside the {what}'s "
+                               f"directory{beside}; a {what} writes "
                                f"only there unless you name a directory with `{command} --output-dir DIR` or trust "
                                "it like code with `--allow-outside`")
         for key, value in inputs.items():
             for path in paths_in(value):
                 if path != "-" and not any(real(path).is_relative_to(root) for root in readable):
-                    raise NmtError(f"{source}: `{key}: {path}` is outside the {what}'s directory{beside}; a {what} "
+                    raise NmtError(f"{source}: `{key}: {path}`{through_links(path)} is outside the {what}'s "
+                                   f"directory{beside}; a {what} "
                                    f"reads only there unless you name a directory with `{command} --input-dir DIR` "
                                    "or trust it like code with `--allow-outside`")
         for path in files:
@@ -66,6 +68,12 @@ class Confinement:
 
 def real(path: str | os.PathLike) -> Path:
     return Path(os.path.realpath(path))
+
+
+def through_links(path: str) -> str:
+    """Where a path leads when a symbolic link on the way takes it elsewhere (places are compared there)."""
+    target = real(path)
+    return f" (through a symbolic link: {target})" if target != Path(os.path.abspath(path)) else ""
 
 
 def paths_in(value: Any) -> list[str]:

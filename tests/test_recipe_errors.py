@@ -278,6 +278,20 @@ def test_a_recipe_reads_only_inside_its_places(home, tmp_path, monkeypatch, caps
                    str(home / ".ssh"))[0] == 0
 
 
+def test_a_path_that_leaves_through_a_symbolic_link_says_so(home, tmp_path, monkeypatch, capsys):
+    """`data` beside the recipe, but a link to elsewhere: the message names where it leads."""
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "text.en").write_text("five\n")
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "data").symlink_to(tmp_path / "elsewhere")
+    recipe = write_recipe(tmp_path / "mine" / "r.yaml", {"input": "data/text.en", "path": "m.pt", "output": "o.hyp"})
+    monkeypatch.chdir(tmp_path / "mine")
+    code, _, err = run_cli(monkeypatch, capsys, "run", recipe, "--stages", "generate", "--dry-run")
+    assert code == 1
+    assert_one_line_error(err, f"`generate: input: data/text.en` (through a symbolic link: "
+                               f"{(tmp_path / 'elsewhere' / 'text.en').resolve()}) is outside the recipe's directory")
+
+
 def test_a_train_config_writes_only_inside_its_places(home, tmp_path, monkeypatch, capsys):
     """`nmt train --config` applied no confinement: its save dir (config.yaml, checkpoints) went anywhere."""
     make_data_dir(tmp_path / "downloads" / "data", {"train": numbers_pairs(40, seed=0)})
