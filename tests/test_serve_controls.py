@@ -203,3 +203,49 @@ def test_the_info_bound_holds_a_sentence_with_controls_at_their_caps(served):
     assert info["limits"]["max_bans"] == 64 and info["limits"]["max_constraints"] == 8
     assert info["limits"]["max_phrase_pieces"] == 16 and info["memory_mib"]["connections"] > 0
 
+
+
+def test_a_request_is_prepared_off_the_event_loop(monkeypatch, tmp_path_factory):
+    """The test above cannot tell where the checks run (today's checks are fast): here preparing a
+    request takes 2 s, in-process, and /health must still answer at once."""
+    import socket
+
+    import uvicorn
+
+    from nmt.generation.translator import Translator
+    from nmt.serving import server
+    from nmt.serving.options import ServeOptions
+
+    real_prepare = server.prepare
+
+    def slow_prepare(*args, **kwargs):
+        time.sleep(2.0)
+        return real_prepare(*args, **kwargs)
+
+    monkeypatch.setattr(server, "prepare", slow_prepare)
+    vocab = Vocabulary.train([side for pair in numbers_pairs(300, seed=1) for side in pair], vocab_size=120)
+    checkpoint = tiny_checkpoint(tmp_path_factory.mktemp("in-process") / "model.pt", vocab)
+    app = server.create_app(Translator.from_checkpoint(str(checkpoint)), ServeOptions(path=str(checkpoint)))
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()
+    uvicorn_server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=uvicorn_server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        address = ("127.0.0.1", sock.getsockname()[1])
+        while not uvicorn_server.started:
+            time.sleep(0.01)
+        answers = []
+        sender = threading.Thread(target=lambda: answers.append(request(address, "POST", "/translate",
+                                                                         {"text": ["five"]}, key=None)))
+        sender.start()
+        time.sleep(0.5)  # the request is being prepared
+        start = time.monotonic()
+        assert request(address, "GET", "/health", key=None)[0] == 200
+        waited = time.monotonic() - start
+        sender.join()
+        assert answers[0][0] == 200 and waited < 1.0, (answers, waited)
+    finally:
+        uvicorn_server.should_exit = True
+        thread.join(30)
