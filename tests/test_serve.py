@@ -595,8 +595,9 @@ def test_ctrl_c_stops_the_server_with_its_line_and_130(checkpoint, tmp_path, inh
     assert text.endswith("interrupted\n")
 
 
-def test_a_batch_is_searched_on_every_torch_thread(checkpoint, monkeypatch):
-    """One part per thread, as `nmt generate`'s workers: given whole, a batch ran on one of them."""
+def test_a_batch_is_searched_whole_on_one_thread(checkpoint, monkeypatch):
+    """Cut into one part per torch thread on Python threads, a batch served fewer sentences a second
+    (benchmarks/notes/amd-epyc-zen4-2026-11-28.md): whole, with torch's threads inside its operations."""
     import threading
 
     import torch
@@ -607,10 +608,10 @@ def test_a_batch_is_searched_on_every_torch_thread(checkpoint, monkeypatch):
     from nmt.serving.server import batch_translator
 
     translator = Translator.from_checkpoint(checkpoint, device="cpu")
-    searched_on, search = set(), inference.beam_search
+    searched, search = [], inference.beam_search
 
     def recorded(*args, **kwargs):
-        searched_on.add(threading.get_ident())
+        searched.append(threading.get_ident())
         return search(*args, **kwargs)
 
     monkeypatch.setattr(inference, "beam_search", recorded)
@@ -619,8 +620,8 @@ def test_a_batch_is_searched_on_every_torch_thread(checkpoint, monkeypatch):
     search_options, _ = translator.options(max_len_b=5)
     hypotheses = batch_translator(translator)(sources, search_options, None, lambda: False)
     assert [h[0].tokens for h in hypotheses] == [h[0].tokens for h in inference.translate_ids(
-        translator.model, sources, translator.request(search_options, BatchingOptions()))]
-    assert len(searched_on) == 2
+        translator.model, sources, translator.request(search_options, BatchingOptions(workers=1)))]
+    assert searched[0] == threading.get_ident() and len(searched) == 2  # one search for the batch, one here
 
 
 def test_a_ctrl_c_right_after_the_serving_line_stops_the_server_in_two_steps_too(checkpoint, tmp_path):

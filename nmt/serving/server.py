@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
-import torch
 
 from nmt.checkpoint.format import load_checkpoint
 from nmt.checkpoint.names import split_paths
@@ -40,7 +39,7 @@ from nmt.data.vocabulary import EOS_ID
 from nmt.device import use_threads
 from nmt.errors import NmtError, Stopped, install_hint
 from nmt.generation.inference import translate_ids, uses_shortlist
-from nmt.generation.options import BatchingOptions, SearchOptions, choose_workers
+from nmt.generation.options import BatchingOptions, SearchOptions
 from nmt.generation.search import HYPOTHESIS_BYTES_PER_TOKEN, SearchStopped, model_positions
 from nmt.generation.translator import Translator
 from nmt.log import logger
@@ -152,16 +151,13 @@ def create_app(translator: Translator, options: ServeOptions, baseline: int = 0)
 
 
 def batch_translator(translator: Translator) -> TranslateFn:
-    """What the batcher calls with a batch: translate_ids on it, cut into one part per torch thread on a CPU.
-
-    translate_ids gives a CPU one worker per thread, each with one thread of its own; given the batch
-    whole (it was sized by the batcher), one worker searched it while the other threads idled. Cut in
-    parts of equal sentences, every thread searches one, as `nmt generate`'s workers do (here threads,
-    not forked processes: a batch whose clients have gone must be stopped)."""
+    """What the batcher calls with a batch: translate_ids on it whole, torch's threads (--threads) inside
+    its operations. Cut into one part per thread, each searched on a Python thread (the server must
+    stop a batch whose clients left, so not in forked processes as `nmt generate` does), the parts
+    served fewer sentences: 92 against 113 a second with 32 clients on a 2-core Zen 4
+    (benchmarks/notes/amd-epyc-zen4-2026-11-28.md)."""
     def translate(sources, search, controls, should_stop):
-        workers = choose_workers(search, BatchingOptions(), translator.device.type, torch.get_num_threads(),
-                                 len(sources))
-        batching = BatchingOptions(max_tokens=None, batch_size=math.ceil(len(sources) / workers), workers=workers)
+        batching = BatchingOptions(max_tokens=None, batch_size=len(sources), workers=1)
         return translate_ids(translator.model, sources,
                              translator.request(search, batching, controls=controls, should_stop=should_stop))
 
