@@ -132,3 +132,28 @@ def test_the_tensors_a_search_allocates_stay_within_the_estimate(search_path):
     assert allocated.peak <= estimate
     if search_path is TORCH:  # the cache copied at each reorder; nmt's C kernels' may reuse a finished one's buffers
         assert estimate < 4 * allocated.peak
+
+
+def test_a_search_with_controls_stays_within_the_estimate_that_counts_them(search_path):
+    """The same with every sentence's controls at the server's caps (8 constraints and 64 bans of 16
+    pieces): the peak of the tensors the search allocates is below the estimate for that ControlShape,
+    and above the estimate without the controls' term."""
+    from nmt.generation.constraints import BatchControls, SentenceControls
+    from nmt.serving.budget import NO_CONTROLS, ControlShape
+
+    vocab, sentences, beam, steps = 1000, 4, 4, 16
+    model = tiny_model(vocab)
+    model.backend = search_path
+    source = torch.randint(4, vocab, (sentences, 12), generator=torch.Generator().manual_seed(0))
+    source[:, -1] = EOS_ID
+    controls = [SentenceControls(prefix=[10 + s, 11], constraints=[list(range(100 + 16 * c, 116 + 16 * c))
+                                                                   for c in range(8)],
+                                 bans=[list(range(300 + b, 316 + b)) for b in range(64)]) for s in range(sentences)]
+    shape = ControlShape.of(controls)
+    memory = SearchMemory(model, "fp32", "cpu")
+    estimate = memory.batch([steps] * sentences, beam, source.size(1), shape)
+    options = SearchOptions(beam=beam, nbest=1, max_len_a=0, max_len_b=steps, min_len=steps, stop="exact")
+    with torch.inference_mode(), PeakMemory() as allocated:
+        found = beam_search(model, source, options, None, BatchControls.create(controls, torch.device("cpu")))
+    assert [h[0].tokens[:2] for h in found] == [[10 + s, 11] for s in range(sentences)]  # the prefixes held
+    assert memory.batch([steps] * sentences, beam, source.size(1), NO_CONTROLS) < allocated.peak <= estimate
