@@ -112,7 +112,8 @@ def train(given: dict, config: Annotated[Optional[Path], typer.Option(
         help="YAML recipe: its `train:` section (keys = these options, with _), top-level `arch:`/`model:` and its "
              "data directory (`data:` or `preprocess: destdir`). Options given here override it.")] = None,
           output_dir: Annotated[Optional[Path], typer.Option(help=OUTPUT_DIR_HELP.format(what="--config"))] = None,
-          input_dir: Annotated[Optional[list[Path]], typer.Option(help=INPUT_DIR_HELP.format(what="--config"))] = None,
+          input_dir: Annotated[Optional[list[Path]], typer.Option(help=INPUT_DIR_HELP.format(what="--config"),
+                                                                  exists=True, file_okay=False)] = None,
           allow_outside: Annotated[bool, typer.Option(help=ALLOW_OUTSIDE_HELP.format(what="--config"))] = False
           ) -> None:
     """Train a model on a preprocessed data directory; re-running the same command resumes. Several GPUs:
@@ -179,7 +180,8 @@ def run(recipe: Annotated[Path, typer.Argument(metavar="RECIPE",
         dry_run: Annotated[bool, typer.Option(
             help="Check the whole recipe, print every stage's resolved options, and run nothing.")] = False,
         output_dir: Annotated[Optional[Path], typer.Option(help=OUTPUT_DIR_HELP.format(what="recipe"))] = None,
-        input_dir: Annotated[Optional[list[Path]], typer.Option(help=INPUT_DIR_HELP.format(what="recipe"))] = None,
+        input_dir: Annotated[Optional[list[Path]], typer.Option(help=INPUT_DIR_HELP.format(what="recipe"),
+                                                                exists=True, file_okay=False)] = None,
         allow_outside: Annotated[bool, typer.Option(help=ALLOW_OUTSIDE_HELP.format(what="recipe"))] = False) -> None:
     """Run a recipe's whole pipeline: preprocess -> train -> average -> generate -> score."""
     from nmt.pipeline import plan_recipe, run_plan

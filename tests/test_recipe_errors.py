@@ -292,6 +292,14 @@ def test_a_path_that_leaves_through_a_symbolic_link_says_so(home, tmp_path, monk
                                f"{(tmp_path / 'elsewhere' / 'text.en').resolve()}) is outside the recipe's directory")
 
 
+def test_an_input_dir_that_does_not_exist_is_an_error(home, tmp_path, monkeypatch, capsys):
+    """A mistyped --input-dir let nothing through and --dry-run said nothing of it."""
+    recipe = write_recipe(tmp_path / "r.yaml", {"input": "text.en", "output": "o.hyp"})
+    code, _, err = run_cli(monkeypatch, capsys, "run", recipe, "--dry-run", "--input-dir", str(tmp_path / "nowhere"))
+    assert code == 2  # refused by the parser, as every bad option value
+    assert_one_line_error(err, f"Invalid value for '--input-dir': dir '{tmp_path / 'nowhere'}' does not exist")
+
+
 def test_a_train_config_writes_only_inside_its_places(home, tmp_path, monkeypatch, capsys):
     """`nmt train --config` applied no confinement: its save dir (config.yaml, checkpoints) went anywhere."""
     make_data_dir(tmp_path / "downloads" / "data", {"train": numbers_pairs(40, seed=0)})

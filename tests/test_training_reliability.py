@@ -48,7 +48,8 @@ def test_max_time_already_spent_is_nothing_to_do(tiny_data_dir, tmp_path, messag
     written = (tmp_path / "config.yaml").read_text()
     summary = train(tiny_config(tiny_data_dir, tmp_path, max_update=10, max_time="0.001"))
     assert summary.updates == 2 and summary.stop_reason == "reached --max-time 0.001"
-    assert "nothing to do: reached --max-time 0.001" in messages
+    last = tmp_path / "checkpoint_last.pt"
+    assert f"nothing to do: reached --max-time 0.001 (a larger limit trains on from {last})" in messages
     assert load_checkpoint(tmp_path / "checkpoint_last.pt")["train_state"]["update"] == 2
     assert (tmp_path / "config.yaml").read_text() == written  # not the options of a run that trained nothing
 
