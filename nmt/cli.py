@@ -120,7 +120,7 @@ def train(given: dict, config: Annotated[Optional[Path], typer.Option(
     --nproc N; several machines: torchrun --nnodes M --nproc-per-node N --rdzv-endpoint HOST:PORT -m nmt train"""
     from nmt.training.trainer import train as run_training
 
-    confinement = Confinement(allow_outside, output_dir and str(output_dir), tuple(map(str, input_dir or [])))
+    confinement = Confinement.from_command_line(allow_outside, output_dir, input_dir)
     run_training(load_train_config(given, config, confinement))
 
 
@@ -186,7 +186,7 @@ def run(recipe: Annotated[Path, typer.Argument(metavar="RECIPE",
     """Run a recipe's whole pipeline: preprocess -> train -> average -> generate -> score."""
     from nmt.pipeline import plan_recipe, run_plan
 
-    confinement = Confinement(allow_outside, output_dir and str(output_dir), tuple(map(str, input_dir or [])))
+    confinement = Confinement.from_command_line(allow_outside, output_dir, input_dir)
     plan = plan_recipe(recipe, parse_stages(stages), confinement)
     if dry_run:
         typer.echo(plan.describe(), nl=False)

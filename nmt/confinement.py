@@ -37,6 +37,12 @@ class Confinement:
     output_dir: str | None = None  # also written (and read) under
     input_dirs: tuple[str, ...] = field(default_factory=tuple)  # also read under
 
+    @classmethod
+    def from_command_line(cls, allow_outside: bool, output_dir: Path | None, input_dirs: list[Path] | None
+                          ) -> Confinement:
+        """From --allow-outside, --output-dir and --input-dir (repeated), as `nmt run` and `nmt train` take them."""
+        return cls(allow_outside, output_dir and str(output_dir), tuple(map(str, input_dirs or [])))
+
     def check(self, source: Path, outputs: dict[str, str], inputs: dict[str, Any], files: Iterable[str] = (),
               what: str = "recipe", command: str = "nmt run") -> None:
         """Refuse an output (``{key: path}``) or input (``{key: path or paths}``) of the YAML file ``source``
@@ -46,19 +52,19 @@ class Confinement:
         writable = [real(source.parent)] + ([real(self.output_dir)] if self.output_dir else [])
         readable = writable + [real(directory) for directory in self.input_dirs]
         beside = " or --output-dir" if self.output_dir else ""
+
+        def outside(key: str, path: str, verb: str, flag: str) -> NmtError:
+            return NmtError(f"{source}: `{key}: {path}`{through_links(path)} is outside the {what}'s directory"
+                            f"{beside}; a {what} {verb} only there unless you name a directory with `{command} "
+                            f"{flag} DIR` or trust it like code with `--allow-outside`")
+
         for key, path in outputs.items():
             if not any(real(path).is_relative_to(root) for root in writable):
-                raise NmtError(f"{source}: `{key}: {path}`{through_links(path)} is outside the {what}'s "
-                               f"directory{beside}; a {what} writes "
-                               f"only there unless you name a directory with `{command} --output-dir DIR` or trust "
-                               "it like code with `--allow-outside`")
+                raise outside(key, path, "writes", "--output-dir")
         for key, value in inputs.items():
             for path in paths_in(value):
                 if path != "-" and not any(real(path).is_relative_to(root) for root in readable):
-                    raise NmtError(f"{source}: `{key}: {path}`{through_links(path)} is outside the {what}'s "
-                                   f"directory{beside}; a {what} "
-                                   f"reads only there unless you name a directory with `{command} --input-dir DIR` "
-                                   "or trust it like code with `--allow-outside`")
+                    raise outside(key, path, "reads", "--input-dir")
         for path in files:
             if os.path.lexists(path) and not nmt_wrote(path):
                 raise NmtError(f"{source}: {path} exists and `nmt run` did not write it; a {what} replaces only its "

@@ -11,11 +11,12 @@ from torch.utils._pytree import tree_leaves
 
 from nmt.backends.torch_backend import TORCH
 from nmt.data.vocabulary import EOS_ID, PAD_ID
+from nmt.generation.constraints import BatchControls, SentenceControls
 from nmt.generation.ensemble import Ensemble
 from nmt.generation.options import SearchOptions
 from nmt.generation.search import beam_search
 from nmt.models.registry import build_model, get_arch, resolve_config
-from nmt.serving.budget import ControlShape, SearchMemory
+from nmt.serving.budget import NO_CONTROLS, ControlShape, SearchMemory
 
 
 def tiny_model(vocab: int, seed: int = 0, **shape) -> torch.nn.Module:
@@ -115,15 +116,21 @@ class PeakMemory(TorchDispatchMode):
             del self.storages[address]
 
 
+def searched_batch(search_path) -> tuple[torch.nn.Module, torch.Tensor]:
+    """A tiny model on ``search_path``'s backend and 4 sources of 12 tokens from a vocabulary of 1,000."""
+    model = tiny_model(1000)
+    model.backend = search_path
+    source = torch.randint(4, 1000, (4, 12), generator=torch.Generator().manual_seed(0))
+    source[:, -1] = EOS_ID
+    return model, source
+
+
 def test_the_tensors_a_search_allocates_stay_within_the_estimate(search_path):
     """Every beam of 4 sentences searches its 16 steps (min_len = max length): the peak of the tensors
     the search allocates is below the estimate, and within a factor 4 of it (the estimate counts
     every number as fp32 and every buffer at its largest)."""
-    vocab, sentences, beam, steps = 1000, 4, 4, 16
-    model = tiny_model(vocab)
-    model.backend = search_path
-    source = torch.randint(4, vocab, (sentences, 12), generator=torch.Generator().manual_seed(0))
-    source[:, -1] = EOS_ID
+    model, source = searched_batch(search_path)
+    sentences, beam, steps = source.size(0), 4, 16
     estimate = SearchMemory(model, "fp32", "cpu").batch([steps] * sentences, beam, source.size(1))
     options = SearchOptions(beam=beam, nbest=beam, max_len_a=0, max_len_b=steps, min_len=steps, stop="exact")
     with torch.inference_mode(), PeakMemory() as allocated:
@@ -138,14 +145,8 @@ def test_a_search_with_controls_stays_within_the_estimate_that_counts_them(searc
     """The same with every sentence's controls at the server's caps (8 constraints and 64 bans of 16
     pieces): the peak of the tensors the search allocates is below the estimate for that ControlShape,
     and above the estimate without the controls' term."""
-    from nmt.generation.constraints import BatchControls, SentenceControls
-    from nmt.serving.budget import NO_CONTROLS, ControlShape
-
-    vocab, sentences, beam, steps = 1000, 4, 4, 16
-    model = tiny_model(vocab)
-    model.backend = search_path
-    source = torch.randint(4, vocab, (sentences, 12), generator=torch.Generator().manual_seed(0))
-    source[:, -1] = EOS_ID
+    model, source = searched_batch(search_path)
+    sentences, beam, steps = source.size(0), 4, 16
     controls = [SentenceControls(prefix=[10 + s, 11], constraints=[list(range(100 + 16 * c, 116 + 16 * c))
                                                                    for c in range(8)],
                                  bans=[list(range(300 + b, 316 + b)) for b in range(64)]) for s in range(sentences)]

@@ -568,6 +568,14 @@ def test_option_errors_name_the_request_fields_whole_flags_only():
         '"lenpen_style" x; "lenpen" 1; "nbest" must be between 1 and "beam"; --max-beam 16'
 
 
+def wait_for_serving_line(process: subprocess.Popen, log: Path) -> None:
+    """Until the server's plain-text log says `serving ...` (its last line before uvicorn starts)."""
+    deadline = time.monotonic() + GIVE_UP
+    while "serving " not in log.read_text() and time.monotonic() < deadline:
+        assert process.poll() is None, log.read_text()
+        time.sleep(0.05)
+
+
 @pytest.mark.parametrize("inherited", ["default", "ignored"])
 def test_ctrl_c_stops_the_server_with_its_line_and_130(checkpoint, tmp_path, inherited):
     """Through uvicorn's own signal handling, which the two-step server hooks into; also when the
@@ -582,10 +590,7 @@ def test_ctrl_c_stops_the_server_with_its_line_and_130(checkpoint, tmp_path, inh
         process = subprocess.Popen(serve_command(checkpoint, "--port", "0"), stderr=stderr, stdout=subprocess.DEVNULL,
                                    preexec_fn=ignore_ctrl_c if inherited == "ignored" else None)
     try:
-        deadline = time.monotonic() + GIVE_UP
-        while "serving " not in log.read_text() and time.monotonic() < deadline:
-            assert process.poll() is None, log.read_text()
-            time.sleep(0.05)
+        wait_for_serving_line(process, log)
         process.send_signal(signal.SIGINT)
         assert process.wait(GIVE_UP) == 130, log.read_text()
     finally:
@@ -637,10 +642,7 @@ def test_a_ctrl_c_right_after_the_serving_line_stops_the_server_in_two_steps_too
     with open(log, "w") as stderr:
         process = subprocess.Popen([sys.executable, "-c", code], stderr=stderr, stdout=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + GIVE_UP
-        while "serving " not in log.read_text() and time.monotonic() < deadline:
-            assert process.poll() is None, log.read_text()
-            time.sleep(0.05)
+        wait_for_serving_line(process, log)
         process.send_signal(signal.SIGINT)
         assert process.wait(GIVE_UP) == 130
     finally:

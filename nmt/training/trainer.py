@@ -354,7 +354,7 @@ class Trainer:
         stop = None if self.epoch_end_owed() else stop_reason(config, state)  # an owed epoch end is done regardless
         if stop:  # config.yaml stays as the training wrote it: these options trained nothing
             logger.info("nothing to do: %s (a larger limit trains on from %s)", stop,
-                        self.save_dir / "checkpoint_last.pt")
+                        self.save_dir / LAST)
         elif context.is_main:
             write_config(self.save_dir / "config.yaml", config, self.model_config)
         with StopRequest(second_aborts=not context.is_distributed) as interrupt:
