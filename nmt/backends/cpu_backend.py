@@ -81,13 +81,11 @@ class CpuKernelsBackend(TorchBackend):
         kernel multiplies each sentence's rows by its own candidates' weight rows (a few hundred, where
         the batch's union has thousands: docs/performance.md). Without VNNI the product onto the union
         (TorchBackend's, Int8Linear.rows) is taken."""
-        if not (self.kernels.int8_vnni and isinstance(output, Int8Linear)) or \
-                bool((output.quantized.scales != output.quantized.scales[0]).any()):
+        if not (self.kernels.int8_vnni and isinstance(output, Int8Linear)) or output.quantized.one_scale is None:
             return super().column_projection(output, columns)
         weight = output.quantized
         counts = 1 + (columns[:, 1:] != columns[:, :-1]).sum(dim=1, dtype=torch.int32)
-        return Int8Columns(self.kernels, weight.values, float(weight.scales[0]), columns, weight.row_sums[columns],
-                           counts)
+        return Int8Columns(self.kernels, weight.values, weight.one_scale, columns, weight.row_sums[columns], counts)
 
     def log_softmax_(self, logits: Tensor, banned: Tensor | None, sentences: Tensor) -> Tensor:
         return self.kernels.log_softmax_(logits, banned, sentences)

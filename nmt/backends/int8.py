@@ -43,6 +43,8 @@ class Int8Weight:
         self.values, self.scales = values.contiguous(), scales.float().contiguous()
         self.bias = None if bias is None else bias.detach().float().contiguous()
         self.row_sums = self.values.sum(dim=1, dtype=torch.int32)
+        # the scale every output shares, or None: the shortlist's column kernel takes one scale
+        self.one_scale = float(self.scales[0]) if bool((self.scales == self.scales[0]).all()) else None
         padding = (0, round_up(len(scales), 16) - len(scales))
         self.padded_sums, self.padded_scales = F.pad(self.row_sums, padding), F.pad(self.scales, padding)
         self.padded_bias = F.pad(self.scales.new_zeros(len(scales)) if bias is None else self.bias, padding)
