@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 from pathlib import Path
-from typing import ContextManager
+from typing import ContextManager, Iterator
 
 import torch
 
@@ -34,6 +34,18 @@ def use_threads(threads: int | None, processes: int = 1) -> None:
     else one per core)."""
     if threads is not None:
         torch.set_num_threads(max(1, threads // processes))
+
+
+@contextlib.contextmanager
+def using_threads(threads: int | None, processes: int = 1) -> Iterator[None]:
+    """``use_threads`` for the body only: a library call (generate, train) leaves its caller's count
+    as it found it."""
+    previous = torch.get_num_threads()
+    use_threads(threads, processes)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
 
 
 def cpu_info() -> dict[str, str]:

@@ -47,12 +47,32 @@ def test_serve_sets_the_threads_before_loading_the_model(monkeypatch):
         serve(build(ServeOptions, {"threads": 3}))
 
 
-def test_train_computes_with_the_threads_given(tiny_data_dir, tmp_path):
-    from nmt.training.trainer import train
+def test_train_computes_with_the_threads_given_and_gives_the_callers_back(tiny_data_dir, tmp_path, monkeypatch):
+    from nmt.training.trainer import Trainer, train
 
+    seen = []
+    fit = Trainer.fit
+
+    def watched(self):
+        seen.append(torch.get_num_threads())
+        return fit(self)
+
+    monkeypatch.setattr(Trainer, "fit", watched)
     train(tiny_config(tiny_data_dir, tmp_path / "run", max_update=1, valid_subset="none", check_decoding=False,
                       threads=2))
-    assert torch.get_num_threads() == 2 != THREADS
+    assert seen == [2] != [THREADS]
+    assert torch.get_num_threads() == THREADS
+
+
+def test_generate_from_python_gives_the_callers_threads_back(untrained_checkpoint, tiny_data_dir, tmp_path):
+    from nmt.generation.generate import generate
+    from nmt.generation.options import GenerateOptions
+    from nmt.options import build
+
+    generate(build(GenerateOptions, {"data": str(tiny_data_dir), "split": "valid", "path": [str(untrained_checkpoint)],
+                                     "beam": 1, "max_len_b": 2, "threads": 3, "output": str(tmp_path / "out.txt")}),
+             show_progress=False)
+    assert torch.get_num_threads() == THREADS != 3
 
 
 def test_processes_share_the_threads_at_least_one_each():

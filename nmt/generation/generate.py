@@ -26,7 +26,7 @@ import nmt.huge_pages as huge_pages
 from nmt.checkpoint.format import Vocabularies
 from nmt.checkpoint.names import split_paths
 from nmt.data.dataset import DataDir
-from nmt.device import inference_device, use_threads
+from nmt.device import inference_device, using_threads
 from nmt.errors import NmtError
 from nmt.files import atomic_write, read_lines, refuse_overwriting, require_files
 from nmt.generation.alignment import word_attentions
@@ -241,7 +241,11 @@ def generate(options: GenerateOptions, show_progress: bool = True) -> GenerateRe
 
     Raw text from a pipe or terminal to stdout is translated as it arrives (``buffer_size``
     lines at a time, or what is waiting); files are read whole and batched by length."""
-    use_threads(options.compute.threads)  # --workers share them (nmt/generation/workers.py)
+    with using_threads(options.compute.threads):  # --workers share them (nmt/generation/workers.py)
+        return translate_and_write(options, show_progress)
+
+
+def translate_and_write(options: GenerateOptions, show_progress: bool) -> GenerateResult:
     require_files({"--input": None if options.data is not None else options.input, "--prefix": options.prefix,
                    "--ban": options.ban})
     if options.data is not None:

@@ -27,7 +27,7 @@ from torch.nn.parallel import DistributedDataParallel
 from nmt.checkpoint.format import check_compatible, load_checkpoint, model_state
 from nmt.checkpoint.names import BEST, LAST
 from nmt.data.vocabulary import PAD_ID
-from nmt.device import autocast, resolve_device, resolve_precision, use_threads
+from nmt.device import autocast, resolve_device, resolve_precision, using_threads
 from nmt.errors import NmtError, Stopped
 from nmt.generation.decoding_settings import RECORD_KEY
 from nmt.log import logger, stderr_console
@@ -111,7 +111,11 @@ def train(config: TrainConfig) -> TrainSummary:
 
 def train_process(job: Job) -> TrainSummary:
     """One training process: this one, a ``--nproc`` worker or a torchrun rank."""
-    use_threads(job.config.compute.threads, int(os.environ.get("LOCAL_WORLD_SIZE", 1)))  # --nproc shares them
+    with using_threads(job.config.compute.threads, int(os.environ.get("LOCAL_WORLD_SIZE", 1))):  # --nproc shares them
+        return train_in_this_process(job)
+
+
+def train_in_this_process(job: Job) -> TrainSummary:
     context = init_distributed(job.device.type)
     try:
         data = job.data if job.data is not None else check_inputs(job.config, job.device, context.world_size)
