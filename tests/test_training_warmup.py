@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from conftest import tiny_config
 
@@ -37,11 +39,16 @@ def test_train_logs_the_warning(tiny_data_dir, tmp_path, messages):
 
 
 def test_a_run_that_ended_inside_its_warmup_is_told_at_its_end(tiny_data_dir, tmp_path, messages):
-    """A time limit cannot be judged at the start: the end says so (here --max-update ends it, as a
-    spent --max-time would)."""
-    train(tiny_config(tiny_data_dir, tmp_path, max_update=3, warmup_updates=100, check_decoding=False))
-    assert any("training ended at update 3 (reached --max-update 3), inside its 100-update warm-up" in m
+    """A time limit cannot be judged at the start: the end says so."""
+    train(tiny_config(tiny_data_dir, tmp_path, max_time="2s", warmup_updates=1_000_000, check_decoding=False))
+    assert sum("inside its 1,000,000-update warm-up" in m for m in messages) == 1
+    assert any(re.search(r"training ended at update [\d,]+ \(reached --max-time 2s\), inside its", m)
                for m in messages)
     messages.clear()
     train(tiny_config(tiny_data_dir, tmp_path / "past", max_update=3, warmup_updates=2, check_decoding=False))
     assert not any("inside its" in m for m in messages)
+
+
+def test_a_run_warned_at_its_start_is_not_warned_again_at_its_end(tiny_data_dir, tmp_path, messages):
+    train(tiny_config(tiny_data_dir, tmp_path, max_update=3, warmup_updates=100, check_decoding=False))
+    assert [m for m in messages if "warm-up" in m] == [next(m for m in messages if "stops at 3 updates" in m)]

@@ -349,11 +349,12 @@ class Trainer:
             logger.warning("%d training batches do not share evenly among %d processes: each epoch leaves out %d "
                            "of them (a different %d each epoch, as the order changes)", len(self.data.batches),
                            context.world_size, left_out, left_out)
+        forecast = None  # the warm-up warning given at the start: the end does not repeat it
         if context.is_main:
             logger.info("precision: %s (%s)", config.compute.precision, self.precision_reason)
             per_epoch = -(-(len(self.data.batches) // context.world_size) // config.update_freq)
-            if warning := warmup_warning(config, per_epoch):
-                logger.warning(warning)
+            if forecast := warmup_warning(config, per_epoch):
+                logger.warning(forecast)
         run_meter = Meter()
         stop = None if self.epoch_end_owed() else stop_reason(config, state)  # an owed epoch end is done regardless
         if stop:  # config.yaml stays as the training wrote it: these options trained nothing
@@ -377,7 +378,7 @@ class Trainer:
             skipped_updates=run_meter.skipped)
         if interrupt.requested:
             raise Stopped(interrupt.signum, stop)  # the CLI's last line: where the run stopped, what was saved
-        if context.is_main and (warning := ended_in_warmup(config, state.update, stop)):
+        if context.is_main and not forecast and (warning := ended_in_warmup(config, state.update, stop)):
             logger.warning(warning)
         if context.is_main and logger.isEnabledFor(logging.INFO):
             rows = {"arch": config.arch, "epochs": summary.epoch, "updates": summary.updates,
