@@ -30,6 +30,11 @@ from nmt.version import __version__
 if TYPE_CHECKING:
     from nmt.pipeline import PipelineReport
 
+# Where a recipe (`nmt run`) or a --config file (`nmt train`) may read and write: a Confinement.
+OutputDir = Annotated[Optional[Path], typer.Option(help=OUTPUT_DIR_HELP)]
+InputDirs = Annotated[Optional[list[Path]], typer.Option(help=INPUT_DIR_HELP, exists=True, file_okay=False)]
+AllowOutside = Annotated[bool, typer.Option(help=ALLOW_OUTSIDE_HELP)]
+
 app = typer.Typer(
     name="nmt",
     help="Neural machine translation with the Transformer: preprocess, train, average, generate, score.",
@@ -111,11 +116,7 @@ def score(given: dict) -> None:
 def train(given: dict, config: Annotated[Optional[Path], typer.Option(
         help="YAML recipe: its `train:` section (keys = these options, with _), top-level `arch:`/`model:` and its "
              "data directory (`data:` or `preprocess: destdir`). Options given here override it.")] = None,
-          output_dir: Annotated[Optional[Path], typer.Option(help=OUTPUT_DIR_HELP.format(what="--config"))] = None,
-          input_dir: Annotated[Optional[list[Path]], typer.Option(help=INPUT_DIR_HELP.format(what="--config"),
-                                                                  exists=True, file_okay=False)] = None,
-          allow_outside: Annotated[bool, typer.Option(help=ALLOW_OUTSIDE_HELP.format(what="--config"))] = False
-          ) -> None:
+          output_dir: OutputDir = None, input_dir: InputDirs = None, allow_outside: AllowOutside = False) -> None:
     """Train a model on a preprocessed data directory; re-running the same command resumes. Several GPUs:
     --nproc N; several machines: torchrun --nnodes M --nproc-per-node N --rdzv-endpoint HOST:PORT -m nmt train"""
     from nmt.training.trainer import train as run_training
@@ -179,10 +180,7 @@ def run(recipe: Annotated[Path, typer.Argument(metavar="RECIPE",
         stages: Annotated[str, typer.Option(help="Comma-separated stages to run.")] = ",".join(STAGES),
         dry_run: Annotated[bool, typer.Option(
             help="Check the whole recipe, print every stage's resolved options, and run nothing.")] = False,
-        output_dir: Annotated[Optional[Path], typer.Option(help=OUTPUT_DIR_HELP.format(what="recipe"))] = None,
-        input_dir: Annotated[Optional[list[Path]], typer.Option(help=INPUT_DIR_HELP.format(what="recipe"),
-                                                                exists=True, file_okay=False)] = None,
-        allow_outside: Annotated[bool, typer.Option(help=ALLOW_OUTSIDE_HELP.format(what="recipe"))] = False) -> None:
+        output_dir: OutputDir = None, input_dir: InputDirs = None, allow_outside: AllowOutside = False) -> None:
     """Run a recipe's whole pipeline: preprocess -> train -> average -> generate -> score."""
     from nmt.pipeline import plan_recipe, run_plan
 

@@ -22,11 +22,11 @@ from nmt.options import options_of
 from nmt.written import nmt_wrote
 
 # The command-line options of `nmt run` and `nmt train --config` that set a Confinement.
-OUTPUT_DIR_HELP = ("Let the {what} also write (and read) under this directory, beside its own (`.`: the working "
-                   "directory, where its relative paths are taken from).")
-INPUT_DIR_HELP = "Let the {what} also read under this directory (repeat for several)."
-ALLOW_OUTSIDE_HELP = ("Let the {what} read and write anywhere (absolute paths, ..) and replace any file: it is then "
-                      "trusted like code.")
+OUTPUT_DIR_HELP = ("Let the recipe (or --config file) also write (and read) under this directory, beside its own "
+                   "(`.`: the working directory, where its relative paths are taken from).")
+INPUT_DIR_HELP = "Let the recipe (or --config file) also read under this directory (repeat for several)."
+ALLOW_OUTSIDE_HELP = ("Let the recipe (or --config file) read and write anywhere (absolute paths, ..) and replace "
+                      "any file: it is then trusted like code.")
 
 
 @dataclass(frozen=True)
