@@ -16,8 +16,8 @@ With --heavy, each number of clients runs twice, without and with one more clien
 after the other for as long as the others run, the request of issue 30 (64 one-word sentences at
 beam 16, max_len_b 512, min_len 100000: refused, 422) and the heaviest one the server's limits let
 through (the same at max_len_b = min_len = --max-output-length: every beam decodes to the limit).
-Every answer's status is counted, and at the end the server's peak resident memory (VmHWM) is set
-against the bound its /info reports.
+Every answer's status is counted, and at the end the server's peak resident memory (VmHWM, summed
+over its process and its worker processes) is set against the bound its /info reports.
 
 With --abusive, each number of clients also runs beside a client that holds --max-connections
 idle sockets (opened again as the server closes them) and sends, one after the other, requests
@@ -255,7 +255,15 @@ def measure(port: int, lines: list[str], clients: int, search: dict, offline: fl
 
 
 def peak_rss(pid: int) -> int:
-    """A process's peak resident memory (Linux: VmHWM), in bytes."""
+    """The peak resident memory (Linux: VmHWM) of a process and of its child processes (the server's
+    forked decoding workers), summed, in bytes. Each counts the pages it shares with the others (the
+    model's weights), so the sum overstates what they hold together, as the bound /info gives does."""
+    children = [int(child) for tasks in Path(f"/proc/{pid}/task").glob("*/children")
+                for child in tasks.read_text().split()]
+    return sum(own_peak_rss(process) for process in [pid, *children])
+
+
+def own_peak_rss(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) * 1024
@@ -320,7 +328,8 @@ def main() -> None:
             process.wait()
     Console(width=200).print(table)
     bound = info["memory_mib"]
-    print(f"server peak resident memory {peak / 2 ** 20:,.0f} MiB; the bound /info gives {bound['total']:,} MiB "
+    print(f"server peak resident memory (its worker processes' included) {peak / 2 ** 20:,.0f} MiB; "
+          f"the bound /info gives {bound['total']:,} MiB "
           f"({', '.join(f'{name} {size:,}' for name, size in bound.items() if name != 'total')})")
 
 
