@@ -67,13 +67,13 @@ def create_app(translator: Translator, options: ServeOptions, baseline: int = 0,
     """The Starlette application: /translate, /health, /info. ``baseline``: the bytes the process held
     before serving (the model loaded), for the memory bound /info reports; ``decoders``: the worker
     processes that decode the light batches (none: a thread of this process does)."""
-    decoders = decoders or []
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
     from starlette.requests import Request
     from starlette.responses import JSONResponse
     from starlette.routing import Route
 
+    decoders = decoders or []
     memory = SearchMemory(translator.model, translator.precision, translator.device.type)
     budget = batch_budget(translator, memory, options)
     # A sentence searching over a quarter of the longest search the limits allow is heavy (see batcher.py).
@@ -165,7 +165,7 @@ def batch_translator(translator: Translator) -> TranslateFn:
     runs (a forked worker's one, or --threads on a thread of this process). Cut into one part per
     thread, each searched on a Python thread, the parts served fewer sentences than the whole batch
     on two threads: 92 against 113 a second with 32 clients on a 2-core Zen 4
-    (benchmarks/notes/amd-epyc-zen4-2026-11-28.md); one forked worker per thread does better still."""
+    (benchmarks/notes/amd-epyc-zen4-2026-11-28.md)."""
     def translate(sources, search, controls, should_stop):
         batching = BatchingOptions(max_tokens=None, batch_size=len(sources), workers=1)
         return translate_ids(translator.model, sources,
