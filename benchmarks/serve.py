@@ -16,8 +16,8 @@ With --heavy, each number of clients runs twice, without and with one more clien
 after the other for as long as the others run, the request of issue 30 (64 one-word sentences at
 beam 16, max_len_b 512, min_len 100000: refused, 422) and the heaviest one the server's limits let
 through (the same at max_len_b = min_len = --max-output-length: every beam decodes to the limit).
-Every answer's status is counted, and at the end the server's peak resident memory (VmHWM) is set
-against the bound its /info reports.
+Every answer's status is counted, and at the end the server's peak resident memory (VmHWM, summed
+over its process and its worker processes) is set against the bound its /info reports.
 
 With --abusive, each number of clients also runs beside a client that holds --max-connections
 idle sockets (opened again as the server closes them) and sends, one after the other, requests
@@ -230,10 +230,12 @@ class HealthProbe(threading.Thread):
             self.slowest = max(self.slowest, time.perf_counter() - start)
 
 
-def measure(port: int, lines: list[str], clients: int, search: dict, offline: float,
+def measure(port: int, server: int, lines: list[str], clients: int, search: dict, offline: float,
             other: threading.Thread | None = None, name: str = "") -> list[str]:
-    """One row of the table: the load of ``clients``, beside ``other`` (a heavy or abusive client) if given."""
+    """One row of the table: the load of ``clients``, beside ``other`` (a heavy or abusive client) if given,
+    and where the processor's time went: the server's process, its decoding workers, these clients."""
     batches_before = call(port, "GET", "/health")[1]["batches"]
+    cpu_before, clients_before = cpu_seconds(server), time.process_time()
     probe = HealthProbe(port)
     for thread in (other, probe):
         if thread:
@@ -243,6 +245,8 @@ def measure(port: int, lines: list[str], clients: int, search: dict, offline: fl
         if thread:
             thread.stop.set()
             thread.join()
+    server_cpu, workers_cpu = (after - before for after, before in zip(cpu_seconds(server), cpu_before))
+    clients_cpu = time.process_time() - clients_before
     per_batch = len(lines) / (call(port, "GET", "/health")[1]["batches"] - batches_before)
     rate = len(lines) / seconds
     p50, p95 = (1000 * float(np.percentile(latencies, q)) for q in (50, 95))
@@ -251,11 +255,30 @@ def measure(port: int, lines: list[str], clients: int, search: dict, offline: fl
     if isinstance(other, HeavyClient) and other.seconds:
         other_answers += f"; {np.mean(other.seconds):.0f} s each"
     return [f"{clients}{f' + {name}' if other else ''}", f"{rate:,.1f}", f"{rate / offline:.0%}", f"{p50:,.0f}",
-            f"{p95:,.0f}", f"{per_batch:.1f}", f"{1000 * probe.slowest:,.0f}", answers, other_answers]
+            f"{p95:,.0f}", f"{per_batch:.1f}", f"{1000 * probe.slowest:,.0f}",
+            f"{server_cpu:.1f} / {workers_cpu:.1f} / {clients_cpu:.1f}", answers, other_answers]
+
+
+def child_processes(pid: int) -> list[int]:
+    return [int(child) for tasks in Path(f"/proc/{pid}/task").glob("*/children") for child in tasks.read_text().split()]
+
+
+def cpu_seconds(pid: int) -> tuple[float, float]:
+    """The processor time (user + system) a process has used so far, and its child processes together."""
+    def used(process: int) -> float:
+        fields = Path(f"/proc/{process}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+    return used(pid), sum(map(used, child_processes(pid)))
 
 
 def peak_rss(pid: int) -> int:
-    """A process's peak resident memory (Linux: VmHWM), in bytes."""
+    """The peak resident memory (Linux: VmHWM) of a process and of its child processes (the server's
+    forked decoding workers), summed, in bytes. Each counts the pages it shares with the others (the
+    model's weights), so the sum overstates what they hold together, as the bound /info gives does."""
+    return sum(own_peak_rss(process) for process in [pid, *child_processes(pid)])
+
+
+def own_peak_rss(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) * 1024
@@ -297,7 +320,7 @@ def main() -> None:
                             f"{model_name}, {args.threads} torch thread(s), {os.cpu_count()} CPU cores, "
                             f"batch window {args.window_ms:g} ms {' '.join(args.serve_option)}")
         for column in ("clients", "sentences/s", "of offline", "p50 latency ms", "p95 latency ms", "sentences/batch",
-                       "slowest /health ms", "answers", "other client's answers"):
+                       "slowest /health ms", "CPU s: server / workers / clients", "answers", "other client's answers"):
             table.add_column(column, justify="right")
         table.add_row("offline (one call)", f"{offline:,.1f}", "100%", *[""] * (len(table.columns) - 3))
         process, port = start_server(Path(path), Path(tmp) / "serve.log", args.threads, args.window_ms,
@@ -312,7 +335,7 @@ def main() -> None:
                 others["abusive"] = lambda: AbusiveClient(port, info, translator, lines, targets)
             for clients in (int(c) for c in args.clients.split(",")):
                 for name, other in others.items():
-                    table.add_row(*measure(port, lines, clients, search, offline, other(), name))
+                    table.add_row(*measure(port, process.pid, lines, clients, search, offline, other(), name))
                     Console(stderr=True).print(f"done: {clients} clients{f' and the {name} one' if name else ''}")
             peak = peak_rss(process.pid)
         finally:
@@ -320,7 +343,8 @@ def main() -> None:
             process.wait()
     Console(width=200).print(table)
     bound = info["memory_mib"]
-    print(f"server peak resident memory {peak / 2 ** 20:,.0f} MiB; the bound /info gives {bound['total']:,} MiB "
+    print(f"server peak resident memory (its worker processes' included) {peak / 2 ** 20:,.0f} MiB; "
+          f"the bound /info gives {bound['total']:,} MiB "
           f"({', '.join(f'{name} {size:,}' for name, size in bound.items() if name != 'total')})")
 
 

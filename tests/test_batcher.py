@@ -308,3 +308,92 @@ def test_a_request_that_leaves_during_its_turn_stops_waiting_and_takes_no_other_
     assert [tokens for tokens, _ in calls] == [[1, 2, 3], [5], [6, 7, 8], [9, 10]]
     assert answer[0][0].tokens == [5, 3] and len(again) == 5
     assert (stats.sentences, stats.abandoned) == (9, 1)
+
+
+def test_several_light_workers_never_take_the_same_request():
+    """Each light worker gathers from the one line on the event loop: every request is translated once."""
+    async def scenario():
+        calls: dict[str, list[int]] = {"a": [], "b": []}
+
+        def worker(name: str):
+            def translate(sources, options, controls, should_stop):
+                calls[name] += [int(s[0]) for s in sources]
+                time.sleep(0.005)
+                return [[Hypothesis([int(s[0]), 3], 0.0)] for s in sources]
+            return translate
+
+        batcher = Batcher(worker("heavy"), window=0.002, memory=RowMemory(), budget=12, max_waiting=1000,
+                          long_search=10_000, light=[worker("a"), worker("b")])
+        running = asyncio.create_task(batcher.run())
+        futures = []
+        for token in range(100):
+            futures.append(submit(batcher, [source(token)], SearchOptions()))
+            if token % 7 == 0:
+                await asyncio.sleep(0.003)
+        answers = [await future for future in futures]
+        running.cancel()
+        return calls, answers
+
+    calls, answers = asyncio.run(asyncio.wait_for(scenario(), 60))
+    assert [answer[0][0].tokens[0] for answer in answers] == list(range(100))
+    assert sorted(calls["a"] + calls["b"]) == list(range(100)) and calls["a"] and calls["b"]
+
+
+def until_stopped(sources, options, controls, should_stop):
+    """A search that runs until told to stop (or 60 s: then it answers, and the test fails)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if should_stop():
+            raise SearchStopped
+        time.sleep(0.001)
+    return [[Hypothesis([int(s[0]), 3], 0.0)] for s in sources]
+
+
+def echo_or_fail(sources, options, controls, should_stop):
+    """Translates each source to its first token; a batch holding token 51 fails."""
+    if any(int(s[0]) == 51 for s in sources):
+        raise ValueError("this sentence cannot be translated")
+    if any(int(s[0]) == 99 for s in sources):
+        return until_stopped(sources, options, controls, should_stop)
+    return [[Hypothesis([int(s[0]), 3], 0.0)] for s in sources]
+
+
+@pytest.fixture
+def forked():
+    """Forked worker processes over a function of this module (the children inherit it); ended at the end."""
+    from nmt.serving.processes import fork_decoders
+
+    started = []
+
+    def fork(translate, workers: int = 1):
+        started.extend(fork_decoders(translate, workers))
+        return started[-workers:]
+
+    yield fork
+    for decoder in started:
+        decoder.close()
+
+
+def test_a_forked_worker_stops_its_search_when_the_batch_is_abandoned_and_takes_the_next(forked):
+    (decoder,) = forked(echo_or_fail)
+    asked = time.monotonic() + 0.3
+    with pytest.raises(SearchStopped):
+        decoder([source(99)], SearchOptions(), None, lambda: time.monotonic() > asked)
+    assert time.monotonic() - asked < 10
+    assert decoder([source(7)], SearchOptions(), None, lambda: False)[0][0].tokens == [7, 3]
+
+
+def test_a_request_that_fails_in_a_worker_process_fails_alone(forked):
+    """Its batch is tried again request by request: only the request that causes the error gets it."""
+    async def scenario():
+        batcher = Batcher(echo_or_fail, window=0.2, memory=RowMemory(), budget=10_000, max_waiting=100,
+                          long_search=10_000, light=forked(echo_or_fail))
+        running = asyncio.create_task(batcher.run())
+        futures = [submit(batcher, [source(token)], SearchOptions()) for token in (50, 51, 52)]
+        answers = await asyncio.gather(*futures, return_exceptions=True)
+        running.cancel()
+        return answers, batcher.waiting
+
+    answers, waiting = asyncio.run(asyncio.wait_for(scenario(), 60))
+    assert answers[0][0][0].tokens == [50, 3] and answers[2][0][0].tokens == [52, 3]
+    assert isinstance(answers[1], ValueError) and "cannot be translated" in str(answers[1]) and waiting == 0

@@ -50,12 +50,13 @@ def checkpoint(vocab_for_serving, tmp_path_factory) -> Path:
 def server(checkpoint, tmp_path_factory):
     """`nmt serve` in a subprocess on a free port; yields (host, port); checks it is still up at the end."""
     yield from run_server(checkpoint, tmp_path_factory, "--max-sentences", "8", "--max-characters", "400",
-                          "--max-queue", "64")
+                          "--max-queue", "64", "--threads", "2")
 
 
 class Address(tuple):
-    """(host, port) of a running server; ``log`` is its stderr (JSON lines)."""
+    """(host, port) of a running server; ``log`` is its stderr (JSON lines), ``pid`` its process."""
     log: Path
+    pid: int
 
 
 def run_server(checkpoint: Path, tmp_path_factory, *options: str, env: dict[str, str] | None = None):
@@ -67,7 +68,7 @@ def run_server(checkpoint: Path, tmp_path_factory, *options: str, env: dict[str,
         process = subprocess.Popen(command, stderr=stderr, stdout=subprocess.DEVNULL, env={**os.environ, **(env or {})})
     try:
         address = Address(wait_until_serving(process, log))
-        address.log = log
+        address.log, address.pid = log, process.pid
         yield address
         assert process.poll() is None, "the server died"
         assert request(address, "GET", "/health")[0] == 200
@@ -140,6 +141,47 @@ def test_health_and_info(server):
     assert info["languages"] == {"source": "en", "target": "de"} and info["precision"] == resolved_precision
     assert info["defaults"]["beam"] == 4 and info["limits"]["max_sentences"] == 8
     assert (info["quantize"], info["stop"], info["defaults"]["stop"]) == ("none", "exact", "auto")  # no check recorded
+
+
+FORKED = "decoding batches in 2 forked worker processes, one thread each"
+linux_only = pytest.mark.skipif(sys.platform != "linux", reason="the server forks its workers on Linux")
+
+
+def log_messages(address) -> list[str]:
+    return [json.loads(line)["message"] for line in address.log.read_text(encoding="utf-8").splitlines()
+            if line.startswith("{")]
+
+
+def worker_processes(pid: int) -> list[int]:
+    """A server's child processes: its forked decoding workers."""
+    return [int(child) for tasks in Path(f"/proc/{pid}/task").glob("*/children") for child in tasks.read_text().split()]
+
+
+def cpu_ticks(pid: int) -> int:
+    """The CPU time a process has taken (user and system), in clock ticks."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+@linux_only
+def test_with_two_threads_batches_are_decoded_in_two_forked_worker_processes(server):
+    """The translations are those of `nmt generate` (the tests above, on this server): here, who decodes them."""
+    assert FORKED in log_messages(server)
+    workers = worker_processes(server.pid)
+    assert len(workers) == 2
+    before = sum(map(cpu_ticks, workers))
+    long = {"text": [f"number {i}" for i in range(8)], "max_len_a": 0, "max_len_b": 100, "min_len": 100}
+    assert request(server, "POST", "/translate", long)[0] == 200
+    assert sum(map(cpu_ticks, workers)) - before >= 5  # 50 ms at least, of 3,200 decoder steps
+
+
+def test_the_memory_bound_counts_each_worker_process_and_its_batch(server):
+    """Two light workers and the heavy one: three batches of the default budget; each forked worker may
+    come to hold a copy of every page the server held before serving."""
+    memory = request(server, "GET", "/info")[1]["memory_mib"]
+    assert memory["batches"] == 3 * 1024
+    assert 2 * memory["before_serving"] - 1 <= memory["workers"] <= 2 * memory["before_serving"]
+    assert memory["total"] >= sum(size for name, size in memory.items() if name != "total") - len(memory)
 
 
 def test_32_concurrent_clients_get_their_own_answers(server, checkpoint):
@@ -351,33 +393,92 @@ def test_a_budget_that_cannot_hold_one_sentence_is_refused_at_start(checkpoint):
 LONG = {"text": [f"number {i}" for i in range(8)], "beam": 16, "max_len_a": 0, "max_len_b": 1000, "min_len": 1000}
 
 
+LONG_LIGHT = {**LONG, "beam": 4}  # 4 x 1,000 steps: a light request (at most a quarter of 16 x 1,000)
+
+
 def test_a_request_that_timed_out_stops_its_batch(checkpoint, tmp_path_factory):
-    """1,000 steps of 128 rows outlast the 1 s timeout: the search stops (its sentences are abandoned,
-    none translated) instead of decoding to the end."""
-    for address in run_server(checkpoint, tmp_path_factory, "--request-timeout", "1", "--max-output-length", "1000",
-                              "--max-sentences", "8"):
-        before = health(address)
-        status, answer = request(address, "POST", "/translate", LONG)
-        assert status == 503 and answer["error"] == "no translation within 1 s; the server is busy"
-        after = wait_until_idle(address)
-        assert after["abandoned_sentences"] - before["abandoned_sentences"] == 8
-        assert after["sentences"] == before["sentences"]
+    """1,000 steps of 128 rows (on the heavy requests' thread), or of 32 (a light request: in a worker
+    process on Linux), outlast the 0.3 s timeout: the search stops (its sentences are abandoned, none
+    translated) instead of decoding to the end."""
+    for address in run_server(checkpoint, tmp_path_factory, "--request-timeout", "0.3", "--max-output-length",
+                              "1000", "--max-sentences", "8", "--threads", "2"):
+        assert sys.platform != "linux" or FORKED in log_messages(address)
+        for body in (LONG, LONG_LIGHT):
+            before = health(address)
+            status, answer = request(address, "POST", "/translate", body)
+            assert status == 503 and answer["error"] == "no translation within 0.3 s; the server is busy"
+            after = wait_until_idle(address)
+            assert after["abandoned_sentences"] - before["abandoned_sentences"] == 8
+            assert after["sentences"] == before["sentences"]
 
 
 def test_a_client_that_leaves_takes_its_request_out_and_the_next_one_is_served(checkpoint, tmp_path_factory):
-    for address in run_server(checkpoint, tmp_path_factory, "--max-output-length", "1000", "--max-sentences", "8"):
-        before = health(address)
-        body = json.dumps(LONG).encode()
-        with socket.create_connection(address, timeout=GIVE_UP) as client:
-            client.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                           b"Authorization: Bearer " + KEY.encode() + b"\r\nContent-Length: " +
-                           str(len(body)).encode() + b"\r\n\r\n" + body)
-            while health(address)["waiting_sentences"] == 0:  # until the server has the request
+    """The heavy request on the heavy requests' thread, the light one in a worker process (on Linux)."""
+    for address in run_server(checkpoint, tmp_path_factory, "--max-output-length", "1000", "--max-sentences", "8",
+                              "--threads", "2"):
+        workers = worker_processes(address.pid) if sys.platform == "linux" else []
+        assert sys.platform != "linux" or FORKED in log_messages(address)
+        for body, decoders in ((LONG, []), (LONG_LIGHT, workers)):
+            before, idle = health(address), sum(map(cpu_ticks, decoders))
+            payload = json.dumps(body).encode()
+            with socket.create_connection(address, timeout=GIVE_UP) as client:
+                client.sendall(b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                               b"Authorization: Bearer " + KEY.encode() + b"\r\nContent-Length: " +
+                               str(len(payload)).encode() + b"\r\n\r\n" + payload)
+                while health(address)["waiting_sentences"] == 0:  # until the server has the request
+                    time.sleep(0.01)
+                while decoders and sum(map(cpu_ticks, decoders)) - idle < 3:  # until a worker decodes it
+                    time.sleep(0.01)
+            after = wait_until_idle(address)
+            assert after["abandoned_sentences"] - before["abandoned_sentences"] == 8
+            assert after["sentences"] == before["sentences"]
+            assert request(address, "POST", "/translate", {"text": ["five"]})[0] == 200
+
+
+def wait_until_ended(pid: int) -> None:
+    """Until a killed process is a zombie (its parent has not yet waited for it) or gone."""
+    deadline = time.monotonic() + GIVE_UP
+    while True:
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                return
+        except FileNotFoundError:
+            return
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+
+
+@linux_only
+def test_a_killed_worker_process_fails_only_its_batch_and_the_others_take_the_next(checkpoint, tmp_path_factory):
+    """One worker killed while idle: every request is still answered, by the other. The other killed
+    while it decodes a request: that request gets a one-line 500, and a thread of the server takes
+    the next ones. Each death is logged once, without a traceback."""
+    import signal
+
+    for address in run_server(checkpoint, tmp_path_factory, "--threads", "2", "--max-sentences", "8"):
+        first, second = worker_processes(address.pid)
+        os.kill(first, signal.SIGKILL)
+        wait_until_ended(first)
+        with ThreadPoolExecutor(8) as pool:
+            answers = list(pool.map(lambda i: request(address, "POST", "/translate", {"text": [f"number {i}"]}),
+                                    range(8)))
+        assert [status for status, _ in answers] == [200] * 8
+        long = {"text": [f"number {i}" for i in range(8)], "max_len_a": 0, "max_len_b": 256, "min_len": 256}
+        with ThreadPoolExecutor(1) as pool:
+            idle = cpu_ticks(second)
+            answer = pool.submit(request, address, "POST", "/translate", long)
+            while cpu_ticks(second) - idle < 3:  # until it decodes the request
+                assert not answer.done(), answer.result()
                 time.sleep(0.01)
-        after = wait_until_idle(address)
-        assert after["abandoned_sentences"] - before["abandoned_sentences"] == 8
-        assert after["sentences"] == before["sentences"]
-        assert request(address, "POST", "/translate", {"text": ["five"]})[0] == 200
+            os.kill(second, signal.SIGKILL)
+            status, error = answer.result()
+        assert status == 500 and list(error) == ["error"] and "\n" not in error["error"]
+        assert f"decoding worker process {second} ended (killed by SIGKILL" in error["error"]
+        assert request(address, "POST", "/translate", {"text": ["five", "seven"]})[0] == 200
+        assert worker_processes(address.pid) == []
+        warnings = [message for message in log_messages(address) if message.startswith("decoding worker process")]
+        assert len(warnings) == 2 and warnings[-1].endswith("a thread of this process takes the next batches")
+        assert "Traceback" not in address.log.read_text(encoding="utf-8")
 
 
 def test_the_api_key_may_come_from_the_environment(checkpoint, tmp_path_factory):

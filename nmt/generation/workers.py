@@ -9,10 +9,11 @@ where a worker gets one thread, forks each worker from the process that loaded t
 shares the weights (copy-on-write pages that inference never writes) and nothing else, and two
 decoded 1.25x as fast as two threads (docs/performance.md). Workers are threads where a worker
 has several intra-op threads (GNU OpenMP cannot start its threads again in a forked child), in
-the library and the server unless asked, and in the Python API while its program runs other
-threads (one may hold a lock at the fork that the child would wait on forever). Threads share
-the model (inference reads the weights only); grad mode and autocast, which are per thread, are
-entered by the function each worker runs. The intra-op threads are split among the workers.
+the library unless asked (the server forks workers of its own: nmt/serving/processes.py), and in
+the Python API while its program runs other threads (one may hold a lock at the fork that the
+child would wait on forever). Threads share the model (inference reads the weights only); grad
+mode and autocast, which are per thread, are entered by the function each worker runs. The
+intra-op threads are split among the workers.
 """
 
 from __future__ import annotations

@@ -2,16 +2,24 @@
 
 Requests wait in one line. A worker takes the first one, then, within a short window, the next
 ones with the same search options, while the batch's memory (nmt/serving/budget.py: rows times
-the longest output each may reach) stays within the budget, and translates them as one call in a
-thread of its own, so the event loop keeps accepting requests. A request too big for one batch
+the longest output each may reach) stays within the budget, and translates them as one call from a
+thread of its own, so the event loop keeps accepting requests. Where it can (Linux, CPU), the server
+runs one light worker per --threads, each decoding in a forked process of its own
+(nmt/serving/processes.py); elsewhere one, decoding on its thread. A request too big for one batch
 gives its first sentences and goes back to the end of the line with the rest: it takes turns with
 the others instead of holding the model until it is done.
 
 A turn cannot be shorter than one sentence's search, and one sentence at beam 16 decoding 256
-steps takes seconds on a CPU. So there are two workers: one for the requests whose sentences may
-search long (beam x longest output over ``long_search``) and one for the others, each with its
-own thread; a light request never waits behind a heavy one's turn, only shares the processor
-with it. Two batches may then be in memory at once, each within the budget.
+steps takes seconds on a CPU. So the requests whose sentences may search long (beam x longest
+output over ``long_search``) have a worker of their own, on a thread of this process at a lower
+priority with one intra-op thread; a light request never waits behind a heavy one's turn, only
+shares the processor with it. That worker stays in this process: its batches are few and long,
+their operations large enough that the GIL taken between them barely slows the event loop, and a
+process of its own would add a copy of the model's pages to the memory bound for a worker mostly
+idle. One batch per worker may then be in memory at once, each within the budget.
+
+A worker process that ends (killed, or out of memory) fails the requests of the batch it had, once
+logged; the other workers take the next batches, or, once none is left, a thread of this process.
 
 A request with controls (prefixes, constraints, bans) is batched alone: its sentences are padded
 to its own largest control set, never another client's, and the tally counts their tensors. A
@@ -34,13 +42,14 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 
 from nmt.generation.constraints import SentenceControls
 from nmt.generation.options import SearchOptions
 from nmt.generation.search import Hypothesis, SearchStopped
+from nmt.log import logger
 from nmt.serving.budget import NO_CONTROLS, ControlShape, SearchMemory
 
 HEAVY_NICENESS = 10  # of 19: still running when the light worker waits for requests
@@ -51,6 +60,15 @@ TranslateFn = Callable[[list[np.ndarray], SearchOptions, Controls | None, Callab
 
 class QueueFull(Exception):
     """More sentences are waiting than the server accepts: the client should retry later."""
+
+
+class WorkerGone(Exception):
+    """A light worker's process ended (killed, or out of memory); ``had_batch``: whether it had been sent the
+    batch (else the batch goes back in line, untouched)."""
+
+    def __init__(self, message: str, had_batch: bool):
+        super().__init__(message)
+        self.had_batch = had_batch
 
 
 @dataclass(eq=False)
@@ -106,9 +124,14 @@ class BatchStats:
 
 
 class Batcher:
+    """``translate`` decodes on a thread of this process: the heavy requests' batches, and the light ones'
+    unless ``light`` gives one function per light worker (each a forked process: nmt/serving/processes.py)."""
+
     def __init__(self, translate: TranslateFn, window: float, memory: SearchMemory, budget: int, max_waiting: int,
-                 long_search: int):
+                 long_search: int, light: Sequence[TranslateFn] = ()):
         self.translate = translate
+        self.light = list(light) or [translate]
+        self.light_workers = len(self.light)  # those whose process has not ended
         self.window = window  # seconds a worker waits for more requests after the first
         self.memory = memory
         self.budget = budget  # bytes one batch may take (SearchMemory.batch)
@@ -118,9 +141,9 @@ class Batcher:
         self.line: collections.deque[Job] = collections.deque()
         self.arrived = {False: asyncio.Event(), True: asyncio.Event()}  # per worker: light, heavy
         self.closing = False  # read by the translating threads: a search stops when the server does
-        self.executors = {False: ThreadPoolExecutor(max_workers=1, thread_name_prefix="nmt-translate"),
-                          True: ThreadPoolExecutor(max_workers=1, thread_name_prefix="nmt-translate-long",
-                                                   initializer=lower_priority)}
+        self.executors = [ThreadPoolExecutor(max_workers=1, thread_name_prefix="nmt-translate") for _ in self.light]
+        self.heavy_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nmt-translate-long",
+                                                 initializer=lower_priority)
         self.stats = BatchStats()
 
     def submit(self, sources: list[np.ndarray], options: SearchOptions, output_limits: list[int],
@@ -152,17 +175,28 @@ class Batcher:
         job.done = len(job.sources)
 
     async def run(self) -> None:
-        """Both workers: run until cancelled (at server shutdown)."""
+        """All workers: run until cancelled (at server shutdown)."""
         try:
-            await asyncio.gather(self.work(long=False), self.work(long=True))
+            await asyncio.gather(*(self.work(False, translate, executor)
+                                   for translate, executor in zip(self.light, self.executors)),
+                                 self.work(True, self.translate, self.heavy_executor))
         finally:
             self.closing = True
-            for executor in self.executors.values():
+            for executor in [*self.executors, self.heavy_executor]:
                 executor.shutdown(wait=False, cancel_futures=True)
 
-    async def work(self, long: bool) -> None:
+    async def work(self, long: bool, translate: TranslateFn, executor: ThreadPoolExecutor) -> None:
         while True:
-            await self.translate_batch(await self.gather(long), self.executors[long])
+            try:
+                await self.translate_batch(await self.gather(long), translate, executor)
+            except WorkerGone as gone:
+                self.light_workers -= 1
+                logger.warning("%s; %s%s", gone, "the requests of its batch failed; " if gone.had_batch else "",
+                               f"{self.light_workers} other worker process(es) take the next batches"
+                               if self.light_workers else "a thread of this process takes the next batches")
+                if self.light_workers:
+                    return
+                translate = self.translate
 
     def first_waiting(self, long: bool, options: SearchOptions | None = None) -> Job | None:
         """The first job of the worker's line; with ``options``, the first that may join a batch of them."""
@@ -207,7 +241,8 @@ class Batcher:
             stop += 1
         return Piece(job, stop) if stop > job.done else None
 
-    async def translate_batch(self, pieces: list[Piece], executor: ThreadPoolExecutor) -> None:
+    async def translate_batch(self, pieces: list[Piece], translate: TranslateFn, executor: ThreadPoolExecutor
+                              ) -> None:
         sources = [source for piece in pieces for source in piece.job.sources[piece.job.done:piece.stop]]
         options = pieces[0].job.options
         controls = [control for piece in pieces
@@ -219,20 +254,26 @@ class Batcher:
 
         start = time.perf_counter()
         try:
-            results = await asyncio.get_running_loop().run_in_executor(executor, self.translate, sources, options,
+            results = await asyncio.get_running_loop().run_in_executor(executor, translate, sources, options,
                                                                        controls, gone)
         except SearchStopped:
             for piece in pieces:
                 self.drop(piece.job)
             return
+        except WorkerGone as exc:  # not a request's fault: none is tried again (nor kills another worker)
+            if not exc.had_batch:
+                self.put_back(pieces)
+                raise
+            for piece in pieces:
+                if not piece.job.future.done():
+                    piece.job.future.set_exception(exc)
+                self.drop(piece.job, abandoned=False)
+            raise
         except Exception as exc:  # noqa: BLE001  (the request that causes it gets the error; the worker goes on)
             if len(pieces) > 1:  # which one is not known: each goes first in line, to be translated alone
-                for piece in reversed(pieces):
+                for piece in pieces:
                     piece.job.alone = True
-                    self.line.appendleft(piece.job)
-                    self.arrived[piece.job.long].set()
-                    if piece.job.future.done():  # gone meanwhile: out again
-                        self.leave_line(piece.job)
+                self.put_back(pieces)
                 return
             job = pieces[0].job
             if not job.future.done():
@@ -255,6 +296,14 @@ class Batcher:
                 self.arrived[job.long].set()
             else:
                 job.future.set_result(job.results)
+
+    def put_back(self, pieces: list[Piece]) -> None:
+        """The pieces' requests go first in line again, in their order, none of their sentences translated."""
+        for piece in reversed(pieces):
+            self.line.appendleft(piece.job)
+            self.arrived[piece.job.long].set()
+            if piece.job.future.done():  # gone meanwhile: out again
+                self.leave_line(piece.job)
 
 
 def lower_priority() -> None:

@@ -13,7 +13,9 @@ line"}``: 403 (a foreign Origin or Host), 408 (a body too slow to arrive), 413 (
 415 (a body not sent as JSON), 429 (too many sentences waiting), 499 (the client left), 503 (not
 answered within the request timeout, or too many requests at once), never a crash or a
 traceback. What a request may ask is bounded (nmt/serving/request.py) so that a batch's memory
-is (nmt/serving/budget.py), and /info reports the bound of the whole process.
+is (nmt/serving/budget.py), and /info reports the bound of the whole server, its worker processes
+included. On Linux and a CPU, batches are decoded in worker processes forked at start, one per
+--threads (nmt/serving/processes.py); elsewhere on a thread of the server's process.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
+import torch
 
 from nmt.checkpoint.format import load_checkpoint
 from nmt.checkpoint.names import split_paths
@@ -43,11 +46,12 @@ from nmt.generation.options import BatchingOptions, SearchOptions
 from nmt.generation.search import HYPOTHESIS_BYTES_PER_TOKEN, SearchStopped, model_positions
 from nmt.generation.translator import Translator
 from nmt.log import logger
-from nmt.serving.batcher import Batcher, QueueFull, TranslateFn
+from nmt.serving.batcher import Batcher, QueueFull, TranslateFn, WorkerGone
 from nmt.serving.budget import ControlShape, SearchMemory
 from nmt.serving.connections import with_idle_deadline
 from nmt.serving.guards import check_caller, check_json_body
 from nmt.serving.options import ServeOptions
+from nmt.serving.processes import ForkedTranslate, fork_decoders
 from nmt.serving.request import REQUEST_OPTIONS, ApiError, body_limit, prepare
 from nmt.version import __version__
 
@@ -58,22 +62,25 @@ CLIENT_LEFT = 499  # nginx's status for a request whose client closed the connec
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
-def create_app(translator: Translator, options: ServeOptions, baseline: int = 0):
+def create_app(translator: Translator, options: ServeOptions, baseline: int = 0,
+               decoders: list[ForkedTranslate] | None = None):
     """The Starlette application: /translate, /health, /info. ``baseline``: the bytes the process held
-    before serving (the model loaded), for the memory bound /info reports."""
+    before serving (the model loaded), for the memory bound /info reports; ``decoders``: the worker
+    processes that decode the light batches (none: a thread of this process does)."""
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
     from starlette.requests import Request
     from starlette.responses import JSONResponse
     from starlette.routing import Route
 
+    decoders = decoders or []
     memory = SearchMemory(translator.model, translator.precision, translator.device.type)
     budget = batch_budget(translator, memory, options)
     # A sentence searching over a quarter of the longest search the limits allow is heavy (see batcher.py).
     batcher = Batcher(batch_translator(translator), options.batch_window_ms / 1000, memory, budget, options.max_queue,
-                      long_search=options.max_beam * options.max_output_length // 4)
+                      long_search=options.max_beam * options.max_output_length // 4, light=decoders)
     started = time.time()
-    info = server_info(translator, options, memory_bound(options, baseline, budget))
+    info = server_info(translator, options, memory_bound(options, baseline, budget, len(decoders)))
     translating = 0  # /translate requests in progress: at most --max-connections
 
     def endpoint(handler):
@@ -115,7 +122,10 @@ def create_app(translator: Translator, options: ServeOptions, baseline: int = 0)
                 future = batcher.submit(prepared.sources, prepared.search, prepared.output_limits, prepared.controls)
             except QueueFull as exc:
                 raise ApiError(429, str(exc)) from exc
-            hypotheses = await answer_or_give_up(future, left, options.request_timeout)
+            try:
+                hypotheses = await answer_or_give_up(future, left, options.request_timeout)
+            except WorkerGone as exc:  # logged once by the batcher, not for each request
+                raise ApiError(500, str(exc)) from None
         finally:
             left.cancel()
         scored = [[translator.scored(h) for h in hyps] for hyps in hypotheses]
@@ -151,10 +161,10 @@ def create_app(translator: Translator, options: ServeOptions, baseline: int = 0)
 
 
 def batch_translator(translator: Translator) -> TranslateFn:
-    """What the batcher calls with a batch: translate_ids on it whole, torch's threads (--threads) inside
-    its operations. Cut into one part per thread, each searched on a Python thread (the server must
-    stop a batch whose clients left, so not in forked processes as `nmt generate` does), the parts
-    served fewer sentences: 92 against 113 a second with 32 clients on a 2-core Zen 4
+    """What a worker calls with a batch: translate_ids on it whole, with the thread count of where it
+    runs (a forked worker's one, or --threads on a thread of this process). Cut into one part per
+    thread, each searched on a Python thread, the parts served fewer sentences than the whole batch
+    on two threads: 92 against 113 a second with 32 clients on a 2-core Zen 4
     (benchmarks/notes/amd-epyc-zen4-2026-11-28.md)."""
     def translate(sources, search, controls, should_stop):
         batching = BatchingOptions(max_tokens=None, batch_size=len(sources), workers=1)
@@ -225,14 +235,16 @@ def batch_budget(translator: Translator, memory: SearchMemory, options: ServeOpt
     return options.max_batch_memory * MIB
 
 
-def memory_bound(options: ServeOptions, baseline: int, budget: int) -> dict[str, int]:
-    """What the process may hold, in MiB: before serving, one batch per worker, the bodies being read
-    and prepared, the answers, the connections' buffers."""
+def memory_bound(options: ServeOptions, baseline: int, budget: int, forked: int = 0) -> dict[str, int]:
+    """What the server may hold, in MiB: before serving; in each of its ``forked`` worker processes at
+    most a copy of that (a fork shares the parent's pages, and can copy only those); one batch per
+    worker (the light ones, at least one, and the heavy one); the bodies being read and prepared, the
+    answers, the connections' buffers."""
     bodies = options.max_connections * 3 * body_limit(options)  # the bytes read, joined, decoded
     answers = options.max_queue * options.max_beam * (options.max_output_length + 1) * HYPOTHESIS_BYTES_PER_TOKEN
     connections = IDLE_CONNECTIONS_PER_REQUEST * options.max_connections * CONNECTION_BYTES
-    parts = {"before_serving": baseline, "batches": 2 * budget, "bodies": bodies, "answers": answers,
-             "connections": connections}  # 2 workers
+    parts = {"before_serving": baseline, "workers": forked * baseline, "batches": (max(forked, 1) + 1) * budget,
+             "bodies": bodies, "answers": answers, "connections": connections}
     return {**{name: math.ceil(size / MIB) for name, size in parts.items()},
             "total": math.ceil(sum(parts.values()) / MIB)}
 
@@ -273,8 +285,7 @@ def serve(options: ServeOptions) -> None:
     """Check the options, load the model once, bind, and serve until interrupted."""
     try:
         import starlette  # noqa: F401
-        import uvicorn
-        from uvicorn.protocols.http.auto import AutoHTTPProtocol
+        import uvicorn  # noqa: F401
     except ImportError:
         raise NmtError(f"nmt serve needs its optional dependencies: {install_hint('serve')}") from None
     use_threads(options.compute.threads)
@@ -283,7 +294,39 @@ def serve(options: ServeOptions) -> None:
     # torch's first call allocates its own buffers: before the memory at start is taken
     translate_ids(translator.model, [np.full(2, EOS_ID)],
                   translator.request(SearchOptions(beam=1, max_len_b=1, stop="exact"), BatchingOptions()))
-    app = create_app(translator, options, peak_memory())
+    baseline = peak_memory()
+    decoders = start_decoders(translator)  # before uvicorn starts its threads
+    try:
+        serve_app(create_app(translator, options, baseline, decoders), translator, options)
+    finally:
+        for decoder in decoders:
+            decoder.close()
+
+
+def start_decoders(translator: Translator) -> list[ForkedTranslate]:
+    """One worker process per torch thread (--threads) for the light batches, forked now, where they can
+    be: on Linux (GNU OpenMP and PR_SET_PDEATHSIG), with the model on the CPU, and while no other
+    thread runs (one may hold a lock at the fork that the child would wait on forever). The heavy
+    requests' thread, beside them, then computes with one thread too."""
+    reason = ("not on Linux" if sys.platform != "linux" else
+              f"the model is on {translator.device.type}" if translator.device.type != "cpu" else
+              "other threads run in this process" if threading.active_count() > 1 else None)
+    if reason is not None:
+        logger.info("decoding batches on a thread of this process: %s", reason)
+        return []
+    workers = torch.get_num_threads()
+    decoders = fork_decoders(batch_translator(translator), workers)
+    torch.set_num_threads(1)
+    logger.info("decoding batches in %d forked worker process%s, one thread each", workers,
+                "es" if workers > 1 else "")
+    return decoders
+
+
+def serve_app(app, translator: Translator, options: ServeOptions) -> None:
+    """Bind, and serve ``app`` until interrupted."""
+    import uvicorn
+    from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
     # the app refuses requests beyond --max-connections (a JSON 503); the protocol closes idle connections
     protocol = with_idle_deadline(AutoHTTPProtocol, options.idle_timeout,
                                   IDLE_CONNECTIONS_PER_REQUEST * options.max_connections)
