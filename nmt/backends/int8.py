@@ -71,15 +71,18 @@ class Int8Linear(nn.Module):
         self.relu = relu  # a ReLU on its outputs, in the same pass
 
     def forward(self, x: Tensor) -> Tensor:
-        if x.size(-1) != self.in_features:
-            raise ValueError(f"inputs of {x.size(-1)} features for a layer of {self.in_features}")
-        rows = x.reshape(-1, self.in_features).float().contiguous()  # no copy where it is so already
+        if x.shape[-1] != self.in_features:
+            raise ValueError(f"inputs of {x.shape[-1]} features for a layer of {self.in_features}")
+        if x.dtype != torch.float32 or not x.is_contiguous():
+            x = x.float().contiguous()
         weight, kernels = self.quantized, self.quantized.kernels
-        if weight.packed is not None and (rows.numel() * self.out_features < THREADED_PRODUCT
+        if weight.packed is not None and (x.numel() * self.out_features < THREADED_PRODUCT
                                           or torch.get_num_threads() == 1):
-            out = kernels.int8_linear(rows, weight.packed, self.out_features, weight.padded_sums,
-                                      weight.padded_scales, weight.padded_bias, self.relu)
-        elif kernels is not None:
+            # x as it comes (..., inputs): a reshape and a view each way cost more than the product's Python
+            return kernels.int8_linear(x, weight.packed, self.out_features, weight.padded_sums,
+                                       weight.padded_scales, weight.padded_bias, self.relu)
+        rows = x.reshape(-1, self.in_features)
+        if kernels is not None:
             quantized, row_scales = kernels.int8_quantize_rows(rows)
             out = kernels.int8_scale_outputs(torch._int_mm(quantized, weight.values.t()), row_scales,
                                              weight.padded_scales[:self.out_features],

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import re
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -69,10 +70,16 @@ class Kernels:
 
     def __init__(self, library: ctypes.CDLL):
         self.functions: dict[str, tuple[Prototype, Any]] = {}
+        # per function: the C function, its argument count and, for each pointer, (position, dtypes,
+        # nullable): what call checks, worked out once (a call is on every layer of every decoding step)
+        self.checks: dict[str, tuple[Any, int, tuple[tuple[int, tuple[torch.dtype, ...], bool], ...]]] = {}
         for name, prototype in prototypes(SOURCE.read_text()).items():
             function = getattr(library, name)
             function.argtypes, function.restype = list(prototype.ctypes), prototype.returns
             self.functions[name] = prototype, function
+            pointers = tuple((i, p.dtypes, p.nullable) for i, p in enumerate(prototype.parameters) if p.dtypes)
+            self.checks[name] = function, len(prototype.parameters), pointers
+        self.local = threading.local()  # each thread's scratch buffers: see scratch
         self.attention_avx512 = bool(self.call("attention_avx512"))
         self.int8_vnni = bool(self.call("int8_vnni"))  # the int8 kernels' VNNI instructions
 
@@ -84,23 +91,32 @@ class Kernels:
     def call(self, name: str, *args: Any) -> Any:
         """The kernel ``name`` on ``args``, in its prototype's order: a tensor (or None, where NULLABLE)
         for each pointer, a Python number for each number."""
-        prototype, function = self.functions[name]
-        if len(args) != len(prototype.parameters):
-            raise TypeError(f"{name} takes {len(prototype.parameters)} arguments, got {len(args)}")
-        values = []
-        for parameter, arg in zip(prototype.parameters, args):
-            if not parameter.dtypes:
-                values.append(arg)  # ctypes refuses what is not a number
-            elif arg is None and parameter.nullable:
-                values.append(None)
-            elif isinstance(arg, Tensor) and arg.dtype in parameter.dtypes and arg.is_cpu and arg.is_contiguous():
-                values.append(arg.data_ptr())
-            else:
+        function, count, pointers = self.checks[name]
+        if len(args) != count:
+            raise TypeError(f"{name} takes {count} arguments, got {len(args)}")
+        values = list(args)  # numbers as they are: ctypes refuses what is not a number
+        for i, dtypes, nullable in pointers:
+            arg = values[i]
+            if isinstance(arg, Tensor) and arg.dtype in dtypes and arg.is_contiguous() and arg.is_cpu:
+                values[i] = arg.data_ptr()
+            elif arg is not None or not nullable:
                 got = f"{arg.dtype} on {arg.device}{'' if arg.is_contiguous() else ', not contiguous'}" \
                     if isinstance(arg, Tensor) else type(arg).__name__
-                raise ValueError(f"{name}: {parameter.name} takes a contiguous CPU tensor of "
-                                 f"{' or '.join(map(str, parameter.dtypes))}, got {got}")
+                raise ValueError(f"{name}: {self.functions[name][0].parameters[i].name} takes a contiguous CPU "
+                                 f"tensor of {' or '.join(map(str, dtypes))}, got {got}")
         return function(*values)
+
+    def scratch(self, name: str, size: int, dtype: torch.dtype) -> Tensor:
+        """A buffer of at least ``size`` elements that a kernel only writes and reads within one call
+        (int8_linear's quantized rows, attention's scores): this thread's, kept for its next calls
+        (a torch.empty per call was a fifth of a small batch's Python time per kernel call). A kernel
+        is given the whole buffer and uses its start."""
+        buffer = getattr(self.local, name, None)
+        if buffer is None or buffer.numel() < size:
+            with torch.inference_mode(False):  # a normal tensor, whatever mode the first call is in
+                buffer = torch.empty(max(size, 2 * (0 if buffer is None else buffer.numel())), dtype=dtype)
+            setattr(self.local, name, buffer)
+        return buffer
 
     def append_position(self, cache: Tensor, start: int, keys: Tensor, values: Tensor) -> None:
         """Write keys and values (rows, heads, 1, head_dim) into slots start..start+rows-1 of ``cache``
@@ -125,7 +141,7 @@ class Kernels:
                              f"{cache.size(0)}")
         query32 = query.float().contiguous()
         out = torch.empty_like(query32)
-        scores = torch.empty(rows * heads * length, dtype=torch.float32)
+        scores = self.scratch("scores", rows * heads * length, torch.float32)
         name = "self_attention_bf16" if cache.dtype == torch.bfloat16 else "self_attention"
         self.call(name, cache, starts, history, length, rows, heads, head_dim, query32, out, scores)
         return out.to(query.dtype)
@@ -146,7 +162,7 @@ class Kernels:
         keys, values = keys.float().contiguous(), values.float().contiguous()  # as encode gives them: no copy
         query32 = query.float().contiguous()
         out = torch.empty_like(query32)
-        scores = torch.empty(length, dtype=torch.float32)
+        scores = self.scratch("scores", length, torch.float32)
         rows = None if rows is None else rows.to(torch.int64).contiguous()
         self.call("grouped_attention", keys, values, allowed.to(torch.bool).contiguous(), rows, sentences, group,
                   heads, length, head_dim, query32, out, scores)
@@ -198,7 +214,7 @@ class Kernels:
         weight, columns = weight.to(torch.int8).contiguous(), columns.to(torch.int64).contiguous()
         column_sums, counts = column_sums.to(torch.int32).contiguous(), counts.to(torch.int32).contiguous()
         out = torch.empty(len(rows), width, dtype=torch.float32)
-        quantized = torch.empty((dim + 63) // 64 * 64, dtype=torch.uint8)  # one row at a time
+        quantized = self.scratch("quantized", (dim + 63) // 64 * 64, torch.uint8)  # one row at a time
         self.call("project_columns_int8", rows, sentences, len(rows) // sentences, dim, weight, weight_scale, columns,
                   column_sums, counts, width, out, quantized)
         return out.view(*x.shape[:-1], width)
@@ -214,19 +230,22 @@ class Kernels:
 
     def int8_linear(self, x: Tensor, packed: Tensor, outputs: int, weight_sums: Tensor, scales: Tensor,
                     bias: Tensor, relu: bool) -> Tensor:
-        """x (rows, inputs) float32 times the int8 weight that ``packed`` holds (pack_int8_weight), each
-        row of x quantized with a scale of its own: (rows, outputs) float32, the ReLU in the same pass.
+        """x (..., inputs) float32 times the int8 weight that ``packed`` holds (pack_int8_weight), each
+        row of x quantized with a scale of its own: (..., outputs) float32, the ReLU in the same pass.
         ``weight_sums`` (the weight rows' sums, int32), ``scales`` and ``bias`` (float32) per output,
         outputs rounded up to 16 with zeros."""
-        rows, inputs = x.shape
-        padded = round_up(outputs, 16)
-        check_shapes("int8_linear", packed=(packed, (padded * round_up(inputs, 4),)),
-                     weight_sums=(weight_sums, (padded,)), scales=(scales, (padded,)), bias=(bias, (padded,)))
-        out = torch.empty(rows, outputs, dtype=torch.float32)
-        quantized = torch.empty(rows * round_up(inputs, 4), dtype=torch.uint8)
-        row_scales = torch.empty(rows, dtype=torch.float32)
+        shape = x.shape
+        inputs = shape[-1]
+        rows = x.numel() // inputs if inputs else 0
+        padded, padded_inputs = round_up(outputs, 16), round_up(inputs, 4)
+        if packed.shape != (padded * padded_inputs,) or weight_sums.shape != (padded,) or \
+                scales.shape != (padded,) or bias.shape != (padded,):
+            check_shapes("int8_linear", packed=(packed, (padded * padded_inputs,)), weight_sums=(weight_sums, (padded,)),
+                         scales=(scales, (padded,)), bias=(bias, (padded,)))
+        out = torch.empty(shape[:-1] + (outputs,), dtype=torch.float32)
         self.call("int8_linear", x, rows, inputs, packed, outputs, weight_sums, scales, bias, int(relu), out,
-                  quantized, row_scales)
+                  self.scratch("quantized", rows * padded_inputs, torch.uint8),
+                  self.scratch("row_scales", rows, torch.float32))
         return out
 
     def int8_quantize_rows(self, x: Tensor) -> tuple[Tensor, Tensor]:
