@@ -96,6 +96,7 @@ class History:
     def __init__(self) -> None:
         self.slots: Tensor | None = None  # (capacity, rows) int32
         self.starts = torch.zeros(1, dtype=torch.int64)  # (capacity + 1,): block p is slots starts[p]..starts[p+1]
+        self.offsets = [0]  # starts[:positions + 1] as Python numbers: read by every layer at every step
         self.positions = 0  # positions that slots and starts have
         self.reserved = 0  # slots a buffer has room for from the start
         self.buffers: list[Tensor] = []  # the layers' flat buffers, given back to the pool at the end
@@ -107,6 +108,8 @@ class History:
             self.slots = torch.empty(max(positions, 1), rows, dtype=torch.int32)
         elif self.slots.size(1) != rows:
             raise ValueError(f"{rows} rows appended to a cache reordered to {self.slots.size(1)}")
+        if positions <= self.positions:  # the first layer to get there has added them
+            return self.offsets[self.positions]
         if self.slots.size(0) < positions:
             grown = torch.empty(int(GROWTH * positions), rows, dtype=torch.int32)
             grown[:self.positions] = self.slots[:self.positions]
@@ -115,9 +118,10 @@ class History:
             self.starts = torch.cat([self.starts, self.starts.new_zeros(self.slots.size(0) + 1 - self.starts.numel())])
         for p in range(self.positions, positions):
             self.slots[p] = torch.arange(rows, dtype=torch.int32)
-            self.starts[p + 1] = self.starts[p] + rows
-        self.positions = max(self.positions, positions)
-        return int(self.starts[self.positions])
+            self.offsets.append(self.offsets[p] + rows)
+            self.starts[p + 1] = self.offsets[p + 1]
+        self.positions = positions
+        return self.offsets[positions]
 
     def reorder(self, indices: Tensor) -> None:
         if self.slots is None:
@@ -141,7 +145,7 @@ class IndexedKeyValueCache:
         rows, heads, new, head_dim = keys.shape
         first, end = self.length, self.length + new
         needed = self.history.add_positions(end, rows)  # the first layer to get there adds them for all
-        starts = self.history.starts
+        starts = self.history.offsets
         if self.buffer is None or self.buffer.size(0) < needed:
             slots = max(self.history.reserved, int(GROWTH * needed))
             per_float = 4 // self.dtype.itemsize  # bf16: two to each float32 of the pool's buffers
@@ -149,15 +153,15 @@ class IndexedKeyValueCache:
             # only what the history points to is ever read
             grown = flat.view(self.dtype)[:slots * 2 * heads * head_dim].view(slots, 2, heads, head_dim)
             if self.buffer is not None:
-                written = int(starts[first])
+                written = starts[first]
                 grown[:written] = self.buffer[:written]
             self.history.buffers.append(flat)
             self.buffer = grown
         if new == 1:
-            self.kernels.append_position(self.buffer, int(starts[first]), keys, values)
+            self.kernels.append_position(self.buffer, starts[first], keys, values)
         else:
             for p in range(first, end):
-                block = self.buffer[int(starts[p]):int(starts[p + 1])]
+                block = self.buffer[starts[p]:starts[p + 1]]
                 block[:, 0], block[:, 1] = keys[:, :, p - first], values[:, :, p - first]
         self.length = end
 

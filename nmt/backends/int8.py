@@ -69,6 +69,9 @@ class Int8Linear(nn.Module):
         self.quantized = weight
         self.out_features, self.in_features = weight.values.shape
         self.relu = relu  # a ReLU on its outputs, in the same pass
+        self.product = None if weight.packed is None else weight.kernels.int8_product(
+            weight.packed, self.in_features, self.out_features, weight.padded_sums, weight.padded_scales,
+            weight.padded_bias, relu)
 
     def forward(self, x: Tensor) -> Tensor:
         if x.shape[-1] != self.in_features:
@@ -76,11 +79,9 @@ class Int8Linear(nn.Module):
         if x.dtype != torch.float32 or not x.is_contiguous():
             x = x.float().contiguous()
         weight, kernels = self.quantized, self.quantized.kernels
-        if weight.packed is not None and (x.numel() * self.out_features < THREADED_PRODUCT
-                                          or torch.get_num_threads() == 1):
-            # x as it comes (..., inputs): a reshape and a view each way cost more than the product's Python
-            return kernels.int8_linear(x, weight.packed, self.out_features, weight.padded_sums,
-                                       weight.padded_scales, weight.padded_bias, self.relu)
+        if self.product is not None and (x.numel() * self.out_features < THREADED_PRODUCT
+                                         or torch.get_num_threads() == 1):
+            return self.product(x)  # x as it comes (..., inputs): a reshape and a view cost more than its Python
         rows = x.reshape(-1, self.in_features)
         if kernels is not None:
             quantized, row_scales = kernels.int8_quantize_rows(rows)

@@ -100,11 +100,24 @@ class Kernels:
             if isinstance(arg, Tensor) and arg.dtype in dtypes and arg.is_contiguous() and arg.is_cpu:
                 values[i] = arg.data_ptr()
             elif arg is not None or not nullable:
-                got = f"{arg.dtype} on {arg.device}{'' if arg.is_contiguous() else ', not contiguous'}" \
-                    if isinstance(arg, Tensor) else type(arg).__name__
-                raise ValueError(f"{name}: {self.functions[name][0].parameters[i].name} takes a contiguous CPU "
-                                 f"tensor of {' or '.join(map(str, dtypes))}, got {got}")
+                raise self.refused(name, self.functions[name][0].parameters[i], arg)
         return function(*values)
+
+    def pointer(self, name: str, parameter: str, tensor: Tensor) -> int:
+        """The address of ``tensor`` for the pointer ``parameter`` of kernel ``name``, checked as call
+        checks it (for arguments checked once and passed to many calls: Int8Product)."""
+        found = next(p for p in self.functions[name][0].parameters if p.name == parameter)
+        if not (isinstance(tensor, Tensor) and tensor.dtype in found.dtypes and tensor.is_contiguous() and
+                tensor.is_cpu):
+            raise self.refused(name, found, tensor)
+        return tensor.data_ptr()
+
+    @staticmethod
+    def refused(name: str, parameter: Parameter, arg: Any) -> ValueError:
+        got = f"{arg.dtype} on {arg.device}{'' if arg.is_contiguous() else ', not contiguous'}" \
+            if isinstance(arg, Tensor) else type(arg).__name__
+        return ValueError(f"{name}: {parameter.name} takes a contiguous CPU tensor of "
+                          f"{' or '.join(map(str, parameter.dtypes))}, got {got}")
 
     def scratch(self, name: str, size: int, dtype: torch.dtype) -> Tensor:
         """A buffer of at least ``size`` elements that a kernel only writes and reads within one call
@@ -228,25 +241,18 @@ class Kernels:
         self.call("pack_int8_weight", weight.to(torch.int8).contiguous(), outputs, inputs, packed)
         return packed
 
+    def int8_product(self, packed: Tensor, inputs: int, outputs: int, weight_sums: Tensor, scales: Tensor,
+                     bias: Tensor, relu: bool) -> Int8Product:
+        """int8_linear's product for one weight, as a function of x (see Int8Product)."""
+        return Int8Product(self, packed, inputs, outputs, weight_sums, scales, bias, relu)
+
     def int8_linear(self, x: Tensor, packed: Tensor, outputs: int, weight_sums: Tensor, scales: Tensor,
                     bias: Tensor, relu: bool) -> Tensor:
         """x (..., inputs) float32 times the int8 weight that ``packed`` holds (pack_int8_weight), each
         row of x quantized with a scale of its own: (..., outputs) float32, the ReLU in the same pass.
         ``weight_sums`` (the weight rows' sums, int32), ``scales`` and ``bias`` (float32) per output,
-        outputs rounded up to 16 with zeros."""
-        shape = x.shape
-        inputs = shape[-1]
-        rows = x.numel() // inputs if inputs else 0
-        padded, padded_inputs = round_up(outputs, 16), round_up(inputs, 4)
-        if packed.shape != (padded * padded_inputs,) or weight_sums.shape != (padded,) or \
-                scales.shape != (padded,) or bias.shape != (padded,):
-            check_shapes("int8_linear", packed=(packed, (padded * padded_inputs,)), weight_sums=(weight_sums, (padded,)),
-                         scales=(scales, (padded,)), bias=(bias, (padded,)))
-        out = torch.empty(shape[:-1] + (outputs,), dtype=torch.float32)
-        self.call("int8_linear", x, rows, inputs, packed, outputs, weight_sums, scales, bias, int(relu), out,
-                  self.scratch("quantized", rows * padded_inputs, torch.uint8),
-                  self.scratch("row_scales", rows, torch.float32))
-        return out
+        outputs rounded up to 16 with zeros. (A layer calls its Int8Product, made once.)"""
+        return self.int8_product(packed, x.shape[-1], outputs, weight_sums, scales, bias, relu)(x)
 
     def int8_quantize_rows(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """The rows of x (rows, dim) float32 as int8_linear quantizes them: int8 values
@@ -271,12 +277,46 @@ class Kernels:
         return out
 
 
+class Int8Product:
+    """int8_linear (Kernels.int8_linear) for one int8 layer, called at every decoding step: its weight's
+    tensors, which never change, are checked once, here, and a call checks only x. Checking all twelve
+    arguments at each call (Kernels.call) was a third of the Python time of a product of a few rows."""
+
+    def __init__(self, kernels: Kernels, packed: Tensor, inputs: int, outputs: int, weight_sums: Tensor,
+                 scales: Tensor, bias: Tensor, relu: bool):
+        padded, self.padded_inputs = round_up(outputs, 16), round_up(inputs, 4)
+        check_shapes("int8_linear", packed=(packed, (padded * self.padded_inputs,)),
+                     weight_sums=(weight_sums, (padded,)), scales=(scales, (padded,)), bias=(bias, (padded,)))
+        self.kernels, self.function = kernels, kernels.checks["int8_linear"][0]
+        self.tensors = packed, weight_sums, scales, bias  # held, so that the addresses below stay theirs
+        self.addresses = [kernels.pointer("int8_linear", name, tensor) for name, tensor in
+                          zip(("packed", "weight_sums", "scales", "bias"), self.tensors)]
+        self.inputs, self.outputs, self.relu = inputs, outputs, int(relu)
+
+    def __call__(self, x: Tensor) -> Tensor:
+        """x (..., inputs), a contiguous float32 CPU tensor: (..., outputs) float32."""
+        shape = x.shape
+        if not (isinstance(x, Tensor) and shape and shape[-1] == self.inputs and x.dtype == torch.float32 and
+                x.is_contiguous() and x.is_cpu):
+            found = f"{x.dtype} {tuple(x.shape)} on {x.device}" if isinstance(x, Tensor) else type(x).__name__
+            raise ValueError(f"int8_linear: x takes a contiguous float32 CPU tensor (..., {self.inputs}), got {found}")
+        rows = x.numel() // self.inputs if self.inputs else 0
+        out = torch.empty(shape[:-1] + (self.outputs,), dtype=torch.float32)
+        quantized = self.kernels.scratch("quantized", rows * self.padded_inputs, torch.uint8)
+        row_scales = self.kernels.scratch("row_scales", rows, torch.float32)
+        packed, weight_sums, scales, bias = self.addresses
+        self.function(x.data_ptr(), rows, self.inputs, packed, self.outputs, weight_sums, scales, bias, self.relu,
+                      out.data_ptr(), quantized.data_ptr(), row_scales.data_ptr())
+        return out
+
+
 def round_up(n: int, multiple: int) -> int:
     return (n + multiple - 1) // multiple * multiple
 
 
 def check_shapes(kernel: str, **tensors: tuple[Tensor, tuple[int, ...]]) -> None:
     """Each named tensor has the shape given beside it; else one error naming them all."""
-    if any(tuple(tensor.shape) != tuple(shape) for tensor, shape in tensors.values()):
-        found = ", ".join(f"{name} {tuple(tensor.shape)}" for name, (tensor, _) in tensors.items())
-        raise ValueError(f"{kernel}: shapes that do not fit together: {found}")
+    for tensor, shape in tensors.values():
+        if tensor.shape != shape:  # a torch.Size is a tuple
+            found = ", ".join(f"{name} {tuple(tensor.shape)}" for name, (tensor, _) in tensors.items())
+            raise ValueError(f"{kernel}: shapes that do not fit together: {found}")

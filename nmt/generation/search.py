@@ -15,6 +15,7 @@ its attention and its cache: the search is the same loop whatever computes them.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -49,6 +50,13 @@ def length_penalty(lengths: Tensor, alpha: float, style: str = "gnmt") -> Tensor
     if style == "fairseq":
         return lengths ** alpha
     raise ValueError(f"unknown length penalty style {style!r}")
+
+
+@functools.lru_cache(maxsize=4096)
+def final_penalty(length: int, alpha: float, style: str) -> float:
+    """length_penalty of one length, as a Python number: finalize's at each step, computed once per length
+    (a few tensor operations, at most of the steps of every batch)."""
+    return float(length_penalty(torch.tensor(length), alpha, style))
 
 
 def max_lengths(source_lengths: Tensor, a: float, b: int, max_positions: int | None = None) -> Tensor:
@@ -175,15 +183,22 @@ def beam_search(model: SearchableModel, source: Tensor, options: SearchOptions,
     worst = torch.full((sentences,), NEG_INF, dtype=torch.float64, device=device)  # see finalize
     if controls is not None:
         controls.begin(limit, columns)
+    rows_changed = True  # owner, row_limit and base are made again when the rows or their sentences change
+    bounded = not (options.sampling or options.stop == "finished") and options.lenpen >= 0  # see is_done
+    longest_penalty = length_penalty(limit + 1, options.lenpen, options.lenpen_style).double() if bounded else None
+    positions: Tensor | None = None  # 0, 1, ... for each sentence's candidates
 
     for step in range(int(limit.max()) + 1):
         if should_stop is not None and should_stop():
             raise SearchStopped(f"stopped at step {step}")
         logits = model.decode(tokens[:, -1:], encoder_out, cache)[:, -1].float()
-        owner = alive_ids.repeat_interleave(width)  # each row's sentence
+        if rows_changed:  # what depends on the rows' sentences only, made again only when they change
+            owner = alive_ids.repeat_interleave(width)  # each row's sentence
+            row_limit = limit[owner]
+            base = (torch.arange(len(alive_ids), device=device) * width).unsqueeze(1)  # each sentence's first row
+            rows_changed = False
         logprobs = constrain(model.backend.log_softmax_(logits, padding, alive_ids),  # in place: one tensor less
-                             tokens, step, limit[owner], options.min_len, options.no_repeat_ngram_size, columns,
-                             owner)
+                             tokens, step, row_limit, options.min_len, options.no_repeat_ngram_size, columns, owner)
         if controls is not None:
             controls.restrict(logprobs, tokens, step)
         if options.sampling:
@@ -193,28 +208,31 @@ def beam_search(model: SearchableModel, source: Tensor, options: SearchOptions,
             top = model.backend.select_top(scores, logprobs, beam)
             constrained = controls is not None and controls.has_constraints
             cand_scores, cand_beams, cand_tokens = controls.select(top, scores, logprobs, beam) if constrained else top
-        base = (torch.arange(len(alive_ids), device=device) * width).unsqueeze(1)
         cand_rows = base + cand_beams  # (alive sentences, 2*beam) rows the candidates extend
 
         # Finish the EOS candidates among the first `beam`; keep the first `beam` others alive
         # (sampling has exactly `beam` candidates: a finished line's row stays, dead at -inf).
-        is_eos = cand_tokens.eq(EOS_ID) & torch.isfinite(cand_scores)
+        finite = torch.isfinite(cand_scores)
+        is_eos = cand_tokens.eq(EOS_ID) & finite
         finalize(finished, worst, alive_ids, is_eos[:, :beam], cand_scores, cand_rows, tokens, token_scores,
                  logprobs, step, options)
-        rank = torch.where(is_eos | ~torch.isfinite(cand_scores), 2 * beam, 0) + \
-            torch.arange(cand_scores.size(1), device=device)
+        if positions is None or len(positions) != cand_scores.size(1):
+            positions = torch.arange(cand_scores.size(1), device=device)
+        rank = torch.where(is_eos | ~finite, 2 * beam, 0) + positions
         keep = rank.topk(beam, dim=1, largest=False).indices.sort(dim=1).values
         keep_rows = cand_rows.gather(1, keep)
         keep_tokens = cand_tokens.gather(1, keep)
         scores = cand_scores.gather(1, keep).masked_fill(rank.gather(1, keep) >= 2 * beam, NEG_INF)
 
-        done = is_done(worst, alive_ids, scores, limit, step, options)
-        if done.all():
+        done = is_done(worst, alive_ids, scores, limit, step, options, longest_penalty)
+        leaving = int(done.sum())  # one look at the tensor, not two (all, any)
+        if leaving == len(done):
             break
-        if done.any():  # done sentences leave the batch
+        if leaving:  # done sentences leave the batch
             still = (~done).nonzero(as_tuple=True)[0]
             keep_rows, keep_tokens, scores = keep_rows[still], keep_tokens[still], scores[still]
             alive_ids = alive_ids[still]
+            rows_changed = True
             encoder_out = model.reorder_encoder_out(encoder_out, still)
             if controls is not None:
                 controls.keep(still)
@@ -226,6 +244,7 @@ def beam_search(model: SearchableModel, source: Tensor, options: SearchOptions,
         cache.reorder(order)
         if controls is not None:
             controls.reorder(order, tokens[:, -1])  # the vocabulary ids just appended
+        rows_changed = rows_changed or width != beam
         width = beam
 
     if not all(finished):  # only non-finite scores end a sentence with nothing: an EOS is forced at the limit
@@ -244,7 +263,7 @@ def finalize(finished: list[list[Hypothesis]], worst: Tensor, alive_ids: Tensor,
     """
     if not eos.any():
         return
-    penalty = float(length_penalty(torch.tensor(step + 1), options.lenpen, options.lenpen_style))
+    penalty = final_penalty(step + 1, options.lenpen, options.lenpen_style)
     sentences, slots = eos.nonzero(as_tuple=True)
     rows = cand_rows[sentences, slots]
     owners = alive_ids[sentences].tolist()
@@ -266,7 +285,7 @@ def finalize(finished: list[list[Hypothesis]], worst: Tensor, alive_ids: Tensor,
 
 
 def is_done(worst: Tensor, alive_ids: Tensor, alive_scores: Tensor, limit: Tensor, step: int,
-            options: SearchOptions) -> Tensor:
+            options: SearchOptions, longest_penalty: Tensor | None = None) -> Tensor:
     """A sentence is done when it has ``beam`` finished hypotheses that no alive one can beat
     (``worst``: see finalize).
 
@@ -276,7 +295,9 @@ def is_done(worst: Tensor, alive_ids: Tensor, alive_scores: Tensor, limit: Tenso
     that bound stays loose for long, and ``stop="finished"`` ends the sentence as soon as ``beam``
     hypotheses have finished instead. Sampling stops at ``beam``
     samples; every search stops at the max length or when no hypothesis is left alive. Tensor
-    operations only, on the search's device: no copy to the host.
+    operations only, on the search's device: no copy to the host. ``longest_penalty``: the penalty
+    at each sentence's longest length (``limit + 1``) in float64, which beam_search works out once
+    per batch rather than at every step (None: here).
     """
     best_alive = alive_scores.max(dim=1).values.double()
     limits = limit[alive_ids]
@@ -285,7 +306,11 @@ def is_done(worst: Tensor, alive_ids: Tensor, alive_scores: Tensor, limit: Tenso
     if options.sampling or options.stop == "finished":
         beaten = full
     else:
-        longest = limits + 1 if options.lenpen >= 0 else torch.full_like(limits, step + 2)
-        bound = best_alive / length_penalty(longest, options.lenpen, options.lenpen_style).double()
+        if options.lenpen >= 0 and longest_penalty is not None:
+            penalty = longest_penalty[alive_ids]
+        else:
+            longest = limits + 1 if options.lenpen >= 0 else torch.full_like(limits, step + 2)
+            penalty = length_penalty(longest, options.lenpen, options.lenpen_style).double()
+        bound = best_alive / penalty
         beaten = full & (bound <= alive_worst)
     return ~torch.isfinite(best_alive) | (limits <= step) | beaten
