@@ -104,10 +104,10 @@ class Int8Columns:
                  counts: Tensor):
         self.kernels, self.weight, self.scale = kernels, weight, scale
         self.columns, self.column_sums, self.counts = columns, column_sums, counts
+        self.product = kernels.int8_column_product(weight, scale, columns, column_sums, counts)  # checked once
 
     def __call__(self, x: Tensor) -> Tensor:
-        return self.kernels.project_columns_int8(x, self.weight, self.scale, self.columns, self.column_sums,
-                                                 self.counts)
+        return self.product(x)
 
     def select(self, sentences: Tensor) -> Int8Columns:
         """The projection for some sentences only (beam search: when sentences leave the batch)."""

@@ -215,23 +215,14 @@ class Kernels:
         (sentences, width) are rows of ``weight`` (vocabulary, dim) int8 with scale ``weight_scale``,
         ``column_sums`` their sums (int32), ``counts`` (sentences,) how many of each sentence's are its
         own (-inf after; ids below the weight's rows); x's rows come as many per sentence, consecutive.
-        Each row of x is quantized to int8 with a scale of its own."""
-        sentences, width = columns.shape
-        rows = x.reshape(-1, x.size(-1)).float().contiguous()
-        dim = rows.size(1)
-        check_shapes("project_columns_int8", weight=(weight, (weight.size(0), dim)),
-                     column_sums=(column_sums, columns.shape), counts=(counts, (sentences,)))
-        if len(rows) % sentences or columns.numel() and not 0 <= int(columns.min()) <= int(columns.max()) < len(weight):
-            raise ValueError(f"project_columns_int8: {len(rows)} rows for {sentences} sentences, columns outside "
-                             f"the weight's {len(weight)} rows")
-        weight, columns = weight.to(torch.int8).contiguous(), columns.to(torch.int64).contiguous()
-        column_sums, counts = column_sums.to(torch.int32).contiguous(), counts.to(torch.int32).contiguous()
-        out = torch.empty(len(rows), width, dtype=torch.float32)
-        quantized = self.scratch("quantized", (dim + 63) // 64 * 64, torch.uint8)  # one row at a time
-        self.call("project_columns_int8", rows, sentences, len(rows) // sentences, dim, weight, weight_scale, columns,
-                  column_sums, counts, width, out, quantized)
-        return out.view(*x.shape[:-1], width)
+        Each row of x is quantized to int8 with a scale of its own. (A batch calls its
+        Int8ColumnProduct, made once.)"""
+        return self.int8_column_product(weight, weight_scale, columns, column_sums, counts)(x)
 
+    def int8_column_product(self, weight: Tensor, weight_scale: float, columns: Tensor, column_sums: Tensor,
+                            counts: Tensor) -> Int8ColumnProduct:
+        """project_columns_int8 for one batch's columns, as a function of x (see Int8ColumnProduct)."""
+        return Int8ColumnProduct(self, weight, weight_scale, columns, column_sums, counts)
 
     def pack_int8_weight(self, weight: Tensor) -> Tensor:
         """An int8 weight (outputs, inputs) in the layout int8_linear reads (kernels.c: panels of 64
@@ -307,6 +298,46 @@ class Int8Product:
         packed, weight_sums, scales, bias = self.addresses
         self.function(x.data_ptr(), rows, self.inputs, packed, self.outputs, weight_sums, scales, bias, self.relu,
                       out.data_ptr(), quantized.data_ptr(), row_scales.data_ptr())
+        return out
+
+
+class Int8ColumnProduct:
+    """project_columns_int8 (Kernels.project_columns_int8) for one batch's columns, called at every
+    decoding step: the weight, the columns (that they are rows of the weight: a pass over all of them)
+    and their sums and counts are checked once, here, when the batch's shortlist is made or narrowed;
+    a call checks only x."""
+
+    def __init__(self, kernels: Kernels, weight: Tensor, weight_scale: float, columns: Tensor, column_sums: Tensor,
+                 counts: Tensor):
+        self.sentences, self.width = columns.shape
+        weight, columns = weight.to(torch.int8).contiguous(), columns.to(torch.int64).contiguous()
+        column_sums, counts = column_sums.to(torch.int32).contiguous(), counts.to(torch.int32).contiguous()
+        self.dim = weight.size(-1)
+        check_shapes("project_columns_int8", weight=(weight, (weight.size(0), self.dim)),
+                     column_sums=(column_sums, columns.shape), counts=(counts, (self.sentences,)))
+        if columns.numel() and not 0 <= int(columns.min()) <= int(columns.max()) < len(weight):
+            raise ValueError(f"project_columns_int8: columns outside the weight's {len(weight)} rows")
+        self.kernels, self.function = kernels, kernels.checks["project_columns_int8"][0]
+        self.tensors = weight, columns, column_sums, counts  # held, so that the addresses below stay theirs
+        self.addresses = [kernels.pointer("project_columns_int8", name, tensor) for name, tensor in
+                          zip(("weight", "columns", "column_sums", "counts"), self.tensors)]
+        self.weight_scale = weight_scale
+
+    def __call__(self, x: Tensor) -> Tensor:
+        """x (..., dim), its rows as many per sentence: (..., width) float32."""
+        if not x.dim() or x.size(-1) != self.dim:
+            raise ValueError(f"project_columns_int8: shapes that do not fit together: x {tuple(x.shape)}, weight "
+                             f"({len(self.tensors[0])}, {self.dim})")
+        rows = x.float().contiguous()
+        count = rows.numel() // self.dim if self.dim else 0
+        if count % self.sentences:
+            raise ValueError(f"project_columns_int8: {count} rows for {self.sentences} sentences")
+        out = torch.empty(x.shape[:-1] + (self.width,), dtype=torch.float32)
+        quantized = self.kernels.scratch("quantized", (self.dim + 63) // 64 * 64, torch.uint8)  # one row at a time
+        weight, columns, column_sums, counts = self.addresses
+        self.function(self.kernels.pointer("project_columns_int8", "x", rows), self.sentences, count // self.sentences,
+                      self.dim, weight, self.weight_scale, columns, column_sums, counts, self.width, out.data_ptr(),
+                      quantized.data_ptr())
         return out
 
 
