@@ -6,7 +6,10 @@ hand: each exported function's prototype is read from kernels.c (its own declara
 compiler checks), its ctypes argument types are made from it, and every call goes through
 :meth:`Kernels.call`, which checks that each pointer gets a contiguous CPU tensor of the C type's
 dtype (None only where the C side marks the pointer ``NULLABLE``). Each wrapper below checks its
-tensors' shapes against each other at its top, so that no kernel reads past a tensor's end.
+tensors' shapes against each other at its top, so that no kernel reads past a tensor's end. The two
+products that run at every decoding step with the same tensors (an int8 layer's weight, a batch's
+shortlist) check those once, as call would, and then only x at each call: Int8Product and
+Int8ColumnProduct.
 
 Why this and not cffi's ``cdef`` or ``torch.library`` custom ops: the same prototypes with no new
 dependency, and no dispatcher on the way (a Python custom op costs microseconds per call, and a
