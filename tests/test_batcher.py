@@ -397,3 +397,23 @@ def test_a_request_that_fails_in_a_worker_process_fails_alone(forked):
     answers, waiting = asyncio.run(asyncio.wait_for(scenario(), 60))
     assert answers[0][0][0].tokens == [50, 3] and answers[2][0][0].tokens == [52, 3]
     assert isinstance(answers[1], ValueError) and "cannot be translated" in str(answers[1]) and waiting == 0
+
+
+def test_workers_forked_before_one_that_cannot_be_are_ended(monkeypatch):
+    """A fork that fails (out of memory, a process limit) leaves none of the server's workers running."""
+    from nmt.serving import processes
+
+    started = []
+
+    class FailingSecond(processes.ForkedTranslate):
+        def __init__(self, translate, prctl):
+            if started:
+                raise OSError("cannot fork")
+            super().__init__(translate, prctl)
+            started.append(self)
+
+    monkeypatch.setattr(processes, "ForkedTranslate", FailingSecond)
+    with pytest.raises(OSError, match="cannot fork"):
+        processes.fork_decoders(echo_or_fail, 2)
+    assert len(started) == 1 and not started[0].process.is_alive()
+
