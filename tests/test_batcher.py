@@ -417,3 +417,27 @@ def test_workers_forked_before_one_that_cannot_be_are_ended(monkeypatch):
         processes.fork_decoders(echo_or_fail, 2)
     assert len(started) == 1 and not started[0].process.is_alive()
 
+
+class NeedsTwo(Exception):
+    def __init__(self, what: str, why: str):
+        super().__init__(f"{what}: {why}")
+
+
+def fails_in_ways_a_pipe_cannot_carry(sources, options, controls, should_stop):
+    """Token 1: an exception that pickles but cannot be rebuilt; token 2: one that cannot be pickled."""
+    if int(sources[0][0]) == 1:
+        raise NeedsTwo("sentence", "cannot be translated")
+    if int(sources[0][0]) == 2:
+        error = ValueError("holds a lock")
+        error.lock = threading.Lock()
+        raise error
+    return [[Hypothesis([int(s[0]), 3], 0.0)] for s in sources]
+
+
+def test_an_exception_the_server_cannot_rebuild_reaches_it_as_one_line_and_the_worker_goes_on(forked):
+    (decoder,) = forked(fails_in_ways_a_pipe_cannot_carry)
+    with pytest.raises(RuntimeError, match="^NeedsTwo: sentence: cannot be translated$"):
+        decoder([source(1)], SearchOptions(), None, lambda: False)
+    with pytest.raises(RuntimeError, match="^ValueError: holds a lock$"):
+        decoder([source(2)], SearchOptions(), None, lambda: False)
+    assert decoder([source(7)], SearchOptions(), None, lambda: False)[0][0].tokens == [7, 3]

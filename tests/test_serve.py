@@ -176,6 +176,7 @@ def test_with_two_threads_batches_are_decoded_in_two_forked_worker_processes(ser
     assert sum(map(cpu_ticks, workers)) - before >= 5  # 50 ms at least, of 3,200 decoder steps
 
 
+@linux_only
 def test_the_memory_bound_counts_each_worker_process_and_its_batch(server):
     """Two light workers and the heavy one: three batches of the default budget; each forked worker may
     come to hold a copy of every page the server held before serving."""
