@@ -397,3 +397,47 @@ def test_a_request_that_fails_in_a_worker_process_fails_alone(forked):
     answers, waiting = asyncio.run(asyncio.wait_for(scenario(), 60))
     assert answers[0][0][0].tokens == [50, 3] and answers[2][0][0].tokens == [52, 3]
     assert isinstance(answers[1], ValueError) and "cannot be translated" in str(answers[1]) and waiting == 0
+
+
+def test_workers_forked_before_one_that_cannot_be_are_ended(monkeypatch):
+    """A fork that fails (out of memory, a process limit) leaves none of the server's workers running."""
+    from nmt.serving import processes
+
+    started = []
+
+    class FailingSecond(processes.ForkedTranslate):
+        def __init__(self, translate, prctl):
+            if started:
+                raise OSError("cannot fork")
+            super().__init__(translate, prctl)
+            started.append(self)
+
+    monkeypatch.setattr(processes, "ForkedTranslate", FailingSecond)
+    with pytest.raises(OSError, match="cannot fork"):
+        processes.fork_decoders(echo_or_fail, 2)
+    assert len(started) == 1 and not started[0].process.is_alive()
+
+
+class NeedsTwo(Exception):
+    def __init__(self, what: str, why: str):
+        super().__init__(f"{what}: {why}")
+
+
+def fails_in_ways_a_pipe_cannot_carry(sources, options, controls, should_stop):
+    """Token 1: an exception that pickles but cannot be rebuilt; token 2: one that cannot be pickled."""
+    if int(sources[0][0]) == 1:
+        raise NeedsTwo("sentence", "cannot be translated")
+    if int(sources[0][0]) == 2:
+        error = ValueError("holds a lock")
+        error.lock = threading.Lock()
+        raise error
+    return [[Hypothesis([int(s[0]), 3], 0.0)] for s in sources]
+
+
+def test_an_exception_the_server_cannot_rebuild_reaches_it_as_one_line_and_the_worker_goes_on(forked):
+    (decoder,) = forked(fails_in_ways_a_pipe_cannot_carry)
+    with pytest.raises(RuntimeError, match="^NeedsTwo: sentence: cannot be translated$"):
+        decoder([source(1)], SearchOptions(), None, lambda: False)
+    with pytest.raises(RuntimeError, match="^ValueError: holds a lock$"):
+        decoder([source(2)], SearchOptions(), None, lambda: False)
+    assert decoder([source(7)], SearchOptions(), None, lambda: False)[0][0].tokens == [7, 3]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import math
@@ -175,6 +176,7 @@ def test_with_two_threads_batches_are_decoded_in_two_forked_worker_processes(ser
     assert sum(map(cpu_ticks, workers)) - before >= 5  # 50 ms at least, of 3,200 decoder steps
 
 
+@linux_only
 def test_the_memory_bound_counts_each_worker_process_and_its_batch(server):
     """Two light workers and the heavy one: three batches of the default budget; each forked worker may
     come to hold a copy of every page the server held before serving."""
@@ -479,6 +481,47 @@ def test_a_killed_worker_process_fails_only_its_batch_and_the_others_take_the_ne
         warnings = [message for message in log_messages(address) if message.startswith("decoding worker process")]
         assert len(warnings) == 2 and warnings[-1].endswith("a thread of this process takes the next batches")
         assert "Traceback" not in address.log.read_text(encoding="utf-8")
+
+
+@linux_only
+@pytest.mark.parametrize("name", ["SIGTERM", "SIGINT"])
+def test_a_signal_to_every_process_of_the_server_lets_its_workers_answer_the_requests_in_progress(
+        checkpoint, tmp_path, name):
+    """systemd stops a service with SIGTERM to each of its processes, and a terminal's Ctrl-C reaches
+    the whole process group: the worker processes go on decoding the request in progress, which is
+    answered, and the server ends them once it has stopped."""
+    import signal
+
+    signum = getattr(signal, name)
+    log = tmp_path / "stderr.jsonl"
+    command = serve_command(checkpoint, "--port", "0", "--api-key", KEY, "--log-format", "json", "--threads", "2",
+                            "--max-sentences", "8", "--request-timeout", "600")
+    with open(log, "w") as stderr:
+        process = subprocess.Popen(command, stderr=stderr, stdout=subprocess.DEVNULL, start_new_session=True)
+    try:
+        address = Address(wait_until_serving(process, log))
+        address.log = log
+        workers = worker_processes(process.pid)
+        assert len(workers) == 2
+        with ThreadPoolExecutor(1) as pool:
+            idle = sum(map(cpu_ticks, workers))
+            long = {"text": [f"number {i}" for i in range(8)], "max_len_a": 0, "max_len_b": 256, "min_len": 256}
+            answer = pool.submit(request, address, "POST", "/translate", long)
+            while sum(map(cpu_ticks, workers)) - idle < 3:  # until a worker decodes it
+                assert not answer.done(), answer.result()
+                time.sleep(0.01)
+            os.killpg(process.pid, signum)
+            status, body = answer.result()
+        assert status == 200 and len(body["translations"]) == 8, body
+        assert process.wait(GIVE_UP) in (128 + signum, -signum)  # SIGTERM: raised again once stopped
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait(GIVE_UP)
+    text = log.read_text(encoding="utf-8")
+    assert "decoding worker process" not in text and "Traceback" not in text, text
+    for worker in workers:
+        wait_until_ended(worker)
 
 
 def test_the_api_key_may_come_from_the_environment(checkpoint, tmp_path_factory):

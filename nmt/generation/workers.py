@@ -92,14 +92,14 @@ def run_forked(item: Item) -> Result:
 PR_SET_PDEATHSIG = 1  # Linux prctl option: the signal a process gets when its parent ends
 
 
-def end_with_parent(parent: int, prctl: Callable[..., int] | None) -> None:
-    """Have the kernel send this forked worker SIGTERM when its parent ends, however it ends (a
+def end_with_parent(parent: int, prctl: Callable[..., int] | None, signum: int = signal.SIGTERM) -> None:
+    """Have the kernel send this forked worker ``signum`` when its parent ends, however it ends (a
     plain `kill` of the parent reaches it alone), and end now if the parent is gone already.
     ``prctl`` is the C library's, looked up by the parent (see ``libc_function``)."""
-    if prctl is None or prctl(PR_SET_PDEATHSIG, ctypes.c_ulong(signal.SIGTERM)) != 0:
+    if prctl is None or prctl(PR_SET_PDEATHSIG, ctypes.c_ulong(signum)) != 0:
         return
     if os.getppid() != parent:
-        os._exit(128 + signal.SIGTERM)
+        os._exit(128 + signum)
 
 
 def start_forked_worker(parent: int, prctl: Callable[..., int] | None) -> None:

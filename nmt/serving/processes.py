@@ -24,7 +24,7 @@ import numpy as np
 
 from nmt.generation.options import SearchOptions
 from nmt.generation.search import Hypothesis
-from nmt.generation.workers import release_freed_memory, start_forked_worker
+from nmt.generation.workers import end_with_parent, release_freed_memory, start_forked_worker
 from nmt.serving.batcher import Controls, TranslateFn, WorkerGone
 from nmt.tuning import libc_function
 
@@ -71,27 +71,40 @@ class ForkedTranslate:
         return f"decoding worker process {self.process.pid} ended ({how}; by the system when memory ran out?)"
 
     def close(self) -> None:
-        self.process.terminate()
+        """End the worker now (SIGKILL: it ignores SIGTERM)."""
+        self.process.kill()
         self.process.join()
         self.connection.close()
 
 
 def fork_decoders(translate: TranslateFn, workers: int) -> list[ForkedTranslate]:
-    """``workers`` processes forked now, each decoding with ``translate`` (which it inherits, with the model)."""
+    """``workers`` processes forked now, each decoding with ``translate`` (which it inherits, with the model);
+    none is left running if one cannot be forked."""
     prctl = libc_function("prctl")  # looked up here: never in a forked child (see libc_function)
     release_freed_memory()
     gc.freeze()  # the workers' collector then leaves the inherited objects, and their pages, alone
+    decoders: list[ForkedTranslate] = []
     try:
-        return [ForkedTranslate(translate, prctl) for _ in range(workers)]
+        for _ in range(workers):
+            decoders.append(ForkedTranslate(translate, prctl))
+    except BaseException:
+        for decoder in decoders:
+            decoder.close()
+        raise
     finally:
         gc.unfreeze()
+    return decoders
 
 
 def serve_batches(translate: TranslateFn, connection: Connection, stop, parent: int, prctl: Any) -> None:
     """A worker's life: translate each batch the parent sends, send back its hypotheses or its exception."""
     start_forked_worker(parent, prctl)
-    # Ctrl-C reaches the whole process group: the server answers the requests in progress, then ends its workers
+    # Ctrl-C reaches the whole process group, and systemd stops a service with SIGTERM to each of its
+    # processes: the server answers the requests in progress (its workers decoding them), then ends its
+    # workers. So a worker ignores both, and is killed when the server ends, however it ends.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    end_with_parent(parent, prctl, signal.SIGKILL)
     while True:
         try:
             sources, search, controls = connection.recv()
