@@ -85,14 +85,20 @@ def decode(plan: Plan, checkpoint: Path, split: str, beam: int, lenpen: float) -
     return round(bleu.score, 2), round(chrf.score, 2)
 
 
-def averaged(plan: Plan, count: int) -> Path:
-    """The last ``count`` epoch checkpoints of the run, averaged (0: checkpoint_best.pt)."""
+def averaged(plan: Plan, count: int | None) -> tuple[Path, int]:
+    """The last ``count`` epoch checkpoints of the run averaged (0: checkpoint_best.pt; None: those the
+    recipe's `average:` picks, a share of the epochs say), and how many."""
     save_dir = Path(plan.train.save_dir)
-    if count == 0:
-        return save_dir / "checkpoint_best.pt"
+    if count == 0 or count is None and plan.average is None:
+        return save_dir / "checkpoint_best.pt", 0
+    if count is None:
+        picked = plan.average
+        count = len(average([save_dir], save_dir / "sweep-average.pt", picked.num_epoch_checkpoints,
+                            picked.num_update_checkpoints, picked.epoch_share))
+        return (save_dir / "sweep-average.pt").rename(save_dir / f"sweep-average{count}.pt"), count
     output = save_dir / f"sweep-average{count}.pt"
     average([save_dir], output, num_epoch_checkpoints=count)
-    return output
+    return output, count
 
 
 def append(path: Path, rows: list[dict[str, Any]]) -> None:
@@ -148,12 +154,12 @@ def main() -> None:
         summary = train(plan.train)
         row.update(updates=summary.updates, epochs=summary.epoch, train_minutes=round(summary.seconds / 60, 1),
                    best_val_loss=round(summary.best_valid_loss, 4) if summary.best_valid_loss else "")
-    windows = numbers(args.average, int) or [plan.average.num_epoch_checkpoints if plan.average else 0]
+    windows = numbers(args.average, int) or [None]  # None: the recipe's own window
     beams = numbers(args.beam, int) or [plan.generate.search.beam]
     lenpens = numbers(args.lenpen, float) or [plan.generate.search.lenpen]
     rows = []
-    for count in windows:
-        checkpoint = averaged(plan, count)
+    for window in windows:
+        checkpoint, count = averaged(plan, window)
         for beam, lenpen in itertools.product(beams, lenpens):
             bleu, chrf = decode(plan, checkpoint, args.split, beam, lenpen)
             rows.append({**row, "average": count, "beam": beam, "lenpen": lenpen, "split": args.split,
