@@ -18,6 +18,7 @@ intra-op threads are split among the workers.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import gc
@@ -50,6 +51,19 @@ def release_freed_memory() -> None:
     malloc_trim = libc_function("malloc_trim")
     if malloc_trim is not None:
         malloc_trim(0)
+
+
+@contextlib.contextmanager
+def ready_to_fork() -> Iterator[None]:
+    """Around forking decoding workers: freed pages given back first (release_freed_memory), and the
+    objects the workers inherit frozen (gc.freeze), so that their collectors leave those objects, and
+    their pages, alone."""
+    release_freed_memory()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def forks_workers(workers: int) -> bool:
@@ -128,15 +142,12 @@ def map_in_processes(function: Callable[[Item], Result], items: Iterable[Item], 
             if futures:
                 futures.append(pool.submit(run_forked, item))
                 continue
-            with _fork_lock:  # the first item forks all the workers
+            with _fork_lock, ready_to_fork():  # the first item forks all the workers
                 _forked_function = function
-                release_freed_memory()
-                gc.freeze()  # the workers' collector then leaves the inherited objects, and their pages, alone
                 try:
                     futures.append(pool.submit(run_forked, item))
                 finally:
                     _forked_function = None
-                    gc.unfreeze()
         for position, future in enumerate(futures, start=1):
             try:
                 result = future.result()

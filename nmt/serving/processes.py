@@ -12,7 +12,6 @@ all gone, stops its search at the next step.
 
 from __future__ import annotations
 
-import gc
 import multiprocessing
 import os
 import pickle
@@ -24,7 +23,7 @@ import numpy as np
 
 from nmt.generation.options import SearchOptions
 from nmt.generation.search import Hypothesis
-from nmt.generation.workers import end_with_parent, release_freed_memory, start_forked_worker
+from nmt.generation.workers import end_with_parent, ready_to_fork, start_forked_worker
 from nmt.serving.batcher import Controls, TranslateFn, WorkerGone
 from nmt.tuning import libc_function
 
@@ -81,18 +80,15 @@ def fork_decoders(translate: TranslateFn, workers: int) -> list[ForkedTranslate]
     """``workers`` processes forked now, each decoding with ``translate`` (which it inherits, with the model);
     none is left running if one cannot be forked."""
     prctl = libc_function("prctl")  # looked up here: never in a forked child (see libc_function)
-    release_freed_memory()
-    gc.freeze()  # the workers' collector then leaves the inherited objects, and their pages, alone
     decoders: list[ForkedTranslate] = []
-    try:
-        for _ in range(workers):
-            decoders.append(ForkedTranslate(translate, prctl))
-    except BaseException:
-        for decoder in decoders:
-            decoder.close()
-        raise
-    finally:
-        gc.unfreeze()
+    with ready_to_fork():
+        try:
+            for _ in range(workers):
+                decoders.append(ForkedTranslate(translate, prctl))
+        except BaseException:
+            for decoder in decoders:
+                decoder.close()
+            raise
     return decoders
 
 
