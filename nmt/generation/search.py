@@ -184,8 +184,7 @@ def beam_search(model: SearchableModel, source: Tensor, options: SearchOptions,
     if controls is not None:
         controls.begin(limit, columns)
     rows_changed = True  # owner, row_limit and base are made again when the rows or their sentences change
-    bounded = not (options.sampling or options.stop == "finished") and options.lenpen >= 0  # see is_done
-    longest_penalty = length_penalty(limit + 1, options.lenpen, options.lenpen_style).double() if bounded else None
+    longest_penalty = longest_penalties(limit, options)  # is_done's, the same at every step
     positions: Tensor | None = None  # 0, 1, ... for each sentence's candidates
 
     for step in range(int(limit.max()) + 1):
@@ -284,6 +283,12 @@ def finalize(finished: list[list[Hypothesis]], worst: Tensor, alive_ids: Tensor,
         worst[list(new_worst)] = torch.tensor(list(new_worst.values()), dtype=worst.dtype, device=worst.device)
 
 
+def longest_penalties(limit: Tensor, options: SearchOptions) -> Tensor:
+    """Each sentence's length penalty at its longest output (``limit + 1``), in float64: the bound of
+    is_done for a length penalty >= 0."""
+    return length_penalty(limit + 1, options.lenpen, options.lenpen_style).double()
+
+
 def is_done(worst: Tensor, alive_ids: Tensor, alive_scores: Tensor, limit: Tensor, step: int,
             options: SearchOptions, longest_penalty: Tensor | None = None) -> Tensor:
     """A sentence is done when it has ``beam`` finished hypotheses that no alive one can beat
@@ -295,9 +300,8 @@ def is_done(worst: Tensor, alive_ids: Tensor, alive_scores: Tensor, limit: Tenso
     that bound stays loose for long, and ``stop="finished"`` ends the sentence as soon as ``beam``
     hypotheses have finished instead. Sampling stops at ``beam``
     samples; every search stops at the max length or when no hypothesis is left alive. Tensor
-    operations only, on the search's device: no copy to the host. ``longest_penalty``: the penalty
-    at each sentence's longest length (``limit + 1``) in float64, which beam_search works out once
-    per batch rather than at every step (None: here).
+    operations only, on the search's device: no copy to the host. ``longest_penalty``: longest_penalties,
+    which beam_search works out once per batch rather than at every step (None: here).
     """
     best_alive = alive_scores.max(dim=1).values.double()
     limits = limit[alive_ids]
@@ -306,11 +310,10 @@ def is_done(worst: Tensor, alive_ids: Tensor, alive_scores: Tensor, limit: Tenso
     if options.sampling or options.stop == "finished":
         beaten = full
     else:
-        if options.lenpen >= 0 and longest_penalty is not None:
-            penalty = longest_penalty[alive_ids]
+        if options.lenpen >= 0:
+            penalty = (longest_penalties(limit, options) if longest_penalty is None else longest_penalty)[alive_ids]
         else:
-            longest = limits + 1 if options.lenpen >= 0 else torch.full_like(limits, step + 2)
-            penalty = length_penalty(longest, options.lenpen, options.lenpen_style).double()
+            penalty = length_penalty(torch.full_like(limits, step + 2), options.lenpen, options.lenpen_style).double()
         bound = best_alive / penalty
         beaten = full & (bound <= alive_worst)
     return ~torch.isfinite(best_alive) | (limits <= step) | beaten
