@@ -11,7 +11,7 @@ import pytest
 
 from nmt.generation.options import SearchOptions
 from nmt.generation.search import Hypothesis, SearchStopped
-from nmt.serving.batcher import Batcher, QueueFull
+from nmt.serving.batcher import Batcher, QueueFull, WorkerGone
 from nmt.serving.budget import NO_CONTROLS, ControlShape, control_bytes
 
 
@@ -337,6 +337,41 @@ def test_several_light_workers_never_take_the_same_request():
     calls, answers = asyncio.run(asyncio.wait_for(scenario(), 60))
     assert [answer[0][0].tokens[0] for answer in answers] == list(range(100))
     assert sorted(calls["a"] + calls["b"]) == list(range(100)) and calls["a"] and calls["b"]
+
+
+def test_a_worker_gone_with_a_batch_fails_the_requests_still_there_and_counts_the_others_abandoned():
+    """A light worker's process ends while it decodes two requests, one of which had already left:
+    the one still there gets the error, the other's sentences count as abandoned (not failed), and a
+    thread of the server takes the next request."""
+    async def scenario():
+        started, release = asyncio.Event(), threading.Event()
+        loop = asyncio.get_running_loop()
+
+        def dying(sources, options, controls, should_stop):
+            loop.call_soon_threadsafe(started.set)
+            release.wait(60)
+            raise WorkerGone("decoding worker process 1 ended (killed by SIGKILL)", had_batch=True)
+
+        def thread(sources, options, controls, should_stop):
+            return [[Hypothesis([int(s[0]), 3], 0.0)] for s in sources]
+
+        batcher = Batcher(thread, window=0.05, memory=RowMemory(), budget=100, max_waiting=100,
+                          long_search=10_000, light=[dying])
+        running = asyncio.create_task(batcher.run())
+        leaving = submit(batcher, [source(1), source(2)], SearchOptions())
+        staying = submit(batcher, [source(3)], SearchOptions())
+        await started.wait()
+        leaving.cancel()
+        release.set()
+        with pytest.raises(WorkerGone):
+            await staying
+        after = await submit(batcher, [source(4)], SearchOptions())
+        running.cancel()
+        return batcher.stats, after
+
+    stats, after = asyncio.run(asyncio.wait_for(scenario(), 30))
+    assert after[0][0].tokens == [4, 3]
+    assert (stats.abandoned, stats.sentences) == (2, 1)
 
 
 def until_stopped(sources, options, controls, should_stop):

@@ -265,9 +265,10 @@ class Batcher:
                 self.put_back(pieces)
                 raise
             for piece in pieces:
-                if not piece.job.future.done():
+                gone_before = piece.job.future.done()  # its request had left: abandoned, not failed
+                if not gone_before:
                     piece.job.future.set_exception(exc)
-                self.drop(piece.job, abandoned=False)
+                self.drop(piece.job, abandoned=gone_before)
             raise
         except Exception as exc:  # noqa: BLE001  (the request that causes it gets the error; the worker goes on)
             if len(pieces) > 1:  # which one is not known: each goes first in line, to be translated alone

@@ -124,8 +124,9 @@ def create_app(translator: Translator, options: ServeOptions, baseline: int = 0,
                 raise ApiError(429, str(exc)) from exc
             try:
                 hypotheses = await answer_or_give_up(future, left, options.request_timeout)
-            except WorkerGone as exc:  # logged once by the batcher, not for each request
-                raise ApiError(500, str(exc)) from None
+            except WorkerGone:  # logged once by the batcher (with the process and how it ended), not for each request
+                raise ApiError(500, "the decoding worker process that had this request ended; the server goes on "
+                                    "with the others") from None
         finally:
             left.cancel()
         scored = [[translator.scored(h) for h in hyps] for hyps in hypotheses]
