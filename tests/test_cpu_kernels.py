@@ -397,6 +397,8 @@ def test_the_int8_projection_gives_each_row_its_sentences_columns(dim, group):
     assert out[1:3][own].isnan().all() and out[1:3][~own].isneginf().all()  # a row with a NaN or an inf: no logits
     with pytest.raises(ValueError, match="shapes that do not fit together"):
         KERNELS.project_columns_int8(x[:, 1:], weight, 0.01, columns, sums, counts)
+    with pytest.raises(ValueError, match="x takes a CPU tensor, got one on meta"):
+        KERNELS.project_columns_int8(x.to("meta"), weight, 0.01, columns, sums, counts)
 
 
 def plain_build(directory: Path, without: str) -> Kernels:

@@ -331,14 +331,16 @@ class Int8ColumnProduct:
         if not x.dim() or x.size(-1) != self.dim:
             raise ValueError(f"project_columns_int8: shapes that do not fit together: x {tuple(x.shape)}, weight "
                              f"({len(self.tensors[0])}, {self.dim})")
-        rows = x.float().contiguous()
+        if not x.is_cpu:
+            raise ValueError(f"project_columns_int8: x takes a CPU tensor, got one on {x.device}")
+        rows = x.float().contiguous()  # what the kernel reads: float32, contiguous
         count = rows.numel() // self.dim if self.dim else 0
         if count % self.sentences:
             raise ValueError(f"project_columns_int8: {count} rows for {self.sentences} sentences")
         out = torch.empty(x.shape[:-1] + (self.width,), dtype=torch.float32)
         quantized = self.kernels.scratch("quantized", (self.dim + 63) // 64 * 64, torch.uint8)  # one row at a time
         weight, columns, column_sums, counts = self.addresses
-        self.function(self.kernels.pointer("project_columns_int8", "x", rows), self.sentences, count // self.sentences,
+        self.function(rows.data_ptr(), self.sentences, count // self.sentences,
                       self.dim, weight, self.weight_scale, columns, column_sums, counts, self.width, out.data_ptr(),
                       quantized.data_ptr())
         return out
