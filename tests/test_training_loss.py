@@ -108,7 +108,7 @@ def test_bf16_autocast_projects_in_bf16_and_sums_in_float32():
 def test_only_the_gradients_asked_for_are_computed(monkeypatch):
     computed = []
     original = loss_module._chunked_loss
-    monkeypatch.setattr(loss_module, "_chunked_loss", lambda *args: computed.append(args[4:]) or original(*args))
+    monkeypatch.setattr(loss_module, "_chunked_loss", lambda *args: computed.append(args[5:]) or original(*args))
     states, weight = torch.randn(2, 3, 4, requires_grad=True), torch.randn(6, 4, requires_grad=True)
     target = torch.randint(1, 6, (2, 3))
     with torch.no_grad():
@@ -123,6 +123,40 @@ def test_only_the_gradients_asked_for_are_computed(monkeypatch):
     torch.testing.assert_close(states.grad, torch.autograd.grad(reference(states, frozen, target, 0.1)[0], states)[0])
     torch.testing.assert_close(weight.grad, torch.autograd.grad(reference(fixed_states, weight, target, 0.1)[0],
                                                                 weight)[0])
+
+
+def rdrop_reference(states, weight, target, epsilon, alpha):
+    """R-Drop by autograd over whole logits: the two passes' cross-entropy averaged, plus alpha/4 times
+    KL(p1 || p2) + KL(p2 || p1) over the real tokens (F.kl_div(log q, log p) is p * (log p - log q))."""
+    half = states.size(0) // 2
+    loss, nll = reference(states, weight, target, epsilon)
+    lprobs = F.log_softmax(F.linear(states, weight).float(), dim=-1)
+    real = target[:half].ne(PAD).unsqueeze(-1)
+    both_ways = (F.kl_div(lprobs[half:], lprobs[:half], log_target=True, reduction="none") +
+                 F.kl_div(lprobs[:half], lprobs[half:], log_target=True, reduction="none"))
+    return loss / 2 + alpha / 4 * (both_ways * real).sum(), nll / 2
+
+
+@pytest.mark.parametrize("chunk", [2 ** 23, 20])  # one chunk; pairs of rows split across many
+def test_rdrop_adds_the_symmetric_divergence_of_the_two_passes_with_its_gradients(monkeypatch, chunk):
+    monkeypatch.setattr(loss_module, "CHUNK_ELEMENTS", chunk)
+    torch.manual_seed(0)
+    target = torch.tensor([[3, 4, 5, PAD], [6, 2, PAD, PAD], [1, 1, 1, 1]]).repeat(2, 1)  # one batch, twice
+    states = torch.randn(6, 4, 5, requires_grad=True)  # different rows: two dropout masks
+    weight = torch.randn(7, 5, requires_grad=True)
+    loss, nll = label_smoothed_cross_entropy(states, weight, target, 0.1, PAD, rdrop_alpha=5.0)
+    expected_loss, expected_nll = rdrop_reference(states, weight, target, 0.1, 5.0)
+    torch.testing.assert_close(nll, expected_nll.detach())
+    torch.testing.assert_close(loss, expected_loss.detach())
+    plain = label_smoothed_cross_entropy(states, weight, target, 0.1, PAD)[0] / 2
+    assert loss.item() > plain.item() + 0.1  # the divergence counts
+    loss.backward()
+    expected_grads = torch.autograd.grad(expected_loss, (states, weight))
+    torch.testing.assert_close(states.grad, expected_grads[0])
+    torch.testing.assert_close(weight.grad, expected_grads[1])
+    same = states.detach()[:3].repeat(2, 1, 1)  # the same rows twice: no divergence, the plain loss per pass
+    torch.testing.assert_close(label_smoothed_cross_entropy(same, weight, target, 0.1, PAD, rdrop_alpha=5.0)[0],
+                               label_smoothed_cross_entropy(same[:3], weight, target[:3], 0.1, PAD)[0])
 
 
 def test_all_padding_gives_zero_loss_and_zero_gradients():

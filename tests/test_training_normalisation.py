@@ -144,3 +144,14 @@ def test_saving_keeps_the_agreed_training_time_and_the_checkpoint_has_the_own_cl
     trainer.save(["checkpoint_last.pt"])
     assert trainer.state.elapsed == 50.0
     assert load_checkpoint(trainer.save_dir / "checkpoint_last.pt")["train_state"]["elapsed"] == 99.0
+
+
+def test_rdrop_without_dropout_takes_the_plain_gradient_of_each_token_once(tiny_data_dir, tmp_path):
+    """R-Drop's two passes of a batch, without dropout, are the same: no divergence, and the loss per
+    target token (so the gradient) is the plain one, not twice it."""
+    plain = trainer_for(tiny_data_dir, tmp_path / "plain")
+    update = next(iter(EpochIterator(plain.data.train_set, plain.data.batches, seed=1, epoch=1)))
+    expected = gradients_of_one_step(plain, update)
+    rdrop = trainer_for(tiny_data_dir, tmp_path / "rdrop", rdrop_alpha=5.0)
+    for a, b in zip(gradients_of_one_step(rdrop, update), expected):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)

@@ -236,11 +236,15 @@ class Trainer:
                 torch.manual_seed(batch_seed(self.config.seed, self.state.epoch, position))
                 batch = batch.to(self.device)
                 sync = i == len(update.batches) - 1 or not self.context.is_distributed
+                passes = 2 if self.config.rdrop_alpha else 1  # R-Drop: the batch twice, as one
                 with contextlib.nullcontext() if sync else self.network.no_sync():
                     with autocast(self.device, self.config.compute.precision):
-                        states = self.network(batch.source, batch.prev_output, features_only=True)
-                        loss, nll = label_smoothed_cross_entropy(states, self.model.output_weight(), batch.target,
-                                                                 self.config.label_smoothing, PAD_ID)
+                        states = self.network(batch.source.repeat(passes, 1), batch.prev_output.repeat(passes, 1),
+                                              features_only=True)
+                        loss, nll = label_smoothed_cross_entropy(states, self.model.output_weight(),
+                                                                 batch.target.repeat(passes, 1),
+                                                                 self.config.label_smoothing, PAD_ID,
+                                                                 self.config.rdrop_alpha)
                     self.scaler.scale(loss * scale).backward()
                 sums += torch.stack([loss.detach(), nll.detach(), batch.target.ne(PAD_ID).sum().to(loss.dtype),
                                      torch.tensor(float(len(batch)), device=self.device)])
