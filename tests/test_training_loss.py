@@ -137,7 +137,7 @@ def rdrop_reference(states, weight, target, epsilon, alpha):
     return loss / 2 + alpha / 4 * (both_ways * real).sum(), nll / 2
 
 
-@pytest.mark.parametrize("chunk", [2 ** 23, 20])  # one chunk; pairs of rows split across many
+@pytest.mark.parametrize("chunk", [2 ** 23, 20, 28])  # one chunk; one row of each pass a chunk; two (the last: one)
 def test_rdrop_adds_the_symmetric_divergence_of_the_two_passes_with_its_gradients(monkeypatch, chunk):
     monkeypatch.setattr(loss_module, "CHUNK_ELEMENTS", chunk)
     torch.manual_seed(0)
@@ -157,6 +157,8 @@ def test_rdrop_adds_the_symmetric_divergence_of_the_two_passes_with_its_gradient
     same = states.detach()[:3].repeat(2, 1, 1)  # the same rows twice: no divergence, the plain loss per pass
     torch.testing.assert_close(label_smoothed_cross_entropy(same, weight, target, 0.1, PAD, rdrop_alpha=5.0)[0],
                                label_smoothed_cross_entropy(same[:3], weight, target[:3], 0.1, PAD)[0])
+    with pytest.raises(ValueError, match="R-Drop takes one batch twice"):  # 3 real tokens cannot be two passes
+        label_smoothed_cross_entropy(states[:1], weight, target[:1], 0.1, PAD, rdrop_alpha=5.0)
 
 
 def test_all_padding_gives_zero_loss_and_zero_gradients():

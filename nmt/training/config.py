@@ -98,7 +98,8 @@ class TrainConfig:
     rdrop_alpha: float = field(default=0.0, metadata={
         "help": "R-Drop (Liang et al., 2021): each batch goes through the model twice (one batch of twice the rows, "
                 "so two dropout masks) and the loss adds alpha/4 times the two output distributions' symmetric KL "
-                "divergence; fairseq's --rdrop-alpha. Up to twice the time of an update (0: off).",
+                "divergence; fairseq's --rdrop-alpha. Up to twice the time and memory of an update (lower "
+                "--max-tokens if it runs out), and the training loss logged includes the divergence (0: off).",
         "panel": OPTIM, "min": 0.0})
     seed: int = field(default=1, metadata={
         "help": "Random seed: initialisation, batch order, dropout.", "panel": OPTIM, "min": 0})

@@ -44,6 +44,8 @@ def _chunked_loss(states: Tensor, weight: Tensor, target: Tensor, epsilon: float
     states, weight = states.to(dtype), weight.to(dtype)
     vocabulary = weight.size(0)
     passes = 2 if alpha else 1
+    if states.size(0) % passes:
+        raise ValueError(f"R-Drop takes one batch twice: an even number of rows, got {states.size(0)}")
     half = states.size(0) // passes
     rows = max(1, CHUNK_ELEMENTS // vocabulary // passes)
     loss = torch.zeros((), dtype=torch.float32, device=states.device)
@@ -63,14 +65,14 @@ def _chunked_loss(states: Tensor, weight: Tensor, target: Tensor, epsilon: float
             lprobs.append(chunk_lprobs)
         if alpha:
             log_ratio = lprobs[0] - lprobs[1]
-            probs = [chunk_lprobs.exp() for chunk_lprobs in lprobs]
+            probs = [pass_lprobs.exp() for pass_lprobs in lprobs]
             difference = probs[0] - probs[1]
             divergence += (difference * log_ratio).sum()
         if not (states_grad or weight_grad):
             continue
         for k, (low, high) in enumerate(spans):
             if alpha:  # d/dz of the divergence for this pass's logits z, then the cross-entropy's softmax - q
-                sign, own = (1.0, probs[0]) if k == 0 else (-1.0, probs[1])
+                own, sign = probs[k], (1.0 if k == 0 else -1.0)
                 ratio = log_ratio * sign
                 grad = own * (ratio - (own * ratio).sum(dim=-1, keepdim=True)) + difference * sign
                 grad.mul_(alpha / 2).add_(own).sub_(epsilon / vocabulary).mul_(0.5)

@@ -231,20 +231,18 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         scale = self.context.world_size / max(update.num_tokens, 1)  # DDP averages over processes; undo that
         sums = torch.zeros(4, device=self.device)
+        twice = (lambda t: t.repeat(2, 1)) if self.config.rdrop_alpha else (lambda t: t)  # R-Drop: one batch twice
         try:
             for i, (batch, position) in enumerate(zip(update.batches, update.positions)):
                 torch.manual_seed(batch_seed(self.config.seed, self.state.epoch, position))
                 batch = batch.to(self.device)
                 sync = i == len(update.batches) - 1 or not self.context.is_distributed
-                passes = 2 if self.config.rdrop_alpha else 1  # R-Drop: the batch twice, as one
                 with contextlib.nullcontext() if sync else self.network.no_sync():
                     with autocast(self.device, self.config.compute.precision):
-                        states = self.network(batch.source.repeat(passes, 1), batch.prev_output.repeat(passes, 1),
-                                              features_only=True)
-                        loss, nll = label_smoothed_cross_entropy(states, self.model.output_weight(),
-                                                                 batch.target.repeat(passes, 1),
-                                                                 self.config.label_smoothing, PAD_ID,
-                                                                 self.config.rdrop_alpha)
+                        states = self.network(twice(batch.source), twice(batch.prev_output), features_only=True)
+                        loss, nll = label_smoothed_cross_entropy(
+                            states, self.model.output_weight(), twice(batch.target), self.config.label_smoothing,
+                            PAD_ID, self.config.rdrop_alpha)
                     self.scaler.scale(loss * scale).backward()
                 sums += torch.stack([loss.detach(), nll.detach(), batch.target.ne(PAD_ID).sum().to(loss.dtype),
                                      torch.tensor(float(len(batch)), device=self.device)])
