@@ -116,13 +116,21 @@ def end_with_parent(parent: int, prctl: Callable[..., int] | None, signum: int =
         os._exit(128 + signum)
 
 
-def start_forked_worker(parent: int, prctl: Callable[..., int] | None) -> None:
+def start_forked_worker(parent: int, prctl: Callable[..., int] | None, ignores_stop_signals: bool = False) -> None:
     """A forked worker: one thread; it ends with its parent; Ctrl-C (sent to the whole process group)
     ends it at once and in silence, the caller reports it; its output bypasses what the parent's
-    progress display made of stdout and stderr (a lock held at the fork would never be released here)."""
-    end_with_parent(parent, prctl)
+    progress display made of stdout and stderr (a lock held at the fork would never be released here).
+
+    ``ignores_stop_signals`` (the server's workers): Ctrl-C reaches the whole process group, and systemd
+    stops a service with SIGTERM to each of its processes, while the server answers the requests in
+    progress (its workers decoding them) before it ends them. Such a worker ignores both, and is
+    killed (SIGKILL) when its parent ends, however it ends."""
+    end_with_parent(parent, prctl, signal.SIGKILL if ignores_stop_signals else signal.SIGTERM)
     torch.set_num_threads(1)
-    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # a background job's parent ignores it too
+    if ignores_stop_signals:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    elif signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # a background job's parent ignores it too
         signal.signal(signal.SIGINT, lambda signum, frame: os._exit(128 + signum))
     sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
 

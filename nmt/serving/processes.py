@@ -23,7 +23,7 @@ import numpy as np
 
 from nmt.generation.options import SearchOptions
 from nmt.generation.search import Hypothesis
-from nmt.generation.workers import end_with_parent, ready_to_fork, start_forked_worker
+from nmt.generation.workers import ready_to_fork, start_forked_worker
 from nmt.serving.batcher import Controls, TranslateFn, WorkerGone
 from nmt.tuning import libc_function
 
@@ -94,13 +94,7 @@ def fork_decoders(translate: TranslateFn, workers: int) -> list[ForkedTranslate]
 
 def serve_batches(translate: TranslateFn, connection: Connection, stop, parent: int, prctl: Any) -> None:
     """A worker's life: translate each batch the parent sends, send back its hypotheses or its exception."""
-    start_forked_worker(parent, prctl)
-    # Ctrl-C reaches the whole process group, and systemd stops a service with SIGTERM to each of its
-    # processes: the server answers the requests in progress (its workers decoding them), then ends its
-    # workers. So a worker ignores both, and is killed when the server ends, however it ends.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    end_with_parent(parent, prctl, signal.SIGKILL)
+    start_forked_worker(parent, prctl, ignores_stop_signals=True)
     while True:
         try:
             sources, search, controls = connection.recv()
