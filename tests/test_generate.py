@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import gc
 import multiprocessing
 import os
 import shutil
@@ -29,7 +30,8 @@ from nmt.errors import NmtError
 from nmt.generation.generate import generate
 from nmt.generation.inference import TranslationRequest, prepare_model, translate_ids
 from nmt.generation.options import BatchingOptions, GenerateOptions, SearchOptions, check_workers, choose_workers
-from nmt.generation.workers import forks_workers, map_in_workers
+from nmt.generation.translator import Translator
+from nmt.generation.workers import KeptWorkers, forks_workers, map_in_workers
 from nmt.models.registry import build_model, get_arch, resolve_config
 from nmt.options import build
 from nmt.scoring import MetricOptions, score
@@ -185,7 +187,7 @@ def test_several_workers_take_the_longest_batches_first(checkpoint, monkeypatch)
     given: dict[int, list[int]] = {}
 
     def record(function, batches, workers, processes=False):
-        given[workers] = [max(len(sources[i]) for i in batch) for batch in batches]
+        given[workers] = [max(len(source) for source in batch.sources) for batch in batches]
         return map(function, batches)
 
     monkeypatch.setattr(inference_module, "map_in_workers", record)
@@ -218,6 +220,74 @@ def test_forked_workers_translate_as_one_worker_and_report_errors(checkpoint, da
     with pytest.raises(NmtError, match="bad batch"):
         list(map_in_workers(fail, range(4), workers=2, processes=True))
     assert os.getpid() not in map_in_workers(fail, [0, 1, 3], workers=2, processes=True)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="workers are forked processes on Linux only")
+def test_kept_workers_serve_later_calls_and_are_forked_again_when_they_must_be(checkpoint, data_dir, monkeypatch):
+    """A caller's KeptWorkers (a Translator's, generate's): the same processes decode its next call, with
+    the same output as one worker; other workers for another model or count; new ones after one died."""
+    model, _ = prepare_model(checkpoint, torch.device("cpu"))
+    other, _ = prepare_model(checkpoint, torch.device("cpu"))
+    split = DataDir.open(data_dir).split("test")
+    sources = [split.source[i] for i in range(len(split))]
+    search = inference_module.beam_search
+    seen = multiprocessing.get_context("fork").SimpleQueue()  # the process of each batch
+
+    def watched(model, source, *args, **kwargs):
+        seen.put(os.getpid())
+        return search(model, source, *args, **kwargs)
+
+    def processes() -> set[int]:
+        pids = set()
+        while not seen.empty():
+            pids.add(seen.get())
+        return pids
+
+    monkeypatch.setattr(inference_module, "beam_search", watched)
+    threads = {"count": 2}
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads["count"])
+    kept = KeptWorkers()
+
+    def tokens(model, kept_workers=kept, **batching) -> list[list[int]]:
+        chosen = options(checkpoint, beam=3, max_len_b=6, stop="exact", quantize="none", batch_size=3,
+                         max_tokens=None, **batching)
+        found = translate_ids(model, sources, TranslationRequest(chosen.search, chosen.batching, fork_workers=True,
+                                                                 kept_workers=kept_workers))
+        return [hyps[0].tokens for hyps in found]
+
+    try:
+        alone = tokens(model, kept_workers=None, workers=1)
+        assert processes() == {os.getpid()}
+        assert tokens(model) == alone
+        first = processes()
+        assert len(first) == 2 and os.getpid() not in first
+        assert tokens(model) == alone and processes() == first  # kept: not forked again
+        assert tokens(other) == alone and processes().isdisjoint(first)  # another model: its own workers
+        second = set(kept.forked.pool._processes)
+        threads["count"] = 3
+        assert tokens(other) == alone and len(third := processes()) == 3 and third.isdisjoint(second)
+        os.kill(next(iter(third)), signal.SIGKILL)
+        with pytest.raises(NmtError, match="a decoding worker process ended unexpectedly"):
+            tokens(other)
+        processes()
+        assert tokens(other) == alone and processes().isdisjoint(third)  # broken ones replaced
+    finally:
+        kept.close()
+    assert kept.forked is None
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="workers are forked processes on Linux only")
+def test_a_translators_workers_end_with_it(checkpoint, monkeypatch):
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    translator = Translator.from_checkpoint(checkpoint, quantize="none")
+    translator.translate(["1 2 3", "4 5", "6"])
+    workers = list(translator.workers.forked.pool._processes.values())
+    assert len(workers) == 2 and all(worker.is_alive() for worker in workers)
+    del translator
+    gc.collect()
+    for worker in workers:
+        worker.join(10)
+    assert not any(worker.is_alive() for worker in workers)
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="workers are forked processes on Linux only")

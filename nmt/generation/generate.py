@@ -47,6 +47,7 @@ from nmt.generation.inference import (
 from nmt.generation.options import GenerateOptions, SearchOptions
 from nmt.generation.output import Translation, write_translations
 from nmt.generation.streaming import LineReader, is_stream
+from nmt.generation.workers import KeptWorkers
 from nmt.log import logger, stderr_console
 from nmt.models.attention_maps import layer_index
 from nmt.scoring import MetricOptions, MetricResult, score
@@ -164,6 +165,7 @@ def load_engine(options: GenerateOptions, device: torch.device) -> Engine:
     log_shortlist(options.search, vocabs, device)
     request = TranslationRequest(options.search, options.batching, device, options.compute.precision,
                                  shortlist=vocabs.shortlist, fork_workers=True,  # nmt generate's own process
+                                 kept_workers=KeptWorkers(),  # forked once, for all of stdin's batches
                                  generator=sampling_generator(options.search, device) if options.search.sampling
                                  else None)  # one stream of draws for all calls
     return Engine(lambda sources, progress=None, controls=None, first_line=1: translate_ids(
