@@ -15,6 +15,7 @@ sorting and batching. A model prepared here decodes with the backend chosen for 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import os
@@ -156,7 +157,7 @@ class TranslationRequest:
     generator: torch.Generator | None = None  # sampling's draws; None: a new one seeded with search.seed
     first_line: int = 1  # the number of the first source, in messages
     should_stop: Callable[[], bool] | None = None  # asked before each search step (see beam_search)
-    fork_workers: bool = False  # several workers may be forked processes (nmt/generation/workers.py)
+    fork_workers: bool = False  # workers may be forked here and now (nmt/generation/workers.py)
     kept_workers: KeptWorkers | None = None  # forked workers kept from call to call (a Translator's, generate's)
 
 
@@ -187,18 +188,18 @@ def translate_ids(model: nn.Module, sources: list[np.ndarray], request: Translat
     if workers > 1:  # the longest first: the last to start are short, so the workers finish together
         batches.reverse()
     items = [BatchWork([sources[i] for i in batch], [controls[i] for i in batch] if controls else None, search,
-                       device, request.precision) for batch in batches]
+                       device, request.precision, generator, request.should_stop) for batch in batches]
     search_items = functools.partial(search_batch, model, shortlist)
     # Also entered here: with one worker the batches run in this thread, and autocast keeps its
     # low-precision copies of the weights only until its outermost context ends.
     with torch.inference_mode(), autocast(device, request.precision):
-        forked = request.fork_workers and request.should_stop is None and forks_workers(workers)
-        if forked and request.kept_workers is not None:
-            hypotheses = request.kept_workers.get((model, shortlist), search_items, workers).map(items)
-        else:
-            items = [item._replace(generator=generator, should_stop=request.should_stop) for item in items]
-            hypotheses = map_in_workers(search_items, items, workers, processes=forked)
-        place_batches(work.results, batches, hypotheses, progress, work.task)
+        processes = request.should_stop is None and forks_workers(workers)  # (sampling: one worker, never here)
+        kept = None if not processes or request.kept_workers is None else \
+            request.kept_workers.get((model, shortlist), search_items, workers, may_fork=request.fork_workers)
+        hypotheses = kept.map(items) if kept is not None else \
+            map_in_workers(search_items, items, workers, processes=processes and request.fork_workers)
+        with contextlib.closing(hypotheses):  # an error here cancels the batches not started, now
+            place_batches(work.results, batches, hypotheses, progress, work.task)
     if controls is not None:
         warn_unmet(work.results, controls, request.first_line)
     return work.results

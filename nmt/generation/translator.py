@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,11 +56,9 @@ class Translator:
     precision: str
     decoding: DecodingSettings  # the quantization, and the stop rule of a call's stop="auto" (the default)
     path: str  # the checkpoint(s), ':'-separated for an ensemble
-    # Its forked decoding workers, kept from call to call (nmt/generation/workers.py) and ended with it.
+    # Its forked decoding workers, kept from call to call (nmt/generation/workers.py) and ended with it:
+    # they decode with the model as it was at their fork.
     workers: KeptWorkers = field(default_factory=KeptWorkers, init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        weakref.finalize(self, self.workers.close)
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, device: str = "auto", precision: str = "auto",

@@ -99,7 +99,7 @@ _fork_lock = threading.Lock()  # one function at a time between setting it and f
 
 
 def run_forked(item: Item) -> Result:
-    assert _forked_function is not None, "a decoding worker that was not forked by map_in_processes"
+    assert _forked_function is not None, "a decoding worker that was not forked by ForkedWorkers"
     return _forked_function(item)
 
 
@@ -140,16 +140,15 @@ class ForkedWorkers:
     thread each, that run ``function`` on the items (pickled) and send back the results (pickled).
     They inherit ``function`` and all it holds (the model, the sources): it is never pickled.
 
-    They live until ``close``, so a caller that translates again and again (a Translator, `nmt
-    generate -i -`) keeps them: a forked worker's first batches ran 10-20% slower than its later ones,
-    while it faulted in the memory its searches use (docs/performance.md). They compute with what
-    ``function`` held at the fork. An error in ``function`` reaches the caller; a worker that dies
-    (killed when memory ran out) is a one-line error, and the workers are then closed (``broken``)."""
+    They live until ``close`` (or until this object is collected), so that a caller translating
+    again and again keeps them (KeptWorkers): a fresh worker's first batches ran 5-25% slower than
+    its later ones while it faulted in the memory its searches use (docs/performance.md). They
+    compute with what ``function`` held at the fork. An error in ``function`` reaches the caller; a
+    worker that dies (killed when memory ran out) is a one-line error."""
 
     def __init__(self, function: Callable[[Any], Any], workers: int):
         self.function, self.workers = function, workers
         self.pool: ProcessPoolExecutor | None = None
-        self.broken = False
         self.idle = True  # no item of the last ``map`` is left queued or running
 
     def map(self, items: Iterable[Item]) -> Iterator[Result]:
@@ -164,8 +163,7 @@ class ForkedWorkers:
                 result = future.result()
                 completed = position == len(futures)  # a consumer may stop asking after the last one (zip)
                 yield result
-        except BrokenProcessPool as error:  # at a result, or at a submit when one died between calls
-            self.broken = True
+        except BrokenProcessPool as error:
             self.close(wait=False)
             raise NmtError("a decoding worker process ended unexpectedly (killed by a signal, or by the "
                            "system when memory ran out); --workers 1 decodes in this process") from error
@@ -179,15 +177,23 @@ class ForkedWorkers:
         global _forked_function
         if self.pool is not None:
             return self.pool.submit(run_forked, item)
-        self.pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("fork"),
-                                        initializer=start_forked_worker,
-                                        initargs=(os.getpid(), libc_function("prctl")))
+        pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("fork"),
+                                   initializer=start_forked_worker, initargs=(os.getpid(), libc_function("prctl")))
         with _fork_lock, ready_to_fork():  # the first item forks all the workers
             _forked_function = self.function
             try:
-                return self.pool.submit(run_forked, item)
+                future = pool.submit(run_forked, item)
+            except BaseException:  # a failed fork: no worker is left, none is forked later outside this lock
+                pool.shutdown(wait=False, cancel_futures=True)
+                raise
             finally:
                 _forked_function = None
+        self.pool = pool
+        return future
+
+    def alive(self) -> bool:
+        """Forked, and none of the workers has died since (Ctrl-C at a prompt reaches them too)."""
+        return self.pool is not None and all(process.is_alive() for process in self.pool._processes.values())
 
     def close(self, wait: bool = True) -> None:
         """End the workers: at once (``wait`` False: the items not started are dropped), or when the
@@ -198,25 +204,29 @@ class ForkedWorkers:
 
 
 class KeptWorkers:
-    """One owner's ForkedWorkers (a Translator's, `nmt generate`'s), kept from call to call and forked
-    again only when a call needs others: another number of workers, another ``key`` (the objects their
-    function holds, compared by identity), or the last ones broke."""
+    """One caller's ForkedWorkers (a Translator's, `nmt generate`'s), kept from call to call: a call
+    that needs at most as many workers, for the same ``key`` (the objects their function holds,
+    compared by identity), gets them without a fork; otherwise new ones are forked where the call
+    may fork (``may_fork``: no other thread of the program may hold a lock at the fork)."""
 
     def __init__(self) -> None:
         self.forked: ForkedWorkers | None = None
         self.key: tuple = ()
 
-    def get(self, key: tuple, function: Callable[[Any], Any], workers: int) -> ForkedWorkers:
+    def get(self, key: tuple, function: Callable[[Any], Any], workers: int, may_fork: bool) -> ForkedWorkers | None:
         kept = self.forked
-        if kept is None or kept.broken or kept.workers != workers or len(key) != len(self.key) or \
-                any(a is not b for a, b in zip(key, self.key)):
-            self.close()
-            self.forked, self.key = ForkedWorkers(function, workers), key
+        if kept is not None and kept.workers >= workers and kept.alive() and \
+                all(a is b for a, b in zip(key, self.key, strict=True)):
+            return kept
+        if not may_fork:
+            return None
+        self.close()
+        self.forked, self.key = ForkedWorkers(function, workers), key
         return self.forked
 
     def close(self) -> None:
         if self.forked is not None:
-            self.forked.close()
+            self.forked.close(wait=self.forked.idle)  # a call left midway: its batches not started are dropped
             self.forked, self.key = None, ()
 
 
