@@ -141,7 +141,7 @@ class ForkedWorkers:
     They inherit ``function`` and all it holds (the model, the sources): it is never pickled.
 
     They live until ``close`` (or until this object is collected), so that a caller translating
-    again and again keeps them (KeptWorkers): a fresh worker's first batches ran 5-25% slower than
+    again and again keeps them (KeptWorkers): a fresh worker's first batches ran up to 30% slower than
     its later ones while it faulted in the memory its searches use (docs/performance.md). They
     compute with what ``function`` held at the fork. An error in ``function`` reaches the caller; a
     worker that dies (killed when memory ran out) is a one-line error."""
