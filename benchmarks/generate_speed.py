@@ -222,10 +222,15 @@ def nmt_translator(path: Path, options) -> Translator:
 
     device, precision, _ = inference_device(options.compute)
     model, vocabs = prepare_model(path, device, options.compute.quantize)
+    try:  # the forked workers kept from call to call, as a Translator and `nmt generate` keep them
+        from nmt.generation.workers import KeptWorkers
+        kept = {"kept_workers": KeptWorkers()}
+    except ImportError:  # a checkout from before (--before): forked for each call
+        kept = {}
 
     def translate(lines: list[str]) -> list[list[int]]:
         request = TranslationRequest(options.search, options.batching, device=device, precision=precision,
-                                     shortlist=vocabs.shortlist, fork_workers=True)  # as generate
+                                     shortlist=vocabs.shortlist, fork_workers=True, **kept)  # as generate
         hypotheses = translate_ids(model, source_ids(vocabs, lines), request)
         return [hyps[0].tokens for hyps in hypotheses]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import gc
 import multiprocessing
 import os
 import shutil
@@ -29,7 +30,8 @@ from nmt.errors import NmtError
 from nmt.generation.generate import generate
 from nmt.generation.inference import TranslationRequest, prepare_model, translate_ids
 from nmt.generation.options import BatchingOptions, GenerateOptions, SearchOptions, check_workers, choose_workers
-from nmt.generation.workers import forks_workers, map_in_workers
+from nmt.generation.translator import Translator
+from nmt.generation.workers import KeptWorkers, forks_workers, map_in_workers
 from nmt.models.registry import build_model, get_arch, resolve_config
 from nmt.options import build
 from nmt.scoring import MetricOptions, score
@@ -185,8 +187,8 @@ def test_several_workers_take_the_longest_batches_first(checkpoint, monkeypatch)
     given: dict[int, list[int]] = {}
 
     def record(function, batches, workers, processes=False):
-        given[workers] = [max(len(sources[i]) for i in batch) for batch in batches]
-        return map(function, batches)
+        given[workers] = [max(len(source) for source in batch.sources) for batch in batches]
+        return (function(batch) for batch in batches)
 
     monkeypatch.setattr(inference_module, "map_in_workers", record)
     for workers in (1, 2):
@@ -218,6 +220,99 @@ def test_forked_workers_translate_as_one_worker_and_report_errors(checkpoint, da
     with pytest.raises(NmtError, match="bad batch"):
         list(map_in_workers(fail, range(4), workers=2, processes=True))
     assert os.getpid() not in map_in_workers(fail, [0, 1, 3], workers=2, processes=True)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="workers are forked processes on Linux only")
+def test_kept_workers_serve_later_calls_and_are_forked_again_when_they_must_be(checkpoint, data_dir, monkeypatch):
+    """A caller's KeptWorkers (a Translator's, generate's): the same processes decode its next calls, with
+    the same output as one worker, even where it may not fork now; others for another model or more
+    workers; new ones where one died between calls."""
+    model, _ = prepare_model(checkpoint, torch.device("cpu"))
+    other, _ = prepare_model(checkpoint, torch.device("cpu"))
+    split = DataDir.open(data_dir).split("test")
+    sources = [split.source[i] for i in range(len(split))]
+    search = inference_module.beam_search
+    seen = multiprocessing.get_context("fork").SimpleQueue()  # the process of each batch
+
+    def watched(model, source, *args, **kwargs):
+        seen.put(os.getpid())
+        return search(model, source, *args, **kwargs)
+
+    def decoded_in() -> set[int]:
+        pids = set()
+        while not seen.empty():
+            pids.add(seen.get())
+        return pids
+
+    monkeypatch.setattr(inference_module, "beam_search", watched)
+    threads = {"count": 2}
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads["count"])
+    kept = KeptWorkers()
+
+    def tokens(model, kept_workers=kept, may_fork=True, **batching) -> list[list[int]]:
+        chosen = options(checkpoint, beam=3, max_len_b=6, stop="exact", quantize="none", batch_size=3,
+                         max_tokens=None, **batching)
+        found = translate_ids(model, sources, TranslationRequest(chosen.search, chosen.batching, fork_workers=may_fork,
+                                                                 kept_workers=kept_workers))
+        return [hyps[0].tokens for hyps in found]
+
+    def workers() -> set[int]:
+        return set(kept.forked.pool._processes)
+
+    try:
+        alone = tokens(model, kept_workers=None, workers=1)
+        assert decoded_in() == {os.getpid()}
+        assert tokens(model) == alone
+        first = workers()
+        assert len(first) == 2 and os.getpid() not in first and decoded_in() <= first
+        assert tokens(model, may_fork=False) == alone and workers() == first and decoded_in() <= first
+        assert tokens(other) == alone and decoded_in() <= workers() and workers().isdisjoint(first)
+        second = workers()
+        threads["count"] = 3
+        assert tokens(other, may_fork=False) == alone and decoded_in() == {os.getpid()}  # threads: no fork allowed
+        assert tokens(other) == alone and len(third := workers()) == 3 and third.isdisjoint(second)
+        decoded_in()
+        os.kill(next(iter(third)), signal.SIGKILL)  # between calls (Ctrl-C at a prompt reaches the workers too)
+        deadline = time.monotonic() + 10
+        while kept.forked.alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert tokens(other) == alone and workers().isdisjoint(third) and decoded_in() <= workers()
+    finally:
+        kept.close()
+    assert kept.forked is None
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="workers are forked processes on Linux only")
+def test_a_translator_keeps_its_workers_and_they_end_with_it(checkpoint, monkeypatch):
+    search = inference_module.beam_search
+    seen = multiprocessing.get_context("fork").SimpleQueue()  # the process of each batch
+
+    def watched(model, source, *args, **kwargs):
+        seen.put(os.getpid())
+        return search(model, source, *args, **kwargs)
+
+    monkeypatch.setattr(inference_module, "beam_search", watched)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    with monkeypatch.context() as alone:
+        alone.setattr(threading, "active_count", lambda: 1)  # pytest's own threads aside
+        translator = Translator.from_checkpoint(checkpoint, quantize="none")
+        first = translator.translate(["1 2 3", "4 5", "6"])
+    workers = list(translator.workers.forked.pool._processes.values())
+    assert len(workers) == 2 and all(worker.is_alive() for worker in workers)
+    assert threading.active_count() > 1  # the pool's own threads: the next call may not fork, and need not
+    while not seen.empty():
+        seen.get()
+    assert translator.translate(["1 2 3", "4 5", "6"]) == first
+    assert list(translator.workers.forked.pool._processes.values()) == workers
+    decoded_in = set()
+    while not seen.empty():
+        decoded_in.add(seen.get())
+    assert decoded_in and decoded_in <= {worker.pid for worker in workers}
+    del translator
+    gc.collect()
+    for worker in workers:
+        worker.join(10)
+    assert not any(worker.is_alive() for worker in workers)
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="workers are forked processes on Linux only")

@@ -47,6 +47,7 @@ from nmt.generation.inference import (
 from nmt.generation.options import GenerateOptions, SearchOptions
 from nmt.generation.output import Translation, write_translations
 from nmt.generation.streaming import LineReader, is_stream
+from nmt.generation.workers import KeptWorkers
 from nmt.log import logger, stderr_console
 from nmt.models.attention_maps import layer_index
 from nmt.scoring import MetricOptions, MetricResult, score
@@ -145,6 +146,11 @@ class Engine(NamedTuple):
     translate: TranslateSources
     vocabs: Vocabularies
     model: nn.Module | None  # nmt's model (for attention weights); None for CTranslate2
+    workers: KeptWorkers | None = None  # nmt's forked decoding workers, kept for all of stdin's batches
+
+    def close(self) -> None:
+        if self.workers is not None:
+            self.workers.close()
 
 
 def refuse_exported_models(paths: list[str]) -> None:
@@ -162,13 +168,15 @@ def load_engine(options: GenerateOptions, device: torch.device) -> Engine:
         return Engine(translate, vocabs, None)
     model, vocabs = prepare_model(options.path, device, options.compute.quantize, options.compute.backend)
     log_shortlist(options.search, vocabs, device)
+    workers = KeptWorkers()
     request = TranslationRequest(options.search, options.batching, device, options.compute.precision,
                                  shortlist=vocabs.shortlist, fork_workers=True,  # nmt generate's own process
+                                 kept_workers=workers,
                                  generator=sampling_generator(options.search, device) if options.search.sampling
                                  else None)  # one stream of draws for all calls
     return Engine(lambda sources, progress=None, controls=None, first_line=1: translate_ids(
         model, sources, dataclasses.replace(request, controls=controls, first_line=first_line), progress),
-        vocabs, model)
+        vocabs, model, workers)
 
 
 def backend_note(engine: object) -> str:
@@ -270,18 +278,21 @@ def translate_and_write(options: GenerateOptions, show_progress: bool) -> Genera
     bans = read_bans(vocabs.target, options.ban) if options.ban else []
     start = time.perf_counter()
     references = None
-    if streaming:
-        translations = translate_stream(engine, options, device, bans)
-    else:
-        sources, source_texts, references, controls = read_inputs(options, vocabs, bans)
-        start = time.perf_counter()
-        with progress_bar(show_progress and stderr_console.is_terminal) as progress:
-            hypotheses = engine.translate(sources, progress, controls, 1)
-        translations = [Translation(i, source_texts[i], hyps, references[i] if references else None)
-                        for i, hyps in enumerate(hypotheses)]
-        if options.print_alignment or options.print_attention:
-            attach_attention(engine.model, vocabs, sources, translations, options, device)
-        write_translations(translations, vocabs, options.output, options.format, options.print_scores)
+    try:
+        if streaming:
+            translations = translate_stream(engine, options, device, bans)
+        else:
+            sources, source_texts, references, controls = read_inputs(options, vocabs, bans)
+            start = time.perf_counter()
+            with progress_bar(show_progress and stderr_console.is_terminal) as progress:
+                hypotheses = engine.translate(sources, progress, controls, 1)
+            translations = [Translation(i, source_texts[i], hyps, references[i] if references else None)
+                            for i, hyps in enumerate(hypotheses)]
+            if options.print_alignment or options.print_attention:
+                attach_attention(engine.model, vocabs, sources, translations, options, device)
+            write_translations(translations, vocabs, options.output, options.format, options.print_scores)
+    finally:  # the decoding workers end with the translating, not with the process
+        engine.close()
     seconds = time.perf_counter() - start
     if options.print_attention:
         write_attention(translations, options.print_attention)

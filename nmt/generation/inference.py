@@ -15,11 +15,13 @@ sorting and batching. A model prepared here decodes with the backend chosen for 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, NamedTuple
 
 import numpy as np
 import torch
@@ -43,7 +45,7 @@ from nmt.generation.decoding_settings import stop_for
 from nmt.generation.ensemble import Ensemble
 from nmt.generation.options import BatchingOptions, SearchOptions, check_workers, choose_workers
 from nmt.generation.search import Hypothesis, SearchStopped, beam_search, max_lengths, model_positions
-from nmt.generation.workers import forks_workers, map_in_workers
+from nmt.generation.workers import KeptWorkers, forks_workers, map_in_workers
 from nmt.log import logger
 from nmt.switches import turned_off
 
@@ -155,7 +157,8 @@ class TranslationRequest:
     generator: torch.Generator | None = None  # sampling's draws; None: a new one seeded with search.seed
     first_line: int = 1  # the number of the first source, in messages
     should_stop: Callable[[], bool] | None = None  # asked before each search step (see beam_search)
-    fork_workers: bool = False  # several workers may be forked processes (nmt/generation/workers.py)
+    fork_workers: bool = False  # workers may be forked here and now (nmt/generation/workers.py)
+    kept_workers: KeptWorkers | None = None  # forked workers kept from call to call (a Translator's, generate's)
 
 
 def translate_ids(model: nn.Module, sources: list[np.ndarray], request: TranslationRequest | None = None,
@@ -180,31 +183,52 @@ def translate_ids(model: nn.Module, sources: list[np.ndarray], request: Translat
     work = plan_workload(sources, search, batching, progress, controls, workers, device.type)
     shortlist = request.shortlist if uses_shortlist(search, request.shortlist, device.type) else None
 
-    def search_batch(indices: np.ndarray) -> list[list[Hypothesis]]:
-        if request.should_stop is not None and request.should_stop():  # before the controls' tables are built, too
-            raise SearchStopped("stopped before the batch began")
-        with torch.inference_mode(), autocast(device, request.precision):  # both are per thread
-            batch = collate(indices, [sources[i] for i in indices]).to(device)
-            batch_controls = BatchControls.create([controls[i] for i in indices], device) if controls else None
-            candidates = None if shortlist is None else batch_candidates(
-                shortlist, [sources[i] for i in indices], device,
-                [controls[i].required_tokens() if controls[i] else () for i in indices] if controls else None)
-            return beam_search(model, batch.source, search, generator, batch_controls, request.should_stop,
-                               candidates)
-
     batches = [work.todo[positions]
                for positions in batch_by_size(work.lengths, None, work.max_tokens, batching.batch_size)]
     if workers > 1:  # the longest first: the last to start are short, so the workers finish together
         batches.reverse()
+    items = [BatchWork([sources[i] for i in batch], [controls[i] for i in batch] if controls else None, search,
+                       device, request.precision, generator, request.should_stop) for batch in batches]
+    search_items = functools.partial(search_batch, model, shortlist)
     # Also entered here: with one worker the batches run in this thread, and autocast keeps its
     # low-precision copies of the weights only until its outermost context ends.
     with torch.inference_mode(), autocast(device, request.precision):
-        forked = request.fork_workers and request.should_stop is None and forks_workers(workers)
-        hypotheses = map_in_workers(search_batch, batches, workers, processes=forked)
-        place_batches(work.results, batches, hypotheses, progress, work.task)
+        processes = request.should_stop is None and forks_workers(workers)  # (sampling: one worker, never here)
+        kept = None if not processes or request.kept_workers is None else \
+            request.kept_workers.get((model, shortlist), search_items, workers, may_fork=request.fork_workers)
+        hypotheses = kept.map(items) if kept is not None else \
+            map_in_workers(search_items, items, workers, processes=processes and request.fork_workers)
+        with contextlib.closing(hypotheses):  # an error here cancels the batches not started, now
+            place_batches(work.results, batches, hypotheses, progress, work.task)
     if controls is not None:
         warn_unmet(work.results, controls, request.first_line)
     return work.results
+
+
+class BatchWork(NamedTuple):
+    """One batch's sentences and how to search them: what a worker (a forked one, pickled) gets."""
+
+    sources: list[np.ndarray]
+    controls: Controls | None
+    search: SearchOptions
+    device: torch.device
+    precision: str
+    generator: torch.Generator | None = None  # sampling's draws (one worker: never forked)
+    should_stop: Callable[[], bool] | None = None  # asked before each step (workers that are not forked)
+
+
+def search_batch(model: nn.Module, shortlist: Shortlist | None, work: BatchWork) -> list[list[Hypothesis]]:
+    """beam_search on one batch, under inference mode and autocast (both per thread)."""
+    if work.should_stop is not None and work.should_stop():  # before the controls' tables are built, too
+        raise SearchStopped("stopped before the batch began")
+    controls, device = work.controls, work.device
+    with torch.inference_mode(), autocast(device, work.precision):
+        batch = collate(range(len(work.sources)), work.sources).to(device)
+        batch_controls = BatchControls.create(controls, device) if controls else None
+        candidates = None if shortlist is None else batch_candidates(
+            shortlist, work.sources, device, [c.required_tokens() if c else () for c in controls] if controls else None)
+        return beam_search(model, batch.source, work.search, work.generator, batch_controls, work.should_stop,
+                           candidates)
 
 
 def uses_shortlist(search: SearchOptions, shortlist: Shortlist | None, device_type: str) -> bool:

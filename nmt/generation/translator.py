@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,7 @@ from nmt.generation.decoding_settings import DecodingSettings, decoding_settings
 from nmt.generation.inference import TranslationRequest, encode_sources, prepare_model, translate_ids
 from nmt.generation.options import BatchingOptions, SearchOptions
 from nmt.generation.search import Hypothesis
+from nmt.generation.workers import KeptWorkers
 from nmt.log import logger
 from nmt.options import build, options_of
 
@@ -55,6 +56,9 @@ class Translator:
     precision: str
     decoding: DecodingSettings  # the quantization, and the stop rule of a call's stop="auto" (the default)
     path: str  # the checkpoint(s), ':'-separated for an ensemble
+    # Its forked decoding workers, kept from call to call (nmt/generation/workers.py) and ended with it:
+    # they decode with the model as it was at their fork.
+    workers: KeptWorkers = field(default_factory=KeptWorkers, init=False, repr=False, compare=False)
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, device: str = "auto", precision: str = "auto",
@@ -100,7 +104,7 @@ class Translator:
         search, batching = self.options(**options)
         controls = controls_from_lists(self.vocabs.target, len(sentences), prefixes, constraints, bans)
         found = translate_ids(self.model, encode_sources(self.vocabs, sentences),
-                              self.request(search, batching, controls=controls,
+                              self.request(search, batching, controls=controls, kept_workers=self.workers,
                                            fork_workers=threading.active_count() == 1))  # no thread holds a lock
         return [[self.scored(h) for h in hyps] for hyps in found]
 

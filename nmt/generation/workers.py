@@ -99,7 +99,7 @@ _fork_lock = threading.Lock()  # one function at a time between setting it and f
 
 
 def run_forked(item: Item) -> Result:
-    assert _forked_function is not None, "a decoding worker that was not forked by map_in_processes"
+    assert _forked_function is not None, "a decoding worker that was not forked by ForkedWorkers"
     return _forked_function(item)
 
 
@@ -135,34 +135,105 @@ def start_forked_worker(parent: int, prctl: Callable[..., int] | None, ignores_s
     sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
 
 
-def map_in_processes(function: Callable[[Item], Result], items: Iterable[Item], workers: int) -> Iterator[Result]:
-    """``map(function, items)`` on ``workers`` processes forked now, one intra-op thread each.
+class ForkedWorkers:
+    """``workers`` processes forked from this one at the first item given to ``map``, one intra-op
+    thread each, that run ``function`` on the items (pickled) and send back the results (pickled).
+    They inherit ``function`` and all it holds (the model, the sources): it is never pickled.
 
-    They inherit ``function`` and all it holds (the model, the sources); the items and the results
-    travel pickled. An error in ``function`` reaches the caller, a worker that dies (killed when
-    memory ran out) is a one-line error; leaving early cancels the items not started."""
-    global _forked_function
-    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"),
-                               initializer=start_forked_worker, initargs=(os.getpid(), libc_function("prctl")))
-    futures, completed = [], False
-    try:
-        for item in items:
-            if futures:
-                futures.append(pool.submit(run_forked, item))
-                continue
-            with _fork_lock, ready_to_fork():  # the first item forks all the workers
-                _forked_function = function
-                try:
-                    futures.append(pool.submit(run_forked, item))
-                finally:
-                    _forked_function = None
-        for position, future in enumerate(futures, start=1):
-            try:
+    They live until ``close`` (or until this object is collected), so that a caller translating
+    again and again keeps them (KeptWorkers): a fresh worker's first batches ran up to 30% slower than
+    its later ones while it faulted in the memory its searches use (docs/performance.md). They
+    compute with what ``function`` held at the fork. An error in ``function`` reaches the caller; a
+    worker that dies (killed when memory ran out) is a one-line error."""
+
+    def __init__(self, function: Callable[[Any], Any], workers: int):
+        self.function, self.workers = function, workers
+        self.pool: ProcessPoolExecutor | None = None
+        self.idle = True  # no item of the last ``map`` is left queued or running
+
+    def map(self, items: Iterable[Item]) -> Iterator[Result]:
+        """Results in the order of ``items``; leaving early cancels the items not started."""
+        futures, completed = [], False
+        self.idle = False
+        try:
+            for item in items:
+                futures.append(self.submit(item))
+            completed = not futures
+            for position, future in enumerate(futures, start=1):
                 result = future.result()
-            except BrokenProcessPool as error:
-                raise NmtError("a decoding worker process ended unexpectedly (killed by a signal, or by the system "
-                               "when memory ran out); --workers 1 decodes in this process") from error
-            completed = position == len(futures)  # a consumer may stop asking after the last one (zip)
-            yield result
+                completed = position == len(futures)  # a consumer may stop asking after the last one (zip)
+                yield result
+        except BrokenProcessPool as error:
+            self.close(wait=False)
+            raise NmtError("a decoding worker process ended unexpectedly (killed by a signal, or by the "
+                           "system when memory ran out); --workers 1 decodes in this process") from error
+        finally:
+            self.idle = completed
+            if not completed:
+                for future in futures:
+                    future.cancel()
+
+    def submit(self, item: Item):
+        global _forked_function
+        if self.pool is not None:
+            return self.pool.submit(run_forked, item)
+        pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("fork"),
+                                   initializer=start_forked_worker, initargs=(os.getpid(), libc_function("prctl")))
+        with _fork_lock, ready_to_fork():  # the first item forks all the workers
+            _forked_function = self.function
+            try:
+                future = pool.submit(run_forked, item)
+            except BaseException:  # a failed fork: no worker is left, none is forked later outside this lock
+                pool.shutdown(wait=False, cancel_futures=True)
+                raise
+            finally:
+                _forked_function = None
+        self.pool = pool
+        return future
+
+    def alive(self) -> bool:
+        """Forked, and none of the workers has died since (Ctrl-C at a prompt reaches them too)."""
+        return self.pool is not None and all(process.is_alive() for process in self.pool._processes.values())
+
+    def close(self, wait: bool = True) -> None:
+        """End the workers: at once (``wait`` False: the items not started are dropped), or when the
+        items given are done."""
+        if self.pool is not None:
+            self.pool.shutdown(wait=wait, cancel_futures=not wait)
+            self.pool = None
+
+
+class KeptWorkers:
+    """One caller's ForkedWorkers (a Translator's, `nmt generate`'s), kept from call to call: a call
+    that needs at most as many workers, for the same ``key`` (the objects their function holds,
+    compared by identity), gets them without a fork; otherwise new ones are forked where the call
+    may fork (``may_fork``: no other thread of the program may hold a lock at the fork)."""
+
+    def __init__(self) -> None:
+        self.forked: ForkedWorkers | None = None
+        self.key: tuple = ()
+
+    def get(self, key: tuple, function: Callable[[Any], Any], workers: int, may_fork: bool) -> ForkedWorkers | None:
+        kept = self.forked
+        if kept is not None and kept.workers >= workers and kept.alive() and \
+                all(a is b for a, b in zip(key, self.key, strict=True)):
+            return kept
+        if not may_fork:
+            return None
+        self.close()
+        self.forked, self.key = ForkedWorkers(function, workers), key
+        return self.forked
+
+    def close(self) -> None:
+        if self.forked is not None:
+            self.forked.close(wait=self.forked.idle)  # a call left midway: its batches not started are dropped
+            self.forked, self.key = None, ()
+
+
+def map_in_processes(function: Callable[[Item], Result], items: Iterable[Item], workers: int) -> Iterator[Result]:
+    """``map(function, items)`` on ``workers`` processes forked for this call (see ForkedWorkers)."""
+    forked = ForkedWorkers(function, workers)
+    try:
+        yield from forked.map(items)
     finally:  # done: the workers end now; else the items not started are dropped and the rest ends as it may
-        pool.shutdown(wait=completed, cancel_futures=not completed)
+        forked.close(wait=forked.idle)
