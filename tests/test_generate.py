@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ctypes
-import gc
 import multiprocessing
 import os
 import shutil
@@ -283,7 +282,7 @@ def test_kept_workers_serve_later_calls_and_are_forked_again_when_they_must_be(c
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="workers are forked processes on Linux only")
-def test_a_translator_keeps_its_workers_and_they_end_with_it(checkpoint, monkeypatch):
+def test_a_translator_keeps_its_workers_until_it_is_closed(checkpoint, monkeypatch):
     search = inference_module.beam_search
     seen = multiprocessing.get_context("fork").SimpleQueue()  # the process of each batch
 
@@ -308,11 +307,9 @@ def test_a_translator_keeps_its_workers_and_they_end_with_it(checkpoint, monkeyp
     while not seen.empty():
         decoded_in.add(seen.get())
     assert decoded_in and decoded_in <= {worker.pid for worker in workers}
-    del translator
-    gc.collect()
-    for worker in workers:
-        worker.join(10)
-    assert not any(worker.is_alive() for worker in workers)
+    with translator:
+        pass
+    assert not any(worker.is_alive() for worker in workers) and translator.workers.forked is None
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="workers are forked processes on Linux only")

@@ -78,6 +78,18 @@ class Translator:
         model, vocabs = prepare_model(str(path), resolved, compute.quantize, compute.backend)
         return cls(model, vocabs, resolved, precision, settings, str(path))
 
+    def close(self) -> None:
+        """End its forked decoding workers now (a later call forks new ones). Without it they end when
+        the Translator is collected, or with the program; ``with Translator.from_checkpoint(...) as t:``
+        closes it at the block's end."""
+        self.workers.close()
+
+    def __enter__(self) -> Translator:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
     def options(self, **overrides: Any) -> tuple[SearchOptions, BatchingOptions]:
         """``nmt generate``'s search and batching options, with the given ones changed (and checked)."""
         unknown = sorted(set(overrides) - set(CALL_OPTIONS))
