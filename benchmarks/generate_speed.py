@@ -150,9 +150,10 @@ def worker() -> None:
 def cpu_seconds() -> float:
     """CPU time of this process and of its forked decoding workers: those that have ended, and those
     kept running from call to call (read from /proc, where there is one)."""
+    children = multiprocessing.active_children()  # first: it reaps the ended ones, which os.times then counts
     times = os.times()
     running = 0.0
-    for child in multiprocessing.active_children():
+    for child in children:
         try:  # utime and stime: the 14th and 15th fields, the 12th and 13th after the name's ")"
             fields = Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()
             running += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

@@ -267,6 +267,8 @@ def test_kept_workers_serve_later_calls_and_are_forked_again_when_they_must_be(c
         assert tokens(model, may_fork=False) == alone and workers() == first and decoded_in() <= first
         assert tokens(other) == alone and decoded_in() <= workers() and workers().isdisjoint(first)
         second = workers()
+        with kept.lock:  # another thread's call holds them: this one decodes on threads, here
+            assert tokens(other, may_fork=False) == alone and decoded_in() == {os.getpid()}
         threads["count"] = 3
         assert tokens(other, may_fork=False) == alone and decoded_in() == {os.getpid()}  # threads: no fork allowed
         assert tokens(other) == alone and len(third := workers()) == 3 and third.isdisjoint(second)
@@ -296,20 +298,20 @@ def test_a_translator_keeps_its_workers_until_it_is_closed(checkpoint, monkeypat
         alone.setattr(threading, "active_count", lambda: 1)  # pytest's own threads aside
         translator = Translator.from_checkpoint(checkpoint, quantize="none")
         first = translator.translate(["1 2 3", "4 5", "6"])
-    workers = list(translator.workers.forked.pool._processes.values())
+    workers = list(translator.kept_workers.forked.pool._processes.values())
     assert len(workers) == 2 and all(worker.is_alive() for worker in workers)
     assert threading.active_count() > 1  # the pool's own threads: the next call may not fork, and need not
     while not seen.empty():
         seen.get()
     assert translator.translate(["1 2 3", "4 5", "6"]) == first
-    assert list(translator.workers.forked.pool._processes.values()) == workers
+    assert list(translator.kept_workers.forked.pool._processes.values()) == workers
     decoded_in = set()
     while not seen.empty():
         decoded_in.add(seen.get())
     assert decoded_in and decoded_in <= {worker.pid for worker in workers}
     with translator:
         pass
-    assert not any(worker.is_alive() for worker in workers) and translator.workers.forked is None
+    assert not any(worker.is_alive() for worker in workers) and translator.kept_workers.forked is None
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="workers are forked processes on Linux only")

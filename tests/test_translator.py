@@ -154,6 +154,6 @@ def test_the_api_forks_its_workers_only_when_no_other_thread_runs(checkpoint, mo
         while not processes.empty():
             seen.add(processes.get())
         decoded_in.append(seen)
-    workers = set(translator.workers.forked.pool._processes)
+    workers = set(translator.kept_workers.forked.pool._processes)
     assert decoded_in[0] == {os.getpid()} and decoded_in[1] <= workers and decoded_in[2] <= workers
     assert len(workers) == 2 and os.getpid() not in workers and decoded_in[1] and decoded_in[2]

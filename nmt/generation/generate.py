@@ -146,11 +146,11 @@ class Engine(NamedTuple):
     translate: TranslateSources
     vocabs: Vocabularies
     model: nn.Module | None  # nmt's model (for attention weights); None for CTranslate2
-    workers: KeptWorkers | None = None  # nmt's forked decoding workers, kept for all of stdin's batches
+    kept_workers: KeptWorkers | None = None  # nmt's forked decoding workers, kept for all of stdin's batches
 
     def close(self) -> None:
-        if self.workers is not None:
-            self.workers.close()
+        if self.kept_workers is not None:
+            self.kept_workers.close()
 
 
 def refuse_exported_models(paths: list[str]) -> None:
@@ -168,15 +168,15 @@ def load_engine(options: GenerateOptions, device: torch.device) -> Engine:
         return Engine(translate, vocabs, None)
     model, vocabs = prepare_model(options.path, device, options.compute.quantize, options.compute.backend)
     log_shortlist(options.search, vocabs, device)
-    workers = KeptWorkers()
+    kept_workers = KeptWorkers()
     request = TranslationRequest(options.search, options.batching, device, options.compute.precision,
                                  shortlist=vocabs.shortlist, fork_workers=True,  # nmt generate's own process
-                                 kept_workers=workers,
+                                 kept_workers=kept_workers,
                                  generator=sampling_generator(options.search, device) if options.search.sampling
                                  else None)  # one stream of draws for all calls
     return Engine(lambda sources, progress=None, controls=None, first_line=1: translate_ids(
         model, sources, dataclasses.replace(request, controls=controls, first_line=first_line), progress),
-        vocabs, model, workers)
+        vocabs, model, kept_workers)
 
 
 def backend_note(engine: object) -> str:

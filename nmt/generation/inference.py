@@ -194,11 +194,16 @@ def translate_ids(model: nn.Module, sources: list[np.ndarray], request: Translat
     # low-precision copies of the weights only until its outermost context ends.
     with torch.inference_mode(), autocast(device, request.precision):
         processes = request.should_stop is None and forks_workers(workers)  # (sampling: one worker, never here)
-        kept = None if not processes or request.kept_workers is None else \
-            request.kept_workers.get((model, shortlist), search_items, workers, may_fork=request.fork_workers)
-        hypotheses = kept.map(items) if kept is not None else \
-            map_in_workers(search_items, items, workers, processes=processes and request.fork_workers)
-        with contextlib.closing(hypotheses):  # an error here cancels the batches not started, now
+        with contextlib.ExitStack() as held:
+            kept = None
+            if processes and request.kept_workers is not None:
+                kept = held.enter_context(request.kept_workers.use((model, shortlist), search_items, workers,
+                                                                   may_fork=request.fork_workers))
+            if kept is not None:
+                hypotheses = kept.map(items)
+            else:
+                hypotheses = map_in_workers(search_items, items, workers, processes=processes and request.fork_workers)
+            held.enter_context(contextlib.closing(hypotheses))  # an error cancels the batches not started, now
             place_batches(work.results, batches, hypotheses, progress, work.task)
     if controls is not None:
         warn_unmet(work.results, controls, request.first_line)

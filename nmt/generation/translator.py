@@ -56,9 +56,9 @@ class Translator:
     precision: str
     decoding: DecodingSettings  # the quantization, and the stop rule of a call's stop="auto" (the default)
     path: str  # the checkpoint(s), ':'-separated for an ensemble
-    # Its forked decoding workers, kept from call to call (nmt/generation/workers.py) and ended with it:
-    # they decode with the model as it was at their fork.
-    workers: KeptWorkers = field(default_factory=KeptWorkers, init=False, repr=False, compare=False)
+    # Its forked decoding workers, kept from call to call (nmt/generation/workers.py) until close() or
+    # the program's end: they decode with the model as it was at their fork.
+    kept_workers: KeptWorkers = field(default_factory=KeptWorkers, init=False, repr=False, compare=False)
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, device: str = "auto", precision: str = "auto",
@@ -79,10 +79,9 @@ class Translator:
         return cls(model, vocabs, resolved, precision, settings, str(path))
 
     def close(self) -> None:
-        """End its forked decoding workers now (a later call forks new ones). Without it they end when
-        the Translator is collected, or with the program; ``with Translator.from_checkpoint(...) as t:``
-        closes it at the block's end."""
-        self.workers.close()
+        """End its forked decoding workers now (a later call forks new ones); without it they end with
+        the program. ``with Translator.from_checkpoint(...) as t:`` closes it at the block's end."""
+        self.kept_workers.close()
 
     def __enter__(self) -> Translator:
         return self
@@ -116,7 +115,7 @@ class Translator:
         search, batching = self.options(**options)
         controls = controls_from_lists(self.vocabs.target, len(sentences), prefixes, constraints, bans)
         found = translate_ids(self.model, encode_sources(self.vocabs, sentences),
-                              self.request(search, batching, controls=controls, kept_workers=self.workers,
+                              self.request(search, batching, controls=controls, kept_workers=self.kept_workers,
                                            fork_workers=threading.active_count() == 1))  # no thread holds a lock
         return [[self.scored(h) for h in hyps] for hyps in found]
 

@@ -141,8 +141,9 @@ class ForkedWorkers:
     They inherit ``function`` and all it holds (the model, the sources): it is never pickled.
 
     They live until ``close`` (or until this object is collected), so that a caller translating
-    again and again keeps them (KeptWorkers): a fresh worker's first batches ran up to 30% slower than
-    its later ones while it faulted in the memory its searches use (docs/performance.md). They
+    again and again keeps them (KeptWorkers): a fresh worker's first pass over a test set took 2-30%
+    longer than its next ones while it faulted in the memory its searches use (benchmarks/notes/
+    amd-epyc-zen4-2026-11-28.md). They
     compute with what ``function`` held at the fork. An error in ``function`` reaches the caller; a
     worker that dies (killed when memory ran out) is a one-line error."""
 
@@ -204,27 +205,44 @@ class ForkedWorkers:
 
 
 class KeptWorkers:
-    """One caller's ForkedWorkers (a Translator's, `nmt generate`'s), kept from call to call: a call
+    """One caller's ForkedWorkers (a Translator's, `nmt generate`'s), kept from call to call. A call
     that needs at most as many workers, for the same ``key`` (the objects their function holds,
     compared by identity), gets them without a fork; otherwise new ones are forked where the call
-    may fork (``may_fork``: no other thread of the program may hold a lock at the fork)."""
+    may fork (no other thread of the program may hold a lock at the fork). One call at a time holds
+    them (``use``): another thread's call meanwhile decodes on threads."""
 
     def __init__(self) -> None:
         self.forked: ForkedWorkers | None = None
         self.key: tuple = ()
+        self.lock = threading.Lock()
 
-    def get(self, key: tuple, function: Callable[[Any], Any], workers: int, may_fork: bool) -> ForkedWorkers | None:
-        kept = self.forked
-        if kept is not None and kept.workers >= workers and kept.alive() and \
-                all(a is b for a, b in zip(key, self.key, strict=True)):
-            return kept
-        if not may_fork:
-            return None
-        self.close()
-        self.forked, self.key = ForkedWorkers(function, workers), key
-        return self.forked
+    @contextlib.contextmanager
+    def use(self, key: tuple, function: Callable[[Any], Any], workers: int,
+            may_fork: bool) -> Iterator[ForkedWorkers | None]:
+        """The workers for one call, held to its end; None where another call holds them, or where none
+        fit and this call may not fork."""
+        if not self.lock.acquire(blocking=False):
+            yield None
+            return
+        try:
+            kept = self.forked
+            if kept is None or kept.workers < workers or not kept.alive() or \
+                    any(a is not b for a, b in zip(key, self.key)):
+                kept = None
+                if may_fork:
+                    self.close_unlocked()
+                    kept = ForkedWorkers(function, workers)
+                    self.forked, self.key = kept, key
+            yield kept
+        finally:
+            self.lock.release()
 
     def close(self) -> None:
+        """End the workers, once the call holding them (if any) has ended."""
+        with self.lock:
+            self.close_unlocked()
+
+    def close_unlocked(self) -> None:
         if self.forked is not None:
             self.forked.close(wait=self.forked.idle)  # a call left midway: its batches not started are dropped
             self.forked, self.key = None, ()
