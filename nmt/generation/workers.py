@@ -143,9 +143,9 @@ class ForkedWorkers:
     They live until ``close`` (or until this object is collected), so that a caller translating
     again and again keeps them (KeptWorkers): a fresh worker's first pass over a test set took 2-30%
     longer than its next ones while it faulted in the memory its searches use (benchmarks/notes/
-    amd-epyc-zen4-2026-11-28.md). They
-    compute with what ``function`` held at the fork. An error in ``function`` reaches the caller; a
-    worker that dies (killed when memory ran out) is a one-line error."""
+    amd-epyc-zen4-2026-11-28.md). They compute with what ``function`` held at the fork. An error in
+    ``function`` reaches the caller; a worker that dies (killed when memory ran out) is a one-line
+    error."""
 
     def __init__(self, function: Callable[[Any], Any], workers: int):
         self.function, self.workers = function, workers
