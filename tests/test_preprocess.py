@@ -8,6 +8,7 @@ import io
 import json
 import logging
 import random
+import re
 from pathlib import Path
 
 import numpy as np
@@ -526,3 +527,32 @@ def test_the_raw_files_are_recorded_wherever_generate_runs_from(corpus, tmp_path
     entry = preprocess(options, show_progress=False).meta.splits["test"]
     monkeypatch.chdir(tmp_path)  # `nmt generate --score-reference` from another directory still finds them
     assert Path(entry.source_file) == corpus.resolve() / "test.en" and Path(entry.target_file).is_file()
+
+
+def test_subword_samples_are_other_segmentations_of_the_same_pairs(corpus, tmp_path):
+    datadir = preprocess(make_options(corpus, tmp_path, subword_samples=2), show_progress=False)
+    assert datadir.splits == ["train", "valid", "test"]  # the samples are not splits to decode or validate on
+    assert list(datadir.meta.samples) == ["train.sample1", "train.sample2"]
+    source, target = read_text(corpus / "train.en"), read_text(corpus / "train.de")
+    best, samples = datadir.split("train"), datadir.samples("train")
+    assert len(samples) == 2 and samples[0].source.prefix == datadir.path / "train.sample1.en"
+    for sample in samples:
+        vocab = datadir.vocabulary("en")
+        assert [vocab.decode(sample.source[i]) for i in range(len(sample))] == [vocab.normalize(s) for s in source]
+        assert [vocab.decode(sample.target[i]) for i in range(len(sample))] == [vocab.normalize(s) for s in target]
+        assert sample.source.sizes.sum() > best.source.sizes.sum()  # merges dropped: more, shorter pieces
+    assert not np.array_equal(samples[0].target.tokens, samples[1].target.tokens)
+    assert datadir.meta.samples["train.sample1"].sentences == len(source)
+    again = preprocess(make_options(corpus, tmp_path, subword_samples=2, destdir=str(tmp_path / "again")),
+                       show_progress=False)
+    assert data_files(again) == data_files(datadir)  # seeded: the same text gives the same samples
+    assert DataDir.open(datadir.path).meta.samples == datadir.meta.samples  # meta.json keeps them
+
+
+@pytest.mark.parametrize("options, message", [({"subword_alpha": 0.0}, "--subword-alpha must be in (0, 1)"),
+                                              ({"subword_alpha": 1.0}, "--subword-alpha must be in (0, 1)"),
+                                              ({"subword_samples": 2, "trainpref": None, "spm_model": "spm.model"},
+                                               "--subword-samples samples the training text")])
+def test_bad_subword_sampling_options(corpus, tmp_path, options, message):
+    with pytest.raises(NmtError, match=re.escape(message)):
+        make_options(corpus, tmp_path, **options)

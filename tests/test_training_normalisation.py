@@ -45,8 +45,8 @@ def merged(batches: list[Batch]) -> Batch:
 
 def test_update_freq_2_takes_the_gradient_of_the_two_batches_merged(tiny_data_dir, tmp_path):
     accumulating = trainer_for(tiny_data_dir, tmp_path / "a", update_freq=2)
-    update = next(iter(EpochIterator(accumulating.data.train_set, accumulating.data.batches, seed=1, epoch=1,
-                                     update_freq=2)))
+    split = accumulating.data.train[0]
+    update = next(iter(EpochIterator(split.dataset, split.batches, seed=1, epoch=1, update_freq=2)))
     tokens = [int(b.target.ne(PAD_ID).sum()) for b in update.batches]
     assert len(update.batches) == 2 and tokens[0] != tokens[1]  # per-batch normalisation would differ
     accumulated = gradients_of_one_step(accumulating, update)
@@ -63,7 +63,7 @@ def test_each_update_uses_the_schedules_learning_rate_for_its_number(tiny_data_d
     applied = []
     step = trainer.optimizer.step
     trainer.optimizer.step = lambda: (applied.append(trainer.optimizer.param_groups[0]["lr"]), step())
-    updates = iter(EpochIterator(trainer.data.train_set, trainer.data.batches, seed=1, epoch=1))
+    updates = iter(EpochIterator(trainer.data.train[0].dataset, trainer.data.train[0].batches, seed=1, epoch=1))
     for _ in range(6):
         trainer.train_step(next(updates))
         trainer.state.update += 1
@@ -150,7 +150,7 @@ def test_rdrop_without_dropout_takes_the_plain_gradient_of_each_token_once(tiny_
     """R-Drop's two passes of a batch, without dropout, are the same: no divergence, and the loss per
     target token (so the gradient) is the plain one, not twice it."""
     plain = trainer_for(tiny_data_dir, tmp_path / "plain")
-    update = next(iter(EpochIterator(plain.data.train_set, plain.data.batches, seed=1, epoch=1)))
+    update = next(iter(EpochIterator(plain.data.train[0].dataset, plain.data.train[0].batches, seed=1, epoch=1)))
     expected = gradients_of_one_step(plain, update)
     rdrop = trainer_for(tiny_data_dir, tmp_path / "rdrop", rdrop_alpha=5.0)
     for a, b in zip(gradients_of_one_step(rdrop, update), expected):

@@ -6,16 +6,23 @@ import dataclasses
 import itertools
 import math
 import re
+import shutil
 import signal
+from pathlib import Path
 
 import pytest
+import sentencepiece as spm
 import torch
 from conftest import MULTI30K, assert_same_weights, make_data_dir, make_trainer, numbers_pairs, tiny_config
 
 from nmt.checkpoint.format import load_checkpoint, model_from_checkpoint, model_only
+from nmt.data.dataset import DataDir, write_token_array
+from nmt.data.meta import SplitMeta
+from nmt.data.vocabulary import EOS_ID
 from nmt.errors import NmtError, Stopped
 from nmt.files import read_lines
 from nmt.training.distributed import StopRequest
+from nmt.training import trainer as trainer_module
 from nmt.training.trainer import train
 
 
@@ -231,7 +238,7 @@ def test_loss_scaler_skips_overflowing_steps(tiny_data_dir, tmp_path, messages):
 
     trainer = make_trainer(tiny_config(tiny_data_dir, tmp_path))
     trainer.scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
-    updates = iter(EpochIterator(trainer.data.train_set, trainer.data.batches, seed=1, epoch=1))
+    updates = iter(EpochIterator(trainer.data.train[0].dataset, trainer.data.train[0].batches, seed=1, epoch=1))
     weight = trainer.model.encoder_layers[0].ffn.fc1.weight
     handle = weight.register_hook(lambda grad: torch.full_like(grad, math.inf))
     before = weight.detach().clone()
@@ -356,3 +363,28 @@ def test_the_skipped_epoch_end_is_done_even_when_the_stop_was_also_the_last_upda
     assert not any(m.startswith("nothing to do") for m in messages)
     assert train(tiny_config(tiny_data_dir, tmp_path, max_update=9)).stop_reason == "reached --max-update 9"
     assert any(m.startswith("nothing to do") for m in messages)  # the third run: the epoch's end is done
+
+
+def test_each_epoch_trains_on_the_next_sampled_segmentation_in_turn(tiny_data_dir, tmp_path, monkeypatch):
+    data = tmp_path / "data"
+    shutil.copytree(tiny_data_dir, data)
+    datadir = DataDir.open(data)
+    vocab, train_split = datadir.vocabulary("en"), datadir.split("train")
+    for number in (1, 2):  # what preprocess --subword-samples 2 writes beside train
+        for lang, side in (("en", train_split.source), ("de", train_split.target)):
+            spm.set_random_generator_seed(number)
+            sampled = vocab.encode_batch([vocab.decode(side[i]) for i in range(len(side))], sampling_alpha=0.3)
+            write_token_array(data / f"train.sample{number}.{lang}", [ids + [EOS_ID] for ids in sampled], len(vocab))
+        datadir.meta.samples[f"train.sample{number}"] = SplitMeta(sentences=len(train_split))
+    datadir.meta.save(data)
+    read, iterator = [], trainer_module.EpochIterator
+
+    def recording(dataset, *args, **kwargs):
+        read.append(Path(dataset.source.prefix).name)
+        return iterator(dataset, *args, **kwargs)
+
+    monkeypatch.setattr(trainer_module, "EpochIterator", recording)
+    trainer = make_trainer(tiny_config(data, tmp_path / "checkpoints", max_epoch=3))
+    assert [len(split.batches) for split in trainer.data.train] != [9, 9]  # longer sentences: more batches
+    trainer.fit()
+    assert read == ["train.sample1.en", "train.sample2.en", "train.sample1.en"]

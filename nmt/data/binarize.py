@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Protocol
 
 import numpy as np
+import sentencepiece as spm
 
 from nmt.data.corpus import SplitFiles, read_chunks
 from nmt.data.dataset import smallest_dtype
@@ -28,6 +29,15 @@ class BinarizeSettings(Protocol):
     workers: int
 
 
+@dataclass(frozen=True)
+class Sampling:
+    """How one sampled segmentation of the training text is drawn: sentencepiece's ``alpha`` and a
+    seed, so that preprocessing the same text again writes the same samples."""
+
+    alpha: float
+    seed: int
+
+
 @dataclass
 class EncodedSide:
     """One side of a chunk as flat token ids (no EOS yet) and per-sentence lengths."""
@@ -36,24 +46,30 @@ class EncodedSide:
     lengths: np.ndarray
 
 
-def encode_lines(vocab: Vocabulary, lines: list[str], threads: int = 1) -> EncodedSide:
+def encode_lines(vocab: Vocabulary, lines: list[str], threads: int = 1, sampling_alpha: float = 0.0) -> EncodedSide:
     """Encode straight into a compact numpy array (Python lists of ids would take ~20x the RAM)."""
-    ids = vocab.encode_batch(lines, num_threads=threads)
+    ids = vocab.encode_batch(lines, num_threads=threads, sampling_alpha=sampling_alpha)
     lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
     tokens = np.fromiter(chain.from_iterable(ids), dtype=smallest_dtype(len(vocab)), count=int(lengths.sum()))
     return EncodedSide(tokens, lengths)
 
 
-def encoded_chunks(split: SplitFiles, vocabs: tuple[Vocabulary, Vocabulary], workers: int,
-                   chunk_lines: int) -> Iterator[tuple[EncodedSide, EncodedSide]]:
+def encoded_chunks(split: SplitFiles, vocabs: tuple[Vocabulary, Vocabulary], workers: int, chunk_lines: int,
+                   sampling: Sampling | None = None) -> Iterator[tuple[EncodedSide, EncodedSide]]:
     """The split's chunks of pairs, read and checked here and encoded by sentencepiece's own
     ``workers`` threads in a second thread, so the next chunk is read while one is encoded (no
     processes: the text and the ids never have to be copied between them)."""
 
-    def encode(chunk: tuple[list[str], list[str]]) -> tuple[EncodedSide, EncodedSide]:
-        return encode_lines(vocabs[0], chunk[0], workers), encode_lines(vocabs[1], chunk[1], workers)
+    def encode(numbered: tuple[int, tuple[list[str], list[str]]]) -> tuple[EncodedSide, EncodedSide]:
+        number, chunk = numbered
+        sides = []
+        for side, (vocab, lines) in enumerate(zip(vocabs, chunk)):
+            if sampling:  # sentencepiece restarts its generators from this seed at each call
+                spm.set_random_generator_seed((sampling.seed * 1_000_003 + 2 * number + side) % 2**31)
+            sides.append(encode_lines(vocab, lines, workers, sampling.alpha if sampling else 0.0))
+        return sides[0], sides[1]
 
-    yield from ordered_map(encode, read_chunks(split, chunk_lines), threads=1, ahead=2)
+    yield from ordered_map(encode, enumerate(read_chunks(split, chunk_lines)), threads=1, ahead=2)
 
 
 def drop_reasons(source_lengths: np.ndarray, target_lengths: np.ndarray, max_len: int,
@@ -80,15 +96,18 @@ def with_eos(side: EncodedSide, keep: np.ndarray) -> tuple[np.ndarray, np.ndarra
 
 
 def binarize_split(workdir: Path, split: SplitFiles, vocabs: Vocabularies, settings: BinarizeSettings,
-                   advance: Callable[[int], None], chunk_lines: int) -> SplitMeta:
-    """Stream one split: read, check, encode, filter (train only) and write it; return its meta.json entry."""
+                   advance: Callable[[int], None], chunk_lines: int, sampling: Sampling | None = None,
+                   name: str | None = None) -> SplitMeta:
+    """Stream one split: read, check, encode, filter (train only) and write it as ``name`` (default:
+    the split's); return its meta.json entry. ``sampling`` writes a sampled segmentation instead of the best."""
     sides = ((vocabs.source_lang, vocabs.source), (vocabs.target_lang, vocabs.target))
-    writers = [TokenFileWriter(workdir / f"{split.name}.{lang}", smallest_dtype(len(vocab))) for lang, vocab in sides]
+    writers = [TokenFileWriter(workdir / f"{name or split.name}.{lang}", smallest_dtype(len(vocab)))
+               for lang, vocab in sides]
     unknown = [0, 0]
     dropped = dict.fromkeys(("empty", "too_long", "ratio"), 0)
     input_lines = 0
     try:
-        for chunk in encoded_chunks(split, (vocabs.source, vocabs.target), settings.workers, chunk_lines):
+        for chunk in encoded_chunks(split, (vocabs.source, vocabs.target), settings.workers, chunk_lines, sampling):
             keep = np.ones(len(chunk[0].lengths), dtype=bool)
             if not split.keeps_every_line:
                 reasons = drop_reasons(chunk[0].lengths, chunk[1].lengths, settings.max_len, settings.max_len_ratio)

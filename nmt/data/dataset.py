@@ -7,6 +7,7 @@ Layout of a data directory written by ``nmt preprocess``::
     {split}.{lang}.tokens.npy      all sentences' token ids (each ending in EOS), concatenated
     {split}.{lang}.offsets.npy     int64, n+1 offsets into tokens
     shortlist.npz                  the vocabulary shortlist learned from train (nmt/data/shortlist.py)
+    train.sample{k}.{lang}.*.npy   with --subword-samples: train segmented anew by sampling, k = 1, 2, ...
 
 Splits are train, valid, valid1, ..., test, test1, ...; meta.json is described in nmt/data/meta.py.
 """
@@ -128,5 +129,18 @@ class DataDir:
     def split(self, name: str) -> ParallelDataset:
         if name not in self.meta.splits:
             raise NmtError(f"{self.path} has no split {name!r}; it has: {', '.join(self.splits)}")
+        return self._pairs(name)
+
+    def samples(self, name: str) -> list[ParallelDataset]:
+        """The sampled segmentations of split ``name`` (preprocess --subword-samples), in order; [] if none."""
+        names = [sample_name(name, k) for k in range(1, len(self.meta.samples) + 1)]
+        return [self._pairs(sample) for sample in names if sample in self.meta.samples]
+
+    def _pairs(self, name: str) -> ParallelDataset:
         return ParallelDataset(TokenArray(self.path / f"{name}.{self.source_lang}"),
                                TokenArray(self.path / f"{name}.{self.target_lang}"))
+
+
+def sample_name(split: str, number: int) -> str:
+    """The files' name of a split's ``number``-th sampled segmentation (from 1)."""
+    return f"{split}.sample{number}"

@@ -58,6 +58,7 @@ class DatasetMeta:
     inputs: dict[str, dict[str, int]] = field(default_factory=dict)  # input file -> size, mtime_ns
     nmt_version: str | None = None
     shortlist_file: str | None = None  # the vocabulary shortlist learned from train (nmt/data/shortlist.py)
+    samples: dict[str, SplitMeta] = field(default_factory=dict)  # train.sample1, ...: sampled segmentations of train
     format: int = FORMAT
 
     @property
@@ -77,8 +78,10 @@ class DatasetMeta:
         if not is_record(record):
             raise NmtError(f"{path} is not an `nmt preprocess` record (it needs {', '.join(REQUIRED)}); "
                            "run preprocess again")
-        known = {f.name for f in dataclasses.fields(cls)} - {"splits"}
+        known = {f.name for f in dataclasses.fields(cls)} - {"splits", "samples"}
+        samples = record.get("samples") if isinstance(record.get("samples"), dict) else {}
         return cls(splits={name: SplitMeta.from_json(entry) for name, entry in record["splits"].items()},
+                   samples={name: SplitMeta.from_json(entry) for name, entry in samples.items()},
                    **{key: value for key, value in record.items() if key in known})
 
     def save(self, directory: Path) -> None:
@@ -87,7 +90,9 @@ class DatasetMeta:
                   "vocab_sizes": self.vocab_sizes, "spm_sha256": self.spm_sha256,
                   "splits": {name: split.to_json() for name, split in self.splits.items()},
                   "options": self.options, "inputs": self.inputs,
-                  **({"shortlist_file": self.shortlist_file} if self.shortlist_file else {})}
+                  **({"shortlist_file": self.shortlist_file} if self.shortlist_file else {}),
+                  **({"samples": {name: split.to_json() for name, split in self.samples.items()}}
+                     if self.samples else {})}
         with atomic_write(directory / META_FILE) as handle:
             json.dump(record, handle, indent=2, ensure_ascii=False)
             handle.write("\n")

@@ -25,9 +25,9 @@ from typing import Any, Literal
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from nmt.data.binarize import binarize_split
+from nmt.data.binarize import Sampling, binarize_split
 from nmt.data.corpus import SplitFiles, find_splits
-from nmt.data.dataset import DataDir
+from nmt.data.dataset import DataDir, sample_name
 from nmt.data.meta import DatasetMeta
 from nmt.data.shortlist import SHORTLIST_FILE, learn_shortlist
 from nmt.data.spm_training import build_vocabularies, save_vocabularies
@@ -83,6 +83,14 @@ class PreprocessOptions:
     byte_fallback: bool = field(default=True, metadata={
         "help": "Train sentencepiece with byte fallback: a character outside the vocabulary is encoded as its "
                 "UTF-8 bytes (and decodes back to itself) instead of UNK; the 256 byte pieces count in --vocab-size."})
+    subword_samples: int = field(default=0, metadata={
+        "help": "Also write N segmentations of the training text sampled by sentencepiece (BPE-dropout for a bpe "
+                "model, subword regularization for a unigram one); training reads one a epoch, in turn, instead of "
+                "train: a regularizer for small corpora. Costs N times train's encoding time and disk space.",
+        "min": 0})
+    subword_alpha: float = field(default=0.1, metadata={
+        "help": "The sampling's alpha for --subword-samples, in (0, 1): the probability of dropping a merge (bpe), "
+                "or the smoothing of the segmentations' distribution (unigram)."})
 
     def __post_init__(self) -> None:
         check_values(self)
@@ -101,6 +109,10 @@ class PreprocessOptions:
             raise NmtError("--spm-model takes one path (both languages) or two comma-separated paths (source,target)")
         if self.character_coverage <= 0:
             raise NmtError(f"--character-coverage must be in (0, 1], got {self.character_coverage}")
+        if not 0 < self.subword_alpha < 1:
+            raise NmtError(f"--subword-alpha must be in (0, 1), got {self.subword_alpha}")
+        if self.subword_samples and not self.trainpref:
+            raise NmtError("--subword-samples samples the training text: give --trainpref")
         if 0 < self.max_len_ratio < 1:
             raise NmtError(f"--max-len-ratio must be >= 1 (or 0 = off), got {self.max_len_ratio}")
 
@@ -148,6 +160,16 @@ def write_dataset(workdir: Path, splits: list[SplitFiles], vocabs: Vocabularies,
         advance = lambda lines: progress.advance(task, lines)  # noqa: E731
         meta.splits[split.name] = binarize_split(workdir, split, vocabs, options, advance, chunk_lines)
         log_split(split.name, meta.splits[split.name])
+    train = next((split for split in splits if split.name == "train"), None)
+    if train and options.subword_samples:
+        task = progress.add_task(f"sampling train x{options.subword_samples}", total=None)
+        for number in range(1, options.subword_samples + 1):
+            meta.samples[sample_name(train.name, number)] = binarize_split(
+                workdir, train, vocabs, options, lambda lines: progress.advance(task, lines), chunk_lines,
+                Sampling(options.subword_alpha, seed=number), name=sample_name(train.name, number))
+        tokens = [entry.source_tokens + entry.target_tokens for entry in (meta.splits["train"], *meta.samples.values())]
+        logger.info(f"train sampled {options.subword_samples} times (alpha {options.subword_alpha}): "
+                    f"{min(tokens[1:]):,}-{max(tokens[1:]):,} tokens against {tokens[0]:,}")
     if "train" in meta.splits:
         meta.shortlist_file = save_shortlist(DataDir(workdir, meta), vocabs)
     meta.save(workdir)

@@ -115,7 +115,12 @@ class Vocabulary:
     def encode(self, text: str) -> list[int]:
         return self.processor.encode(text, out_type=int)
 
-    def encode_batch(self, texts: list[str], num_threads: int = 1) -> list[list[int]]:
+    def encode_batch(self, texts: list[str], num_threads: int = 1, sampling_alpha: float = 0.0) -> list[list[int]]:
+        """``sampling_alpha`` > 0 samples a segmentation instead of the best one: BPE-dropout with that
+        probability for a bpe model, subword regularization with that smoothing for a unigram one."""
+        if sampling_alpha:
+            return self.processor.encode(texts, out_type=int, num_threads=num_threads, enable_sampling=True,
+                                         alpha=sampling_alpha, nbest_size=-1)
         return self.processor.encode(texts, out_type=int, num_threads=num_threads)
 
     def decode(self, ids: Iterable[int]) -> str:

@@ -31,14 +31,23 @@ class ValidationSplit:
 
 
 @dataclass
+class TrainingSplit:
+    dataset: ParallelDataset
+    batches: TrainingBatches  # composed anew each epoch
+
+
+@dataclass
 class TrainingData:
     """Everything training reads from the data directory, checked."""
 
     vocabs: Vocabularies
     model_config: Any
-    train_set: ParallelDataset
-    batches: TrainingBatches  # composed anew each epoch
+    train: list[TrainingSplit]  # read in turn, one an epoch: the split, or its sampled segmentations
     valid: list[ValidationSplit]  # the first decides checkpoint_best.pt and --patience; empty: no validation
+
+    def for_epoch(self, epoch: int) -> TrainingSplit:
+        """What epoch ``epoch`` (from 1) trains on: a pure function of the epoch, so a resumed run reads the same."""
+        return self.train[(epoch - 1) % len(self.train)]
 
 
 def check_inputs(config: TrainConfig, device: torch.device, world_size: int = 1) -> TrainingData:
@@ -55,12 +64,17 @@ def check_inputs(config: TrainConfig, device: torch.device, world_size: int = 1)
                        f"joint vocabulary; {config.data} has one per language: preprocess with --joint, or give "
                        "--set share_embeddings=decoder")
     max_positions = getattr(model_config, "max_positions", None)
-    train_set = data.split(config.train_subset)
-    batches = TrainingBatches(train_set, config.max_tokens, config.max_sentences, config.required_batch_size_multiple,
-                              config.skip_invalid_size_inputs, max_positions)
-    if len(batches) < world_size:
-        raise NmtError(f"the training set makes {len(batches)} batches, fewer than the "
-                       f"{world_size} processes; lower --max-tokens or use fewer processes")
+    train = []
+    for dataset in data.samples(config.train_subset) or [data.split(config.train_subset)]:
+        batches = TrainingBatches(dataset, config.max_tokens, config.max_sentences,
+                                  config.required_batch_size_multiple, config.skip_invalid_size_inputs, max_positions)
+        if len(batches) < world_size:
+            raise NmtError(f"the training set makes {len(batches)} batches, fewer than the "
+                           f"{world_size} processes; lower --max-tokens or use fewer processes")
+        train.append(TrainingSplit(dataset, batches))
+    if len(train) > 1:
+        logger.info("training on %d segmentations of %s sampled by preprocess (--subword-samples), one an epoch",
+                    len(train), config.train_subset)
     valid = []
     for name in config.valid_subsets:
         if name not in data.splits and config.valid_subsets == ["valid"]:
@@ -74,7 +88,7 @@ def check_inputs(config: TrainConfig, device: torch.device, world_size: int = 1)
             valid.append(validation_split(data.split(name), name, config, max_positions))
     if config.eval_bleu and valid:  # a missing tokenizer package found now, not after an epoch
         bleu_metric(MetricOptions(config.eval_bleu_tokenize, config.eval_bleu_lowercase, language=data.target_lang))
-    return TrainingData(vocabs, model_config, train_set, batches, valid)
+    return TrainingData(vocabs, model_config, train, valid)
 
 
 def validation_split(dataset: ParallelDataset, name: str, config: TrainConfig,

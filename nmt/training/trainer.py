@@ -342,19 +342,20 @@ class Trainer:
     def fit(self) -> TrainSummary:
         config, state, context = self.config, self.state, self.context
         self.started, self.elapsed_before = time.monotonic(), state.elapsed
+        first = self.data.for_epoch(state.epoch)
         logger.info("%s: %s parameters on %s (%s), %d process(es); %d training batches per epoch, "
                     "update = %d batch(es) x %d process(es); losses in nats per target token (fairseq logs base 2)",
                     config.arch, f"{count_parameters(self.model):,}", self.device, config.compute.precision,
-                    context.world_size, len(self.data.batches), config.update_freq, context.world_size)
-        left_out = batches_left_out(len(self.data.batches), context.world_size)
+                    context.world_size, len(first.batches), config.update_freq, context.world_size)
+        left_out = batches_left_out(len(first.batches), context.world_size)
         if left_out:
             logger.warning("%d training batches do not share evenly among %d processes: each epoch leaves out %d "
-                           "of them (a different %d each epoch, as the order changes)", len(self.data.batches),
+                           "of them (a different %d each epoch, as the order changes)", len(first.batches),
                            context.world_size, left_out, left_out)
         forecast = None  # the warm-up warning given at the start: the end does not repeat it
         if context.is_main:
             logger.info("precision: %s (%s)", config.compute.precision, self.precision_reason)
-            per_epoch = -(-(len(self.data.batches) // context.world_size) // config.update_freq)
+            per_epoch = -(-(len(first.batches) // context.world_size) // config.update_freq)
             if forecast := warmup_warning(config, per_epoch):
                 logger.warning(forecast)
         run_meter = Meter()
@@ -416,13 +417,14 @@ class Trainer:
     def epoch_end_owed(self) -> bool:
         """Whether the epoch's updates are all done but not its end (validation, its checkpoint): a
         signal on the epoch's last update stops before the end, which the resume then does first."""
-        batches = len(self.data.batches)
+        batches = len(self.data.for_epoch(self.state.epoch).batches)
         return self.state.position >= batches - batches_left_out(batches, self.context.world_size)
 
     def train_epoch(self, run_meter: Meter, interrupt: StopRequest) -> str | None:
         """Train from the current position through the epoch's end, or to a stop; the stop reason (None: go on)."""
         config, state, context = self.config, self.state, self.context
-        epoch = EpochIterator(self.data.train_set, self.data.batches, seed=config.seed, epoch=state.epoch,
+        split = self.data.for_epoch(state.epoch)
+        epoch = EpochIterator(split.dataset, split.batches, seed=config.seed, epoch=state.epoch,
                               start=state.position, update_freq=config.update_freq, world_size=context.world_size,
                               rank=context.rank, prefetch=config.prefetch, pin_memory=self.device.type == "cuda")
         interval = Meter()
