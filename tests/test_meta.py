@@ -56,6 +56,10 @@ def test_non_ascii_stays_readable_json(tmp_path):
     {"source_lang": "en", "target_lang": "de", "splits": {}, "vocab_files": {"en": "spm.model"}},  # no de model
     {"source_lang": "en", "target_lang": "de", "splits": {"test": {"input_lines": 3}},
      "vocab_files": {"en": "spm.model", "de": "spm.model"}},  # a split without its size
+    {"source_lang": "en", "target_lang": "de", "splits": {}, "samples": {"train.sample1": {}},
+     "vocab_files": {"en": "spm.model", "de": "spm.model"}},  # a sampled segmentation without its size
+    {"source_lang": "en", "target_lang": "de", "splits": {}, "samples": ["train.sample1"],
+     "vocab_files": {"en": "spm.model", "de": "spm.model"}},
     ["not", "a", "mapping"],
 ])
 def test_a_record_missing_what_reading_needs_is_one_line(tmp_path, record):

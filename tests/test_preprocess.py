@@ -543,10 +543,14 @@ def test_subword_samples_are_other_segmentations_of_the_same_pairs(corpus, tmp_p
         assert sample.source.sizes.sum() > best.source.sizes.sum()  # merges dropped: more, shorter pieces
     assert not np.array_equal(samples[0].target.tokens, samples[1].target.tokens)
     assert datadir.meta.samples["train.sample1"].sentences == len(source)
-    again = preprocess(make_options(corpus, tmp_path, subword_samples=2, destdir=str(tmp_path / "again")),
-                       show_progress=False)
-    assert data_files(again) == data_files(datadir)  # seeded: the same text gives the same samples
+    for workers in (1, 2):  # seeded, on one thread: the same text gives the same samples
+        again = preprocess(make_options(corpus, tmp_path, subword_samples=2, workers=workers,
+                                        destdir=str(tmp_path / f"again{workers}")), show_progress=False)
+        assert data_files(again) == data_files(datadir)
     assert DataDir.open(datadir.path).meta.samples == datadir.meta.samples  # meta.json keeps them
+    rebuilt = preprocess(make_options(corpus, tmp_path, force=True), show_progress=False)  # the samples are its own
+    assert rebuilt.meta.samples == {} and not list(rebuilt.path.glob("train.sample*"))
+    assert "subword_samples" not in rebuilt.meta.options  # as recorded before the option: older directories match
 
 
 @pytest.mark.parametrize("options, message", [({"subword_alpha": 0.0}, "--subword-alpha must be in (0, 1)"),

@@ -64,9 +64,11 @@ def encoded_chunks(split: SplitFiles, vocabs: tuple[Vocabulary, Vocabulary], wor
         number, chunk = numbered
         sides = []
         for side, (vocab, lines) in enumerate(zip(vocabs, chunk)):
-            if sampling:  # sentencepiece restarts its generators from this seed at each call
+            if sampling:  # a thread seeds its generator when it starts: one thread, so the seed alone decides
                 spm.set_random_generator_seed((sampling.seed * 1_000_003 + 2 * number + side) % 2**31)
-            sides.append(encode_lines(vocab, lines, workers, sampling.alpha if sampling else 0.0))
+                sides.append(encode_lines(vocab, lines, 1, sampling.alpha))
+            else:
+                sides.append(encode_lines(vocab, lines, workers))
         return sides[0], sides[1]
 
     yield from ordered_map(encode, enumerate(read_chunks(split, chunk_lines)), threads=1, ahead=2)

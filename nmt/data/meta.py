@@ -79,9 +79,8 @@ class DatasetMeta:
             raise NmtError(f"{path} is not an `nmt preprocess` record (it needs {', '.join(REQUIRED)}); "
                            "run preprocess again")
         known = {f.name for f in dataclasses.fields(cls)} - {"splits", "samples"}
-        samples = record.get("samples") if isinstance(record.get("samples"), dict) else {}
         return cls(splits={name: SplitMeta.from_json(entry) for name, entry in record["splits"].items()},
-                   samples={name: SplitMeta.from_json(entry) for name, entry in samples.items()},
+                   samples={name: SplitMeta.from_json(entry) for name, entry in record.get("samples", {}).items()},
                    **{key: value for key, value in record.items() if key in known})
 
     def save(self, directory: Path) -> None:
@@ -108,8 +107,9 @@ def is_data_directory(directory: Path) -> bool:
 
 def is_record(record: Any) -> bool:
     """Whether a parsed meta.json holds what reading needs: the REQUIRED keys, a model file for each
-    language, and each split's number of sentences."""
+    language, and each split's (and each sample's) number of sentences."""
     return isinstance(record, dict) and all(isinstance(record.get(key), kind) for key, kind in REQUIRED.items()) \
         and {record["source_lang"], record["target_lang"]} <= set(record["vocab_files"]) \
+        and isinstance(record.get("samples", {}), dict) \
         and all(isinstance(entry, dict) and isinstance(entry.get("sentences"), int)
-                for entry in record["splits"].values())
+                for entry in (*record["splits"].values(), *record.get("samples", {}).values()))

@@ -85,8 +85,10 @@ class PreprocessOptions:
                 "UTF-8 bytes (and decodes back to itself) instead of UNK; the 256 byte pieces count in --vocab-size."})
     subword_samples: int = field(default=0, metadata={
         "help": "Also write N segmentations of the training text sampled by sentencepiece (BPE-dropout for a bpe "
-                "model, subword regularization for a unigram one); training reads one a epoch, in turn, instead of "
-                "train: a regularizer for small corpora. Costs N times train's encoding time and disk space.",
+                "model, subword regularization for a unigram one); training reads one an epoch, in turn, instead of "
+                "train: a regularizer for small corpora. Each is filtered by --max-len and --max-len-ratio on its "
+                "own lengths. Costs N times train's disk space, its encoding time on one thread (so that the seed "
+                "decides the samples) and its batch lists in training's memory.",
         "min": 0})
     subword_alpha: float = field(default=0.1, metadata={
         "help": "The sampling's alpha for --subword-samples, in (0, 1): the probability of dropping a merge (bpe), "
@@ -144,7 +146,9 @@ PATH_OPTIONS = [f.name for f in dataclasses.fields(PreprocessOptions) if f.metad
 
 
 def recorded_options(options: PreprocessOptions) -> dict[str, Any]:
-    return {k: v for k, v in dataclasses.asdict(options).items() if k not in NOT_RECORDED}
+    """The options that shape the output (the sampling's only where it samples: directories from before have none)."""
+    unused = () if options.subword_samples else ("subword_samples", "subword_alpha")
+    return {k: v for k, v in dataclasses.asdict(options).items() if k not in (*NOT_RECORDED, *unused)}
 
 
 def write_dataset(workdir: Path, splits: list[SplitFiles], vocabs: Vocabularies, options: PreprocessOptions,

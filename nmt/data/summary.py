@@ -41,4 +41,8 @@ def summary_table(datadir: DataDir) -> Table:
                       f"{unk_rate(entry.source_unk, entry.source_tokens, entry.sentences):.3%}",
                       f"{unk_rate(entry.target_unk, entry.target_tokens, entry.sentences):.3%}",
                       format_dropped(entry.dropped) if entry.dropped is not None else "-")
+    if meta.samples:
+        tokens = [entry.source_tokens + entry.target_tokens for entry in meta.samples.values()]
+        table.caption = (f"and {len(tokens)} sampled segmentations of train (--subword-samples), "
+                         f"{min(tokens):,}-{max(tokens):,} tokens each, read one an epoch")
     return table

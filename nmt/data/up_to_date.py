@@ -74,6 +74,6 @@ def is_up_to_date(destdir: Path, options: dict[str, Any], inputs: dict[str, dict
 
 def written_files(meta: DatasetMeta) -> set[str]:
     """The names of the files `nmt preprocess` wrote into a data directory (see nmt/data/dataset.py)."""
-    splits = {f"{split}.{lang}.{kind}.npy" for split in meta.splits for lang in (meta.source_lang, meta.target_lang)
-              for kind in ("tokens", "offsets")}
+    splits = {f"{split}.{lang}.{kind}.npy" for split in (*meta.splits, *meta.samples)
+              for lang in (meta.source_lang, meta.target_lang) for kind in ("tokens", "offsets")}
     return {META_FILE, *meta.vocab_files.values(), *([meta.shortlist_file] if meta.shortlist_file else []), *splits}

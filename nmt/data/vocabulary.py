@@ -119,8 +119,12 @@ class Vocabulary:
         """``sampling_alpha`` > 0 samples a segmentation instead of the best one: BPE-dropout with that
         probability for a bpe model, subword regularization with that smoothing for a unigram one."""
         if sampling_alpha:
-            return self.processor.encode(texts, out_type=int, num_threads=num_threads, enable_sampling=True,
-                                         alpha=sampling_alpha, nbest_size=-1)
+            try:
+                return self.processor.encode(texts, out_type=int, num_threads=num_threads, enable_sampling=True,
+                                             alpha=sampling_alpha, nbest_size=-1)
+            except RuntimeError as exc:  # a char or word model: nothing to sample
+                raise NmtError(f"this sentencepiece model cannot sample segmentations ({exc}); "
+                               "--subword-samples needs a bpe or unigram model") from exc
         return self.processor.encode(texts, out_type=int, num_threads=num_threads)
 
     def decode(self, ids: Iterable[int]) -> str:

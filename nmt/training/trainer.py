@@ -342,20 +342,21 @@ class Trainer:
     def fit(self) -> TrainSummary:
         config, state, context = self.config, self.state, self.context
         self.started, self.elapsed_before = time.monotonic(), state.elapsed
-        first = self.data.for_epoch(state.epoch)
-        logger.info("%s: %s parameters on %s (%s), %d process(es); %d training batches per epoch, "
+        counts = sorted(len(split.batches) for split in self.data.train)  # one a sampled segmentation
+        shown = f"{counts[0]}" if counts[0] == counts[-1] else f"{counts[0]}-{counts[-1]}"
+        logger.info("%s: %s parameters on %s (%s), %d process(es); %s training batches per epoch, "
                     "update = %d batch(es) x %d process(es); losses in nats per target token (fairseq logs base 2)",
                     config.arch, f"{count_parameters(self.model):,}", self.device, config.compute.precision,
-                    context.world_size, len(first.batches), config.update_freq, context.world_size)
-        left_out = batches_left_out(len(first.batches), context.world_size)
+                    context.world_size, shown, config.update_freq, context.world_size)
+        left_out = max(batches_left_out(count, context.world_size) for count in counts)
         if left_out:
-            logger.warning("%d training batches do not share evenly among %d processes: each epoch leaves out %d "
-                           "of them (a different %d each epoch, as the order changes)", len(first.batches),
-                           context.world_size, left_out, left_out)
+            logger.warning("%s training batches do not share evenly among %d processes: each epoch leaves out %s "
+                           "of them (a different %s each epoch, as the order changes)", shown,
+                           context.world_size, *[left_out if counts[0] == counts[-1] else f"up to {left_out}"] * 2)
         forecast = None  # the warm-up warning given at the start: the end does not repeat it
         if context.is_main:
             logger.info("precision: %s (%s)", config.compute.precision, self.precision_reason)
-            per_epoch = -(-(len(first.batches) // context.world_size) // config.update_freq)
+            per_epoch = -(-(round(sum(counts) / len(counts)) // context.world_size) // config.update_freq)
             if forecast := warmup_warning(config, per_epoch):
                 logger.warning(forecast)
         run_meter = Meter()
