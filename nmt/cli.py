@@ -81,7 +81,7 @@ def average(given: dict, inputs_flag: Annotated[bool, typer.Option(
             ) -> None:
     """Average the parameters of checkpoints (the paper: last 5 for base, last 20 for big).
 
-    Then, with the run's data here, records which of int8 and --stop finished keep its validation BLEU (auto's) in
+    Then, with the run's data here, records which of int8 and the faster stop rules keep its validation BLEU (auto's) in
     the search that --check-beam, --check-lenpen, ... name (give generate's)."""
     from nmt.checkpoint.averaging import average as average_checkpoints
     from nmt.training.decoding_check import check_averaged

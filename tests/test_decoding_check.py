@@ -53,7 +53,7 @@ from nmt.training.decoding_check import (
 )
 from nmt.training.trainer import train
 
-INT8_FINISHED, INT8_EXACT, FP32_FINISHED = CANDIDATES
+INT8_FINISHED, INT8_CURRENT, INT8_EXACT, FP32_FINISHED, FP32_CURRENT = CANDIDATES
 REAL_MINIMUM = decoding_check_module.MIN_CHECK_SENTENCES
 
 
@@ -95,6 +95,15 @@ def test_a_candidate_that_loses_more_than_the_tolerance_is_passed_over():
     assert (choice.quantize, choice.stop) == ("int8", "exact")  # 0.2 below the reference still counts
     choice = choose_decoding(99.2, [(INT8_FINISHED, 93.3), (INT8_EXACT, 98.9), (FP32_FINISHED, 99.3)], 300)
     assert (choice.quantize, choice.stop) == ("none", "finished")
+
+
+def test_current_is_chosen_where_finished_loses_and_current_keeps_bleu():
+    """The figures of a Multi30k model's check at length penalty 1.4 (finished 0.68 below exact search)."""
+    choice = choose_decoding(42.03, [(INT8_FINISHED, 41.35), (INT8_CURRENT, 42.04), (INT8_EXACT, 42.03)], 500)
+    assert (choice.quantize, choice.stop) == ("int8", "current")
+    choice = choose_decoding(42.03, [(INT8_FINISHED, 41.35), (INT8_CURRENT, 41.5), (INT8_EXACT, 41.4),
+                                     (FP32_FINISHED, 41.35), (FP32_CURRENT, 42.0)], 500)
+    assert (choice.quantize, choice.stop) == ("none", "current")
 
 
 def test_when_no_candidate_keeps_bleu_the_reference_setting_is_chosen():
@@ -157,6 +166,7 @@ def test_an_ensemble_takes_a_fast_setting_only_when_every_model_chose_it():
     quantize, stop, reason = resolve({"a.pt": int8_exact, "b.pt": fp32_finished})
     assert (quantize, stop) == ("none", "exact") and reason == "auto: a.pt: one; b.pt: two"
     assert resolve({"a.pt": FAST, "b.pt": int8_exact})[:2] == ("int8", "exact")
+    assert resolve({"a.pt": FAST, "b.pt": DecodingSettings("int8", "current", "three")})[:2] == ("int8", "current")
     assert resolve({"a.pt": FAST, "b.pt": None}) == ("none", "exact", f"auto: {NO_RECORD.format('b.pt')}")
 
 
@@ -325,7 +335,8 @@ def test_training_validation_bleu_searches_exactly_whatever_the_defaults(tiny_da
 
 def test_the_defaults_are_auto():
     assert SearchOptions().stop == "auto" and InferenceDeviceOptions().quantize == "auto"
-    assert [setting.name() for setting in CANDIDATES] == ["int8 finished", "int8 exact", "fp32 finished"]
+    assert [setting.name() for setting in CANDIDATES] == ["int8 finished", "int8 current", "int8 exact",
+                                                          "fp32 finished", "fp32 current"]
 
 
 
@@ -355,11 +366,12 @@ def test_the_check_decodes_each_setting_as_named(trained, tiny_data_dir, monkeyp
         decoded.append(("int8" if int8 else "none", request.search.stop))
         return real(model, sources, request, *args, **kwargs)
 
-    scores = iter([30.0, 20.0, 20.0, 20.0])  # the reference, then candidates that lose 10 BLEU
+    scores = iter([30.0, 20.0, 20.0, 20.0, 20.0, 20.0])  # the reference, then candidates that lose 10 BLEU
     monkeypatch.setattr(decoding_check_module, "translate_ids", spy)
     monkeypatch.setattr(decoding_check_module, "score", lambda *a, **k: [type("B", (), {"score": next(scores)})()])
     choice = check_decoding(checkpoint, sources, references, torch.device("cpu"))
-    assert decoded == [("none", "exact"), ("int8", "finished"), ("int8", "exact"), ("none", "finished")]
+    assert decoded == [("none", "exact"), ("int8", "finished"), ("int8", "current"), ("int8", "exact"),
+                       ("none", "finished"), ("none", "current")]
     assert (choice.quantize, choice.stop) == ("none", "exact")
 
 

@@ -347,9 +347,30 @@ def test_stop_finished_ends_a_sentence_at_beam_finished_hypotheses():
     rules = {(): {4: 0.5, 5: 0.45}, (4,): {EOS_ID: 0.6, 4: 0.38}, (4, 4): {EOS_ID: 0.99}, (5,): {6: 0.999},
              (5, 6): {6: 0.999}, (5, 6, 6): {6: 0.999}, (5, 6, 6, 6): {EOS_ID: 0.999}}
     found = {stop: search(scripted_table(rules), [4], beam=2, nbest=2, lenpen=0.6, max_len_a=0.0, max_len_b=10,
-                          stop=stop) for stop in ("exact", "finished")}
+                          stop=stop) for stop in ("exact", "current", "finished")}
     assert [h.tokens for h in found["exact"]] == [[5, 6, 6, 6, EOS_ID], [4, EOS_ID]]
     assert [h.tokens for h in found["finished"]] == [[4, EOS_ID], [4, 4, EOS_ID]]
+    # current goes on too: "5 6" ended at the next step would beat "4 4 EOS"
+    assert [h.tokens for h in found["current"]] == [[5, 6, 6, 6, EOS_ID], [4, EOS_ID]]
+
+
+def test_is_done_with_stop_current_ends_an_alive_hypothesis_at_the_next_step():
+    """At step 3 an alive hypothesis ending at the next step has 5 tokens; exact search bounds it by
+    the penalty of the longest output (11 tokens), which a positive alpha makes larger."""
+    worst, limit, alive_ids = torch.tensor([-2.0], dtype=torch.float64), torch.tensor([10]), torch.tensor([0])
+    next_step = length_penalty(torch.tensor(5), 0.6).item()
+    current, exact = SearchOptions(beam=2, lenpen=0.6, stop="current"), SearchOptions(beam=2, lenpen=0.6, stop="exact")
+    could_win = torch.tensor([[-2.0 * next_step + 0.01, float("-inf")]])
+    beaten_now = torch.tensor([[-2.0 * next_step - 0.01, float("-inf")]])
+    assert not is_done(worst, alive_ids, could_win, limit, 3, current)[0]
+    assert is_done(worst, alive_ids, beaten_now, limit, 3, current)[0]
+    assert not is_done(worst, alive_ids, beaten_now, limit, 3, exact)[0]  # longer, it could still win
+    one = torch.tensor([float("-inf")], dtype=torch.float64)  # fewer than beam finished: never done before the limit
+    assert not is_done(one, alive_ids, beaten_now, limit, 3, current)[0]
+    for alpha in (0.0, -0.5):  # where a longer output never scores better, current is exact
+        for scores in (could_win, beaten_now):
+            assert [bool(is_done(worst, alive_ids, scores, limit, 3, SearchOptions(beam=2, lenpen=alpha, stop=stop))[0])
+                    for stop in ("current", "exact")] in ([True, True], [False, False])
 
 
 def test_is_done_with_stop_finished_needs_only_beam_finished_hypotheses():

@@ -94,10 +94,10 @@ def ctranslate2_search(options: GenerateOptions) -> GenerateOptions:
     """The options as CTranslate2 can follow them: its one length penalty is fairseq's |Y|^alpha, its
     one stop rule nmt's ``finished``."""
     search = options.search
-    if search.stop == "exact" and (search.lenpen != 0 or search.nbest > 1) and not search.sampling:
+    if search.stop in ("exact", "current") and (search.lenpen != 0 or search.nbest > 1) and not search.sampling:
         logger.warning("--engine ctranslate2 ends a sentence once --beam hypotheses have finished (--stop finished); "
-                       "with a length penalty or --nbest > 1, --stop exact can find other translations: --engine nmt "
-                       "searches so")
+                       "with a length penalty or --nbest > 1, --stop %s can find other translations: --engine nmt "
+                       "searches so", search.stop)
     if options.search.lenpen_style == "gnmt" and options.search.lenpen != 0:
         logger.warning("--engine ctranslate2 has no GNMT length penalty ((5+|Y|)/6)^alpha: decoding with fairseq's "
                        "|Y|^%g (--lenpen-style fairseq)", options.search.lenpen)

@@ -1,11 +1,11 @@
 """A quantization and a stop rule: what a model's validation check recorded in its checkpoint
 (nmt/training/decoding_check.py), and what ``--quantize auto`` and ``--stop auto`` decode with.
 
-int8 dynamic quantization and ``--stop finished`` are faster and usually keep BLEU, but not always
-(on the demo task finished search scored 93.3 against exact search's 99.2): they are the defaults
-only for a model whose own validation set showed they keep its BLEU. A checkpoint without a record
-decodes as before (fp32 or the chosen precision, exact search). ``auto`` is resolved here, before
-any search: the search itself takes exact or finished only.
+int8 dynamic quantization and ``--stop current`` or ``finished`` are faster and usually keep BLEU,
+but not always (on the demo task finished search scored 93.3 against exact search's 99.2): they are
+the defaults only for a model whose own validation set showed they keep its BLEU. A checkpoint
+without a record decodes as before (fp32 or the chosen precision, exact search). ``auto`` is
+resolved here, before any search: the search itself never sees it.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from nmt.errors import NmtError
 from nmt.generation.options import SearchOptions
 
 RECORD_KEY = "decoding"  # the checkpoint entry
+STOP_RULES = ("exact", "current", "finished")  # the safest first (nmt/generation/search.py's is_done)
 NO_RECORD = ("no validation check in {}: training's end records one, and `nmt average` of a run's checkpoints "
              "with its data directory here")
 
@@ -32,7 +33,7 @@ class DecodingSettings:
     checkpoint's ``decoding`` record), or what a surface decodes with once ``auto`` is resolved."""
 
     quantize: str  # none or int8
-    stop: str  # exact or finished
+    stop: str  # one of STOP_RULES
     reason: str = ""  # e.g. "validation check, 500 sentences: fp32 exact 38.95, int8 finished 38.81 BLEU: ..."
     # The check's search (CHECKED_SEARCH's values), whose stop rule alone the choice holds for; None:
     # generate's defaults, which a record written before it named its search was checked with.
@@ -59,7 +60,7 @@ class DecodingSettings:
         required = ("quantize", "stop", "reason")  # search: since records named it; one named by other
         # options than today's (another version's) is a different search: it never matches, so stop is exact
         if not isinstance(values, dict) or not set(required) <= set(values) \
-                or values["quantize"] not in ("none", "int8") or values["stop"] not in ("exact", "finished") \
+                or values["quantize"] not in ("none", "int8") or values["stop"] not in STOP_RULES \
                 or not (values.get("search") is None or isinstance(values["search"], dict)):
             raise NmtError(f"{where} has a malformed {RECORD_KEY!r} record: {values!r}")
         return cls(*(values[name] for name in required), values.get("search"))  # a later version's others are left
@@ -73,7 +74,8 @@ def describe_search(search: dict[str, Any]) -> str:
 def resolve_decoding(quantize: str, stop: str, precision: str, device_type: str,
                      records: dict[str, DecodingSettings | None]) -> DecodingSettings:
     """``auto`` as the checkpoints' records (by path) say: int8 only if every model's check chose it,
-    on the CPU and without an explicit bf16/fp16 precision; finished only if every check chose it.
+    on the CPU and without an explicit bf16/fp16 precision; the stop rule every check allows (the
+    safest of their choices).
     Without a record: none and exact, today's behaviour. Explicit settings stay as given."""
     if "auto" not in (quantize, stop):
         return DecodingSettings(quantize, stop, "asked for")
@@ -94,8 +96,8 @@ def resolve_decoding(quantize: str, stop: str, precision: str, device_type: str,
             notes.append(f"--precision {precision} asked for")
     searches = [record.checked_search() for record in records.values()]
     if stop == "auto":
-        stop = "finished" if all(record.stop == "finished" for record in records.values()) else "exact"
-        if stop == "finished" and any(search != searches[0] for search in searches):
+        stop = min((record.stop for record in records.values()), key=STOP_RULES.index)
+        if stop != "exact" and any(search != searches[0] for search in searches):
             stop = "exact"
             notes.append("stop exact: the models' checks ran different searches")
     checks = [record.reason if len(records) == 1 else f"{path}: {record.reason}" for path, record in records.items()]

@@ -37,9 +37,11 @@ class SearchOptions:
     no_repeat_ngram_size: int = field(default=0, metadata={"help": "Never repeat an n-gram of this size (0 = off).",
                                                            "min": 0})
     nbest: int = field(default=1, metadata={"help": "Hypotheses to output per sentence, at most --beam.", "min": 1})
-    stop: Literal["auto", "exact", "finished"] = field(default="auto", metadata={
+    stop: Literal["auto", "exact", "current", "finished"] = field(default="auto", metadata={
         "help": "When a sentence's search ends. exact: once no unfinished hypothesis can beat its --beam finished "
-                "ones; finished: as soon as --beam hypotheses have finished (fairseq's and CTranslate2's rule; "
+                "ones; current: once none would beat them if it ended at the next step (Hugging Face's default "
+                "rule: with a positive --lenpen a longer one could still win); finished: as soon as --beam "
+                "hypotheses have finished (fairseq's and CTranslate2's rule; "
                 "faster with a positive --lenpen, the same BLEU on Multi30k, but it can keep a short hypothesis "
                 "that exact search would have beaten: docs/performance.md). auto: finished where the checkpoint's "
                 f"validation check kept BLEU (within {BLEU_TOLERANCE}; `nmt average` and training's end record it), "

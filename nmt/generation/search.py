@@ -155,7 +155,7 @@ def beam_search(model: SearchableModel, source: Tensor, options: SearchOptions,
     steps work in column space (column c of a sentence's rows is token ``columns[sentence, c]``)
     and tokens are mapped back to vocabulary ids as they join a hypothesis.
 
-    ``options.stop`` must be exact or finished: ``auto`` is for the caller to resolve from the
+    ``options.stop`` must be exact, current or finished: ``auto`` is for the caller to resolve from the
     checkpoint's record (nmt.generation.decoding_settings.stop_for) before searching."""
     if options.stop == "auto":
         raise ValueError("stop='auto' reached the search: resolve it first (decoding_settings.stop_for)")
@@ -297,8 +297,9 @@ def is_done(worst: Tensor, alive_ids: Tensor, alive_scores: Tensor, limit: Tenso
     Log-probabilities only fall as a hypothesis grows, and the penalty grows with length, so an
     alive hypothesis's best reachable score is its current score divided by the penalty at the
     longest length it may still reach (or at the next step when alpha < 0). With a positive alpha
-    that bound stays loose for long, and ``stop="finished"`` ends the sentence as soon as ``beam``
-    hypotheses have finished instead. Sampling stops at ``beam``
+    that bound stays loose for long: ``stop="current"`` divides by the penalty at the next step
+    instead (the score the hypothesis would have if it ended there), and ``stop="finished"`` ends
+    the sentence as soon as ``beam`` hypotheses have finished. Sampling stops at ``beam``
     samples; every search stops at the max length or when no hypothesis is left alive. Tensor
     operations only, on the search's device: no copy to the host. ``longest_penalty``: longest_penalties,
     which beam_search works out once per batch rather than at every step (None: here).
@@ -310,7 +311,7 @@ def is_done(worst: Tensor, alive_ids: Tensor, alive_scores: Tensor, limit: Tenso
     if options.sampling or options.stop == "finished":
         beaten = full
     else:
-        if options.lenpen >= 0:
+        if options.lenpen >= 0 and options.stop == "exact":
             penalty = (longest_penalties(limit, options) if longest_penalty is None else longest_penalty)[alive_ids]
         else:
             penalty = length_penalty(torch.full_like(limits, step + 2), options.lenpen, options.lenpen_style).double()

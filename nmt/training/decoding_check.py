@@ -1,12 +1,14 @@
 """Which fast decoding settings keep a model's BLEU: a check on its validation set, recorded in the
 checkpoint for ``--quantize auto`` and ``--stop auto`` (nmt/generation/decoding_settings.py).
 
-int8 dynamic quantization (1.35x bf16's speed and 1.9x fp32's on a Zen 4) and ``--stop finished``
-(about 1.3x) usually keep BLEU, but not always. The end of `nmt train` and `nmt average` decode the
-validation set with the reference setting (fp32, exact search) and the faster ones, and store the
-fastest that kept BLEU under the checkpoint's ``decoding`` key (a plain dict), with the search it
-decoded with (beam, length penalty and limits: --check-beam, --check-lenpen, ...; a recipe's are
-its generate stage's), for which alone ``--stop auto`` takes the choice.
+int8 dynamic quantization (1.35x bf16's speed and 1.9x fp32's on a Zen 4), ``--stop finished``
+(about 1.3x at length penalty 0.6, 1.6x at 1.4) and ``--stop current`` (about as fast; at a large
+length penalty it kept BLEU where finished did not) usually keep BLEU, but not always. The end of
+`nmt train` and `nmt average` decode the validation set with the reference setting (fp32, exact
+search) and the faster ones, and store the fastest that kept BLEU under the checkpoint's
+``decoding`` key (a plain dict), with the search it decoded with (beam, length penalty and
+limits: --check-beam, --check-lenpen, ...; a recipe's are its generate stage's), for which alone
+``--stop auto`` takes the choice.
 """
 
 from __future__ import annotations
@@ -48,8 +50,9 @@ class TooFewSentences(NmtError):
 
 
 REFERENCE = DecodingSettings("none", "exact")
-CANDIDATES = (DecodingSettings("int8", "finished"), DecodingSettings("int8", "exact"),
-              DecodingSettings("none", "finished"))  # fastest first
+CANDIDATES = (DecodingSettings("int8", "finished"), DecodingSettings("int8", "current"),
+              DecodingSettings("int8", "exact"), DecodingSettings("none", "finished"),
+              DecodingSettings("none", "current"))  # fastest first
 
 
 def choose_decoding(reference: float, scored: Iterable[tuple[DecodingSettings, float]], sentences: int,
