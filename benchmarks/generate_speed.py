@@ -390,7 +390,7 @@ def main() -> None:
     parser.add_argument("--beam", type=int, default=4)
     parser.add_argument("--lenpen", type=float, default=0.6, help="length penalty alpha (GNMT's for nmt, "
                         "fairseq's for CTranslate2); the recipe's model decodes with 1.4")
-    parser.add_argument("--stop", choices=("exact", "finished"), default="exact",
+    parser.add_argument("--stop", choices=("exact", "current", "finished"), default="exact",
                         help="nmt's stopping rule for its fixed settings (generate --stop; finished is CTranslate2's)")
     parser.add_argument("--max-tokens", type=int, help="generate --max-tokens for nmt's rows (default: generate's, "
                         "by device; --engine ctranslate2: CTranslate2's best batch on a CPU)")
