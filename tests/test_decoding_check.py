@@ -121,6 +121,9 @@ def test_the_record_is_a_plain_dict_and_a_malformed_one_is_refused():
     assert DecodingSettings.from_dict(old).checked_search() == SearchOptions().checked()
     other_version = DecodingSettings.from_dict({**old, "search": {"beam": 4, "sampling": False}})
     assert other_version.checked_search() != SearchOptions().checked()  # a different search: it never matches
+    assert DecodingSettings.from_dict({**old, "stop": "current"}).stop == "current"
+    later_rule = DecodingSettings.from_dict({**old, "stop": "sooner"})  # a later version's rule: searched exactly
+    assert later_rule.stop == "exact" and later_rule.reason.endswith("; stop sooner is unknown here")
     for bad in ({"quantize": "int4", "stop": "exact", "reason": ""}, {"quantize": "int8"}, "int8",
                 {**old, "search": "beam 4"}):
         with pytest.raises(NmtError, match="malformed 'decoding' record"):
@@ -166,7 +169,10 @@ def test_an_ensemble_takes_a_fast_setting_only_when_every_model_chose_it():
     quantize, stop, reason = resolve({"a.pt": int8_exact, "b.pt": fp32_finished})
     assert (quantize, stop) == ("none", "exact") and reason == "auto: a.pt: one; b.pt: two"
     assert resolve({"a.pt": FAST, "b.pt": int8_exact})[:2] == ("int8", "exact")
-    assert resolve({"a.pt": FAST, "b.pt": DecodingSettings("int8", "current", "three")})[:2] == ("int8", "current")
+    current = DecodingSettings("int8", "current", "three")
+    assert resolve({"a.pt": FAST, "b.pt": current})[:2] == resolve({"a.pt": current, "b.pt": FAST})[:2] == \
+        ("int8", "current")
+    assert resolve({"a.pt": current, "b.pt": int8_exact})[:2] == ("int8", "exact")
     assert resolve({"a.pt": FAST, "b.pt": None}) == ("none", "exact", f"auto: {NO_RECORD.format('b.pt')}")
 
 
@@ -373,6 +379,11 @@ def test_the_check_decodes_each_setting_as_named(trained, tiny_data_dir, monkeyp
     assert decoded == [("none", "exact"), ("int8", "finished"), ("int8", "current"), ("int8", "exact"),
                        ("none", "finished"), ("none", "current")]
     assert (choice.quantize, choice.stop) == ("none", "exact")
+    decoded.clear()
+    scores = iter([30.0, 20.0, 20.0, 20.0])
+    choice = check_decoding(checkpoint, sources, references, torch.device("cpu"), SearchOptions(lenpen=0.0))
+    assert decoded == [("none", "exact"), ("int8", "finished"), ("int8", "exact"), ("none", "finished")]
+    assert (choice.quantize, choice.stop) == ("none", "exact")  # without a length penalty current is exact
 
 
 def test_a_search_the_check_did_not_run_is_exact_and_the_reason_says_so(trained, tmp_path):

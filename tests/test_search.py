@@ -354,6 +354,24 @@ def test_stop_finished_ends_a_sentence_at_beam_finished_hypotheses():
     assert [h.tokens for h in found["current"]] == [[5, 6, 6, 6, EOS_ID], [4, EOS_ID]]
 
 
+def test_stop_current_ends_the_search_before_exact_search_reaches_the_limit():
+    """Once "4 EOS" and "4 4 EOS" have finished and nothing alive could beat them by ending at the next
+    step, current stops; exact search goes on while a hypothesis could still win at the length limit."""
+    rules = {(): {4: 0.6, 5: 0.3}, (4,): {EOS_ID: 0.7, 4: 0.29}, (4, 4): {EOS_ID: 0.99}, (5,): {6: 0.5}}
+    steps = dict.fromkeys(("exact", "current", "finished"), 0)
+    for stop in steps:
+
+        def counting(rule: str = stop) -> bool:  # asked before each step: counts them
+            steps[rule] += 1
+            return False
+
+        hyps = beam_search(ToyDecoder(scripted_table(rules)), sources([4]),
+                           SearchOptions(beam=2, nbest=2, lenpen=1.4, max_len_a=0.0, max_len_b=30, stop=stop), None,
+                           should_stop=counting)
+        assert hyps[0][0].tokens == [4, EOS_ID]
+    assert steps["finished"] <= steps["current"] < steps["exact"]
+
+
 def test_is_done_with_stop_current_ends_an_alive_hypothesis_at_the_next_step():
     """At step 3 an alive hypothesis ending at the next step has 5 tokens; exact search bounds it by
     the penalty of the longest output (11 tokens), which a positive alpha makes larger."""

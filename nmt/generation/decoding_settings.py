@@ -60,9 +60,11 @@ class DecodingSettings:
         required = ("quantize", "stop", "reason")  # search: since records named it; one named by other
         # options than today's (another version's) is a different search: it never matches, so stop is exact
         if not isinstance(values, dict) or not set(required) <= set(values) \
-                or values["quantize"] not in ("none", "int8") or values["stop"] not in STOP_RULES \
+                or values["quantize"] not in ("none", "int8") or not isinstance(values["stop"], str) \
                 or not (values.get("search") is None or isinstance(values["search"], dict)):
             raise NmtError(f"{where} has a malformed {RECORD_KEY!r} record: {values!r}")
+        if values["stop"] not in STOP_RULES:  # a later version's rule: this one searches exactly
+            values = {**values, "stop": "exact", "reason": f"{values['reason']}; stop {values['stop']} is unknown here"}
         return cls(*(values[name] for name in required), values.get("search"))  # a later version's others are left
 
 

@@ -41,11 +41,10 @@ class SearchOptions:
         "help": "When a sentence's search ends. exact: once no unfinished hypothesis can beat its --beam finished "
                 "ones; current: once none would beat them if it ended at the next step (Hugging Face's default "
                 "rule: with a positive --lenpen a longer one could still win); finished: as soon as --beam "
-                "hypotheses have finished (fairseq's and CTranslate2's rule; "
-                "faster with a positive --lenpen, the same BLEU on Multi30k, but it can keep a short hypothesis "
-                "that exact search would have beaten: docs/performance.md). auto: finished where the checkpoint's "
-                f"validation check kept BLEU (within {BLEU_TOLERANCE}; `nmt average` and training's end record it), "
-                "else exact."})
+                "hypotheses have finished (fairseq's and CTranslate2's rule; it can keep a short hypothesis that "
+                "exact search would have beaten). current and finished are faster with a positive --lenpen. auto: "
+                f"the fastest rule with which the checkpoint's validation check kept BLEU (within {BLEU_TOLERANCE}; "
+                "`nmt average` and training's end record it), else exact: docs/translating.md."})
     shortlist: Literal["auto", "none"] = field(default="auto", metadata={
         "help": "Vocabulary shortlist. auto: where the checkpoint has one (learned by `nmt preprocess`), score "
                 "only each sentence's candidate target pieces (its source pieces' likely translations and the "

@@ -127,8 +127,8 @@ class TrainConfig:
 
     check_decoding: bool = field(default=True, metadata={
         "help": "At the end, find on the first validation split which faster decoding settings (int8, --stop "
-                "finished) keep checkpoint_best.pt's BLEU, and record them in it for `nmt generate`'s --quantize "
-                "auto and --stop auto (`nmt average` checks its output alike); the log gives its seconds.",
+                "finished or current) keep checkpoint_best.pt's BLEU, and record them in it for `nmt generate`'s "
+                "--quantize auto and --stop auto (`nmt average` checks its output alike); the log gives its seconds.",
         "panel": CHECKPOINTS})
     check_search: CheckSearchOptions = field(default_factory=CheckSearchOptions, metadata={
         "help": "The search the decoding check judges (a recipe's: its generate stage's).", "panel": CHECKPOINTS})
