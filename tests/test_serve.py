@@ -234,7 +234,7 @@ def test_32_concurrent_clients_get_their_own_answers(server, checkpoint):
     (b'{"text": ["five"], "beam": 0}', 422, '"beam" must be at least 1'),
     (b'{"text": ["five"], "beam": 2, "nbest": 3}', 422, '"nbest" must be between 1 and "beam"'),
     (b'{"text": ["five"], "lenpen_style": "x"}', 422, "lenpen_style must be one of gnmt, fairseq"),
-    (b'{"text": ["five"], "stop": "soon"}', 422, "stop must be one of auto, exact, finished"),
+    (b'{"text": ["five"], "stop": "soon"}', 422, "stop must be one of auto, exact, current, finished"),
     (b'{"text": ["five"], "sampling": true}', 422, "unknown field(s) sampling"),
     (json.dumps({"text": ["five"] * 9}).encode(), 413, "9 sentences in one request; at most 8"),
     (json.dumps({"text": ["five " * 100]}).encode(), 413, "500 characters in one request; at most 400"),

@@ -79,7 +79,7 @@ def test_a_valid_pair_over_the_models_positions_fails_before_training(tmp_path):
     skipping = check_inputs(dataclasses.replace(config, skip_invalid_size_inputs=True), CPU)
     validated = sorted(np.concatenate(skipping.valid[0].batches).tolist())
     assert validated == skipping.valid[0].pairs.tolist() == list(range(10))  # all but the long pair
-    assert len(np.concatenate(skipping.batches.epoch(1, 1))) == 50  # every training pair fits
+    assert len(np.concatenate(skipping.train[0].batches.epoch(1, 1))) == 50  # every training pair fits
     # --eval-bleu translates the same pairs the loss is computed on (the long one would fail the search)
     summary = train(dataclasses.replace(config, skip_invalid_size_inputs=True, eval_bleu=True, max_epoch=1))
     assert summary.valid_bleu is not None
