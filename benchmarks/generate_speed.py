@@ -12,7 +12,7 @@ lenpen 1.4), from the repository root:
 Every timed run is a fresh process (``--worker``) that loads its engine, warms it up on 32 sentences
 and times one pass over the test set (loading excluded), so that neither engine inherits the other's
 threads, allocator, huge pages or warm caches: nmt's processes start themselves as `nmt generate`
-does, with huge pages for malloc (nmt/huge_pages.py), then one malloc arena and small oneDNN caches
+does (huge pages for malloc with NMT_HUGE_PAGES=1, nmt/huge_pages.py), then one malloc arena and small oneDNN caches
 (``nmt.tune_for_decoding``, nmt/tuning.py), and take their torch threads as its --threads sets them;
 CTranslate2's import neither torch nor nmt and run in the environment this script was started in.
 

@@ -1,12 +1,12 @@
 """``python -m nmt`` and the ``nmt`` console script.
 
 As nmt itself (never as a program that calls this ``main``), the subcommands that decode tune the
-process for it before anything else is loaded: `nmt generate` starts again with huge pages for
-malloc (nmt/huge_pages.py), and it and `nmt serve` take one malloc arena and small oneDNN caches
-(nmt/tuning.py). `nmt train` and `nmt run` take the small oneDNN caches only: bf16 training meets
-new product shapes at every batch too. The other subcommands run in the process as Python started
-it: training's speed and peak memory did not move with huge pages on a Xeon (issue #40), so they
-are not asked for there.
+process for it before anything else is loaded: `nmt generate` and `nmt serve` take one malloc arena
+and small oneDNN caches (nmt/tuning.py), and with ``NMT_HUGE_PAGES=1`` `nmt generate` starts again
+with huge pages for malloc (nmt/huge_pages.py: they paid on one CPU and cost on two). `nmt train`
+and `nmt run` take the small oneDNN caches only: bf16 training meets new product shapes at every
+batch too. The other subcommands run in the process as Python started it: training's speed and
+peak memory did not move with huge pages on a Xeon, so they are never asked for there.
 
 Loading the command's libraries (torch above all) takes seconds; a Ctrl-C in them ends the
 command quietly with 130, as it does once the command runs, not with a traceback."""
@@ -17,7 +17,7 @@ from pathlib import Path
 from nmt.huge_pages import restart_with_huge_pages
 from nmt.tuning import bound_onednn_caches, tune_for_decoding
 
-HUGE_PAGES_FOR = ("generate",)  # where huge pages were measured to pay: decoding
+HUGE_PAGES_FOR = ("generate",)  # where huge pages may pay (NMT_HUGE_PAGES=1): decoding
 TUNED_FOR = ("generate", "serve")
 TRAINING = ("train", "run")
 

@@ -2,13 +2,15 @@
 
 Decoding reads the same weights, caches and activations at every step. With 4 KiB pages their
 addresses overflow the TLB, and each forked decoding worker faults its memory in a page at a
-time (72,000 faults for 1,000 sentences at two workers). Where Linux gives transparent huge pages
-to memory that asks for them (``madvise`` mode, the usual default), glibc 2.35 and later asks for
-them when ``GLIBC_TUNABLES`` holds ``glibc.malloc.hugetlb=1``: decoding then ran 4-8% faster at
-the same memory ratios (docs/performance.md). glibc reads its tunables once, as a process starts,
-so `nmt` starts itself again with the tunable, before importing torch or anything else it needs. ``NMT_HUGE_PAGES=0``
-turns this off; a ``GLIBC_TUNABLES`` that already sets ``glibc.malloc.hugetlb`` is left alone. A
-program using nmt's Python API can set the variable before it starts.
+time. Where Linux gives transparent huge pages to memory that asks for them (``madvise`` mode, the
+usual default), glibc 2.35 and later asks for them when ``GLIBC_TUNABLES`` holds
+``glibc.malloc.hugetlb=1``. Whether that pays depends on the CPU: decoding ran 4-8% faster on an
+AMD Zen 5, but a whole `nmt generate` of 1,000 sentences took 1.11x as long on an Intel Xeon with
+AMX and 1.08x on an AMD Zen 4 (docs/translating.md). So it is opt-in: ``NMT_HUGE_PAGES=1``
+makes `nmt` start itself again with the tunable, before importing torch or anything else it needs
+(glibc reads its tunables once, as a process starts); a ``GLIBC_TUNABLES`` that already sets
+``glibc.malloc.hugetlb`` is left alone. A program using nmt's Python API can set the tunable
+before it starts.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from nmt.switches import turned_off
+from nmt.switches import turned_on
 
 TUNABLE = "glibc.malloc.hugetlb"
 RESTARTED = "NMT_RESTARTED_FOR_HUGE_PAGES"  # set in the new process: it never starts itself again
@@ -50,8 +52,8 @@ def environment_with_huge_pages(environ: Mapping[str, str], mode: str | None,
     """``environ`` with the tunable added to GLIBC_TUNABLES where it would give huge pages that the
     process does not get already; None where there is nothing to do."""
     tunables = environ.get("GLIBC_TUNABLES", "")
-    if turned_off("NMT_HUGE_PAGES", environ) or RESTARTED in environ or TUNABLE in tunables:
-        return None  # the user's choice, or this process has started again already
+    if not turned_on("NMT_HUGE_PAGES", environ) or RESTARTED in environ or TUNABLE in tunables:
+        return None  # not asked for, the user's own tunable, or this process has started again already
     if mode != "madvise" or glibc is None or glibc < (2, 35):
         return None  # no huge pages to ask for, or none that the tunable would add
     return {**environ, "GLIBC_TUNABLES": f"{tunables}:{TUNABLE}=1" if tunables else f"{TUNABLE}=1", RESTARTED: "1"}

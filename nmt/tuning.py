@@ -2,7 +2,7 @@
 
 They change the whole process for the rest of its life, so nmt sets them only as the `nmt`
 command, for the subcommands that decode (nmt/__main__.py: `nmt generate` and `nmt serve`; with
-huge pages for malloc too where they were measured to pay, nmt/huge_pages.py), and the small
+huge pages for malloc too where asked for, nmt/huge_pages.py), and the small
 oneDNN caches for those that train (`nmt train`, `nmt run`). A program that
 uses the Python API keeps its allocator and environment as they are, unless it asks::
 
