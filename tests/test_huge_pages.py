@@ -1,4 +1,4 @@
-"""`nmt` starts itself again with glibc's huge pages for malloc where they are to be had (nmt/huge_pages.py)."""
+"""`nmt` starts itself again with glibc's huge pages for malloc where asked for and to be had (nmt/huge_pages.py)."""
 
 import os
 import sys
@@ -17,6 +17,9 @@ ON = {"NMT_HUGE_PAGES": "1"}
 
 @pytest.mark.parametrize("environ, mode, glibc, expected", [
     (ON, "madvise", (2, 36), ASKED),
+    ({"NMT_HUGE_PAGES": " On "}, "madvise", (2, 36), ASKED),
+    ({"NMT_HUGE_PAGES": "true"}, "madvise", (2, 36), ASKED),
+    ({"NMT_HUGE_PAGES": "2"}, "madvise", (2, 36), None),  # not a word for on
     ({**ON, "GLIBC_TUNABLES": "glibc.malloc.arena_max=1"}, "madvise", (2, 35), f"glibc.malloc.arena_max=1:{ASKED}"),
     ({}, "madvise", (2, 36), None),  # not asked for: they cost on some CPUs
     ({"NMT_HUGE_PAGES": "0"}, "madvise", (2, 36), None),

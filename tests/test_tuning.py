@@ -29,7 +29,7 @@ def test_tuning_bounds_onednn_caches_unless_the_user_sized_them(monkeypatch):
     ("generate", True, True, False), ("serve", False, True, False), ("train", False, False, True),
     ("run", False, False, True), ("average", False, False, False), ("--version", False, False, False)])
 def test_only_the_decoding_subcommands_tune_the_process(monkeypatch, subcommand, huge_pages, tuned, bounded):
-    """Huge pages where they were measured to pay (decoding); the allocator settings wherever nmt decodes;
+    """Huge pages (where asked for) for generate only; the allocator settings wherever nmt decodes;
     small oneDNN caches for training too (bf16 products at a new shape every batch)."""
     calls = []
     monkeypatch.setattr(sys, "argv", ["/venv/bin/nmt", subcommand, "--help"])
