@@ -18,7 +18,7 @@ def test_a_second_run_leaves_an_unchanged_corpus_untouched(tmp_path):
     second = write_corpus_if_changed(tmp_path / "raw", train_size=200)
     assert second == first
     assert sorted(p.name for p in (tmp_path / "raw").iterdir()) == sorted(p.name for p in files.values())
-    for key, path in files.items():  # preprocess sees the same size and mtime, so its output is up to date
+    for key, path in files.items():  # an unchanged file keeps its mtime too
         assert (path.stat().st_mtime_ns == stamps[key]) == (key != "test.de"), key
     assert files["test.de"].read_text() != "edited\n"  # a changed file is written again
 

@@ -7,6 +7,7 @@ import gzip
 import io
 import json
 import logging
+import os
 import random
 import re
 from pathlib import Path
@@ -268,6 +269,35 @@ def test_same_request_is_up_to_date_a_different_one_needs_force(corpus, tmp_path
     rebuilt = preprocess(dataclasses.replace(options, vocab_size=90, force=True), show_progress=False)
     assert rebuilt.meta.vocab_sizes["en"] == 90 and len(rebuilt.split("test")) == 31
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bin", "text"]  # the old one moved aside, then deleted
+
+
+def test_a_corpus_copied_again_is_the_same_dataset_an_edit_of_the_same_size_is_not(corpus, tmp_path):
+    options = make_options(corpus, tmp_path)
+    first = preprocess(options, show_progress=False)
+    meta_time = (first.path / "meta.json").stat().st_mtime_ns
+    train = corpus / "train.en"
+    os.utime(train, ns=(1_000_000_000, 1_000_000_000))  # copied or mounted again: same bytes, new mtime
+    assert preprocess(options, show_progress=False).meta == first.meta
+    assert (first.path / "meta.json").stat().st_mtime_ns == meta_time
+    text = train.read_bytes()
+    train.write_bytes(text.replace(b"a", b"b", 1))  # one letter changed: same size, same mtime
+    os.utime(train, ns=(1_000_000_000, 1_000_000_000))
+    with pytest.raises(NmtError, match=r"differs in: input files"):
+        preprocess(options, show_progress=False)
+
+
+def test_a_dataset_recorded_without_digests_is_compared_by_size_and_mtime(corpus, tmp_path):
+    options = make_options(corpus, tmp_path)
+    first = preprocess(options, show_progress=False)
+    meta_file = first.path / "meta.json"
+    meta = json.loads(meta_file.read_text())
+    for stamp in meta["inputs"].values():
+        del stamp["sha256"]
+    meta_file.write_text(json.dumps(meta))
+    assert preprocess(options, show_progress=False).meta.inputs == meta["inputs"]  # up to date: kept as it was
+    os.utime(corpus / "train.en", ns=(1_000_000_000, 1_000_000_000))
+    with pytest.raises(NmtError, match=r"differs in: input files"):
+        preprocess(options, show_progress=False)
 
 
 def test_the_same_files_by_a_relative_path_are_the_same_dataset(corpus, tmp_path, monkeypatch):

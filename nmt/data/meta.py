@@ -55,7 +55,7 @@ class DatasetMeta:
     vocab_sizes: dict[str, int] = field(default_factory=dict)
     spm_sha256: dict[str, str] = field(default_factory=dict)
     options: dict[str, Any] = field(default_factory=dict)  # the preprocess options that shape the output
-    inputs: dict[str, dict[str, int]] = field(default_factory=dict)  # input file -> size, mtime_ns
+    inputs: dict[str, dict[str, int | str]] = field(default_factory=dict)  # file -> size, mtime_ns, sha256
     nmt_version: str | None = None
     shortlist_file: str | None = None  # the vocabulary shortlist learned from train (nmt/data/shortlist.py)
     samples: dict[str, SplitMeta] = field(default_factory=dict)  # train.sample1, ...: sampled segmentations of train

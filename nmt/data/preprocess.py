@@ -11,7 +11,7 @@ place at the end (``atomic_directory``), meta.json last (meta.py): bad input fou
 Ctrl-C never leaves a ``destdir`` that DataDir.open accepts. (A run killed outright may leave a
 hidden ``.NAME.tmp-*`` directory beside it, which the next run removes.)
 
-Running again with the same options and unchanged input files (same size and mtime) does nothing
+Running again with the same options and unchanged input files (same content) does nothing
 and says the directory is up to date (up_to_date.py); ``force`` rebuilds it.
 """
 
@@ -152,7 +152,7 @@ def recorded_options(options: PreprocessOptions) -> dict[str, Any]:
 
 
 def write_dataset(workdir: Path, splits: list[SplitFiles], vocabs: Vocabularies, options: PreprocessOptions,
-                  inputs: dict[str, dict[str, int]], progress: Progress, chunk_lines: int = CHUNK_LINES) -> None:
+                  inputs: dict[str, dict[str, int | str]], progress: Progress, chunk_lines: int = CHUNK_LINES) -> None:
     """Everything of a data directory into workdir, meta.json last."""
     languages = {vocabs.source_lang: vocabs.source, vocabs.target_lang: vocabs.target}
     meta = DatasetMeta(options.source_lang, options.target_lang, vocab_files=save_vocabularies(workdir, vocabs),
