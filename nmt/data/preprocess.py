@@ -168,9 +168,10 @@ def write_dataset(workdir: Path, splits: list[SplitFiles], vocabs: Vocabularies,
     if train and options.subword_samples:
         task = progress.add_task(f"sampling train x{options.subword_samples}", total=None)
         for number in range(1, options.subword_samples + 1):
-            meta.samples[sample_name(train.name, number)] = binarize_split(
-                workdir, train, vocabs, options, lambda lines: progress.advance(task, lines), chunk_lines,
-                Sampling(options.subword_alpha, seed=number), name=sample_name(train.name, number))
+            name = sample_name(train.name, number)
+            meta.samples[name] = binarize_split(workdir, train, vocabs, options,
+                                                lambda lines: progress.advance(task, lines), chunk_lines,
+                                                Sampling(options.subword_alpha, seed=number), name=name)
         tokens = [entry.source_tokens + entry.target_tokens for entry in (meta.splits["train"], *meta.samples.values())]
         logger.info(f"train sampled {options.subword_samples} times (alpha {options.subword_alpha}): "
                     f"{min(tokens[1:]):,}-{max(tokens[1:]):,} tokens against {tokens[0]:,}")

@@ -350,9 +350,10 @@ class Trainer:
                     context.world_size, shown, config.update_freq, context.world_size)
         left_out = max(batches_left_out(count, context.world_size) for count in counts)
         if left_out:
+            amount = left_out if counts[0] == counts[-1] else f"up to {left_out}"
             logger.warning("%s training batches do not share evenly among %d processes: each epoch leaves out %s "
-                           "of them (a different %s each epoch, as the order changes)", shown,
-                           context.world_size, *[left_out if counts[0] == counts[-1] else f"up to {left_out}"] * 2)
+                           "of them (a different %s each epoch, as the order changes)", shown, context.world_size,
+                           amount, amount)
         forecast = None  # the warm-up warning given at the start: the end does not repeat it
         if context.is_main:
             logger.info("precision: %s (%s)", config.compute.precision, self.precision_reason)
