@@ -1,4 +1,5 @@
-"""Data-parallel training: 2 gloo processes on CPU take the same steps as 1 process with --update-freq 2."""
+"""Data-parallel training: 2 gloo processes on CPU, each batching half of --max-tokens, take the same steps as 1
+process with --update-freq 2."""
 
 from __future__ import annotations
 
@@ -44,7 +45,8 @@ def test_two_processes_equal_one_with_update_freq_two(tiny_data_dir, tmp_path, j
     setup_logging(log_format="json")  # here, not in a fixture: the handler keeps the sys.stderr of its phase
     single = train(tiny_config(tiny_data_dir, tmp_path / "single", update_freq=2, **options))
     single_lines = json_log_lines()
-    parallel = train(tiny_config(tiny_data_dir, tmp_path / "parallel", nproc=2, device="cpu", **options))
+    # Two CPU processes as `--cpu-processes 2` lays them out: each batches half of --max-tokens.
+    parallel = train(tiny_config(tiny_data_dir, tmp_path / "parallel", cpu_processes=2, max_tokens=2000, **options))
     parallel_lines = json_log_lines()
     assert parallel.updates == single.updates == 3
     assert parallel.train_loss == pytest.approx(single.train_loss, rel=1e-5)  # losses summed over both ranks

@@ -7,12 +7,14 @@ import json
 import subprocess
 import sys
 
+import pytest
 import torch
 from test_training_trainer import tiny_config
 
 from nmt.checkpoint.format import load_checkpoint
 from nmt.cli import main
 from nmt.device import resolve_device
+from nmt.errors import NmtError
 from nmt.log import logger, setup_logging
 from nmt.training.distributed import processes_for_this_machine
 from nmt.training.trainer import train
@@ -58,13 +60,45 @@ def test_nproc_without_gpus_is_one_process_with_the_same_update_size(tiny_data_d
                                                                       monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     config = processes_for_this_machine(tiny_config(tiny_data_dir, tmp_path, nproc=4, update_freq=2, device="auto"),
-                                        resolve_device("auto"))
+                                        resolve_device("auto"), 1024)
     assert config.nproc == 1 and config.update_freq == 8
-    assert any("--nproc 4 with --device auto and no GPU" in m for m in messages)
+    assert any("--nproc 4 with --device auto and no GPU: --update-freq 8 instead" in m for m in messages)
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})
     config = processes_for_this_machine(tiny_config(tiny_data_dir, tmp_path, nproc=4, device="cpu"),
-                                        resolve_device("cpu"))
+                                        resolve_device("cpu"), 1024)
     assert config.nproc == 4 and any("--nproc 4 CPU processes on 2 core(s)" in m for m in messages)
+
+
+@pytest.mark.parametrize("threads,max_tokens,max_positions,asked,expected", [
+    (2, 4096, 1024, None, (2, 4096 // 2)),  # the CPU recipe on two cores: two processes of 2,048 tokens
+    (8, 4096, 1024, None, (2, 2048)),  # no batch below 2,048 tokens
+    (8, 25000, 1024, None, (8, 3125)),  # up to one process per thread
+    (1, 4096, 1024, None, (1, 4096)),
+    (2, 4000, 1024, None, (1, 4000)),
+    (4, 8192, 4096, None, (2, 4096)),  # each batch holds the longest pair the model takes
+    (2, 4096, 1024, 1, (1, 4096)),  # --cpu-processes 1: one process on all threads
+    (2, 1000, 1024, 2, (2, 500)),  # asked for: as given
+])
+def test_a_cpu_trains_in_processes_that_keep_the_update_size(tiny_data_dir, tmp_path, messages, threads, max_tokens,
+                                                             max_positions, asked, expected):
+    config = tiny_config(tiny_data_dir, tmp_path, threads=threads, max_tokens=max_tokens, update_freq=3,
+                         max_sentences=100, cpu_processes=asked)
+    laid_out = processes_for_this_machine(config, resolve_device("cpu"), max_positions)
+    assert (laid_out.nproc, laid_out.max_tokens) == expected
+    assert laid_out.update_freq == 3 and laid_out.max_sentences == 100 // expected[0]
+    if expected[0] > 1:
+        assert f"training in {expected[0]} CPU processes (gloo) of {max(1, threads // expected[0])} thread(s)" \
+            in messages[-1]
+
+
+def test_processes_on_a_cpu_are_for_a_cpu(tiny_data_dir, tmp_path, monkeypatch):
+    config = tiny_config(tiny_data_dir, tmp_path, threads=2, max_tokens=4096)
+    assert processes_for_this_machine(config, torch.device("cuda"), 1024) == config  # one process per GPU: --nproc
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert processes_for_this_machine(config, resolve_device("cpu"), 1024) == config  # torchrun chose the processes
+    with pytest.raises(NmtError, match="--nproc .* or --cpu-processes .* not both"):
+        tiny_config(tiny_data_dir, tmp_path, nproc=2, cpu_processes=2)
 
 
 def test_json_logs_are_pure_json_lines(tiny_data_dir, tmp_path, monkeypatch, capsys):

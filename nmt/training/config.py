@@ -110,6 +110,11 @@ class TrainConfig:
     nproc: int = field(default=1, metadata={
         "help": "Spawn N local worker processes (one per GPU; gloo on CPU). Under torchrun, leave it out.",
         "panel": DEVICES, "min": 1})
+    cpu_processes: int | None = field(default=None, metadata={
+        "help": "On a CPU, train in N processes (gloo) sharing the threads, each batch --max-tokens / N so that an "
+                "update keeps its size. Unset: as many as leave each batch at least 2,048 tokens, up to one per "
+                "thread (each process's matmuls run on fewer threads, where they scale better); 1: one process "
+                "on all threads.", "panel": DEVICES, "min": 1})
 
     # Checkpoints.
     save_interval_updates: int = field(default=0, metadata={
@@ -169,6 +174,8 @@ class TrainConfig:
             raise NmtError(f"{flag(needs)} needs validation, and --valid-subset is none")
         if self.max_tokens is None and self.max_sentences is None:
             raise NmtError("give --max-tokens or --max-sentences")
+        if self.cpu_processes is not None and self.nproc > 1:
+            raise NmtError("give --nproc (processes, one per GPU) or --cpu-processes (processes on a CPU), not both")
         self.max_time_seconds  # noqa: B018  (parses, or raises a clear error)
         if self.restore_file is not None and self.finetune_from_model is not None:
             raise NmtError("give --restore-file (resume a run's whole state) or --finetune-from-model (its weights "

@@ -32,7 +32,7 @@ from nmt.errors import NmtError, Stopped
 from nmt.generation.decoding_settings import RECORD_KEY
 from nmt.log import logger, stderr_console
 from nmt.log import state as log_state
-from nmt.models.registry import build_model, count_parameters, get_arch
+from nmt.models.registry import build_model, count_parameters, get_arch, resolve_config
 from nmt.training import checkpoints as ckpt
 from nmt.training.config import TrainConfig, config_to_dict, write_config
 from nmt.training.decoding_check import first_pairs, save_with_record, timed_check
@@ -96,7 +96,8 @@ def train(config: TrainConfig) -> TrainSummary:
         raise NmtError(f"--save-dir {config.save_dir} is the data directory: give the checkpoints a directory of "
                        "their own (`nmt preprocess` replaces its directory whole)")
     device = resolve_device(config.compute.device)
-    config = processes_for_this_machine(config, device)
+    model_config = resolve_config(get_arch(config.arch).config, config.model)
+    config = processes_for_this_machine(config, device, getattr(model_config, "max_positions", 0))
     saves = int(os.environ.get("RANK", 0)) == 0
     with ckpt.claim_save_dir(Path(config.save_dir)) if saves else contextlib.nullcontext():
         if config.nproc == 1:
