@@ -27,8 +27,9 @@ class DeviceOptions:
         "help": "Autocast precision; auto: bf16 where the hardware runs it natively (bf16 GPUs, CPUs with avx512_bf16 "
                 "or amx_bf16), else fp32; fp16 is for GPUs (training adds a dynamic loss scale).", "panel": PANEL})
     threads: int | None = field(default=None, metadata={
-        "help": "CPU threads torch computes with (intra-op), in all: --workers (generate) and --nproc (train) "
-                "share them, at least one each. Unset: as torch chooses (OMP_NUM_THREADS, else one per core).",
+        "help": "CPU threads torch computes with (intra-op), in all: --workers (generate), --nproc and "
+                "--cpu-processes (train) share them, at least one each. Unset: as torch chooses (OMP_NUM_THREADS, "
+                "else one per core).",
         "min": 1, "panel": PANEL})
 
     def __post_init__(self) -> None:

@@ -60,6 +60,8 @@ def test_non_ascii_stays_readable_json(tmp_path):
      "vocab_files": {"en": "spm.model", "de": "spm.model"}},  # a sampled segmentation without its size
     {"source_lang": "en", "target_lang": "de", "splits": {}, "samples": ["train.sample1"],
      "vocab_files": {"en": "spm.model", "de": "spm.model"}},
+    {"source_lang": "en", "target_lang": "de", "splits": {}, "inputs": {"/data/train.en": 5},
+     "vocab_files": {"en": "spm.model", "de": "spm.model"}},  # an input without its size and digest
     ["not", "a", "mapping"],
 ])
 def test_a_record_missing_what_reading_needs_is_one_line(tmp_path, record):

@@ -13,6 +13,7 @@ import time
 
 import numpy as np
 import pytest
+import yaml
 from conftest import interrupted_at, tiny_config
 
 from nmt.checkpoint.format import load_checkpoint
@@ -67,6 +68,8 @@ def test_two_processes_equal_one_with_update_freq_two(tiny_data_dir, tmp_path, j
         assert difference < 2e-6, f"{name} differs by {difference}"
     assert sorted(p.name for p in (tmp_path / "parallel").iterdir()) == \
         ["checkpoint_1_2.pt", "checkpoint_last.pt", "config.yaml", "metrics.jsonl"]
+    recorded = yaml.safe_load((tmp_path / "parallel" / "config.yaml").read_text())["train"]
+    assert (recorded["nproc"], recorded["max_tokens"], recorded["cpu_processes"]) == (2, 1000, None)
 
 
 def test_bad_input_fails_before_spawning(tiny_data_dir, tmp_path):

@@ -62,7 +62,8 @@ def test_nproc_without_gpus_is_one_process_with_the_same_update_size(tiny_data_d
     config = processes_for_this_machine(tiny_config(tiny_data_dir, tmp_path, nproc=4, update_freq=2, device="auto"),
                                         resolve_device("auto"), 1024)
     assert config.nproc == 1 and config.update_freq == 8
-    assert any("--nproc 4 with --device auto and no GPU: --update-freq 8 instead" in m for m in messages)
+    assert any("--nproc 4 with --device auto and no GPU: training in 1 process with --update-freq 8" in m
+               for m in messages)
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})
     config = processes_for_this_machine(tiny_config(tiny_data_dir, tmp_path, nproc=4, device="cpu"),
                                         resolve_device("cpu"), 1024)
@@ -76,6 +77,8 @@ def test_nproc_without_gpus_is_one_process_with_the_same_update_size(tiny_data_d
     (1, 4096, 1024, None, (1, 4096)),
     (2, 4000, 1024, None, (1, 4000)),
     (4, 8192, 4096, None, (2, 4096)),  # each batch holds the longest pair the model takes
+    (4, 6144, 1024, None, (2, 3072)),  # the threads shared evenly: not 3 processes on 4 threads
+    (3, 4096, 1024, None, (1, 4096)),
     (2, 4096, 1024, 1, (1, 4096)),  # --cpu-processes 1: one process on all threads
     (2, 1000, 1024, 2, (2, 500)),  # asked for: as given
 ])
@@ -89,16 +92,33 @@ def test_a_cpu_trains_in_processes_that_keep_the_update_size(tiny_data_dir, tmp_
     if expected[0] > 1:
         assert f"training in {expected[0]} CPU processes (gloo) of {max(1, threads // expected[0])} thread(s)" \
             in messages[-1]
+        assert laid_out.compute.threads == threads  # shared by the processes (train_process), whatever OMP says
 
 
 def test_processes_on_a_cpu_are_for_a_cpu(tiny_data_dir, tmp_path, monkeypatch):
     config = tiny_config(tiny_data_dir, tmp_path, threads=2, max_tokens=4096)
     assert processes_for_this_machine(config, torch.device("cuda"), 1024) == config  # one process per GPU: --nproc
+    with pytest.raises(NmtError, match="--cpu-processes 4 would leave each process batches of no token"):
+        processes_for_this_machine(tiny_config(tiny_data_dir, tmp_path, max_tokens=3, cpu_processes=4),
+                                   resolve_device("cpu"), 1024)
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "1")
     assert processes_for_this_machine(config, resolve_device("cpu"), 1024) == config  # torchrun chose the processes
     with pytest.raises(NmtError, match="--nproc .* or --cpu-processes .* not both"):
         tiny_config(tiny_data_dir, tmp_path, nproc=2, cpu_processes=2)
+
+
+def test_the_layout_sees_the_models_positions(tiny_data_dir, tmp_path, monkeypatch):
+    seen = []
+
+    def layout(config, device, max_positions):
+        seen.append(max_positions)
+        raise NmtError("laid out")
+
+    monkeypatch.setattr("nmt.training.trainer.processes_for_this_machine", layout)
+    with pytest.raises(NmtError, match="laid out"):
+        train(tiny_config(tiny_data_dir, tmp_path, model={"max_positions": 300}))
+    assert seen == [300]
 
 
 def test_json_logs_are_pure_json_lines(tiny_data_dir, tmp_path, monkeypatch, capsys):

@@ -111,5 +111,7 @@ def is_record(record: Any) -> bool:
     return isinstance(record, dict) and all(isinstance(record.get(key), kind) for key, kind in REQUIRED.items()) \
         and {record["source_lang"], record["target_lang"]} <= set(record["vocab_files"]) \
         and isinstance(record.get("samples", {}), dict) \
+        and isinstance(record.get("inputs", {}), dict) and all(isinstance(stamp, dict)
+                                                              for stamp in record.get("inputs", {}).values()) \
         and all(isinstance(entry, dict) and isinstance(entry.get("sentences"), int)
                 for entry in (*record["splits"].values(), *record.get("samples", {}).values()))

@@ -112,9 +112,10 @@ class TrainConfig:
         "panel": DEVICES, "min": 1})
     cpu_processes: int | None = field(default=None, metadata={
         "help": "On a CPU, train in N processes (gloo) sharing the threads, each batch --max-tokens / N so that an "
-                "update keeps its size. Unset: as many as leave each batch at least 2,048 tokens, up to one per "
-                "thread (each process's matmuls run on fewer threads, where they scale better); 1: one process "
-                "on all threads.", "panel": DEVICES, "min": 1})
+                "update keeps its size. Unset: as many as leave each batch at least 2,048 tokens and the longest pair "
+                "the model takes, up to one per thread, sharing the threads evenly (docs/performance.md: the "
+                "speed); 1: one process on all threads. Ignored on a GPU and under torchrun.",
+        "panel": DEVICES, "min": 1})
 
     # Checkpoints.
     save_interval_updates: int = field(default=0, metadata={

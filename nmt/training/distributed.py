@@ -85,10 +85,10 @@ class StopRequest:
             signal.signal(signum, handler)
 
 
-# The smallest batch a CPU training process is given by default: below it a batch's matmuls are too
-# small for one thread to run them well. At the CPU recipe's 4,096 tokens on two cores, two processes
-# of 2,048 made 1.17-1.20x the updates per second of one process on two threads (AMD EPYC Zen 4,
-# bf16; docs/performance.md), where one thread's matmuls lose less than two threads' share.
+# The smallest batch a CPU training process is given by default, the one measured: at the CPU recipe's
+# 4,096 tokens on two cores, two processes of 2,048 made 1.17-1.20x the updates per second of one
+# process on two threads (AMD EPYC Zen 4, bf16; docs/performance.md). Smaller batches were not
+# measured; their matmuls run further from what a thread can do.
 MIN_PROCESS_TOKENS = 2048
 
 
@@ -100,27 +100,31 @@ def processes_for_this_machine(config: TrainConfig, device: torch.device, max_po
     ``--device cpu`` keeps N processes, with a warning when they outnumber the cores.
 
     Otherwise, on a CPU, ``--cpu-processes`` (by default as many as leave each a batch of at least
-    MIN_PROCESS_TOKENS and of the longest pair the model takes, up to one per thread): P processes
-    share the threads and each batches ``--max-tokens`` / P tokens, so that an update is the same
-    size (2 processes take the steps of 1 with half the batch and twice the --update-freq; tested).
+    MIN_PROCESS_TOKENS and of the longest pair the model takes, up to one per thread, a divisor of
+    the threads): P processes share the threads and each batches ``--max-tokens`` / P tokens, so that
+    an update is the same size (2 processes take the steps of 1 with half the batch and twice the
+    --update-freq; tested).
     """
     if device.type != "cpu" or launched_by_torchrun():
         return config
     if config.nproc > 1:
         if config.compute.device == "auto":
-            logger.warning("--nproc %d with --device auto and no GPU: --update-freq %d instead (updates of the same "
-                           "size); give --device cpu to run %d CPU processes", config.nproc,
+            logger.warning("--nproc %d with --device auto and no GPU: training in 1 process with --update-freq %d "
+                           "(updates of the same size); give --device cpu to run %d CPU processes", config.nproc,
                            config.update_freq * config.nproc, config.nproc)
-            config = dataclasses.replace(config, nproc=1, update_freq=config.update_freq * config.nproc)
-        else:
-            cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-            if config.nproc > cores:
-                logger.warning("--nproc %d CPU processes on %d core(s): they will compete for the cores and train "
-                               "slower than %d process(es) with a larger --update-freq", config.nproc, cores, cores)
-            return config
+            return dataclasses.replace(config, nproc=1, update_freq=config.update_freq * config.nproc)
+        warn_if_more_than_cores(config.nproc, "--nproc")
+        return config
     threads = config.compute.threads or torch.get_num_threads()
-    processes = config.cpu_processes or (
-        min(threads, config.max_tokens // max(MIN_PROCESS_TOKENS, max_positions)) if config.max_tokens else 1)
+    if config.cpu_processes:
+        processes = config.cpu_processes
+        warn_if_more_than_cores(processes, "--cpu-processes")
+        if config.max_tokens is not None and config.max_tokens < processes:
+            raise NmtError(f"--cpu-processes {processes} would leave each process batches of no token: give at least "
+                           f"--max-tokens {processes}, or fewer processes")
+    else:  # the most that keep a batch at MIN_PROCESS_TOKENS and share the threads evenly
+        most = min(threads, config.max_tokens // max(MIN_PROCESS_TOKENS, max_positions)) if config.max_tokens else 1
+        processes = next(count for count in range(max(1, most), 0, -1) if threads % count == 0)
     if processes <= 1:
         return config
     batch = {"max_tokens": config.max_tokens // processes if config.max_tokens else None,
@@ -128,8 +132,17 @@ def processes_for_this_machine(config: TrainConfig, device: torch.device, max_po
     shown = " and ".join(f"{value:,} {name.removeprefix('max_')}" for name, value in batch.items() if value)
     logger.info("training in %d CPU processes (gloo) of %d thread(s), each batch up to %s: updates of the same "
                 "size as one process's (--cpu-processes%s)", processes, max(1, threads // processes), shown,
-                "" if config.cpu_processes else f" default; 1: one process on {threads} threads")
-    return dataclasses.replace(config, nproc=processes, cpu_processes=None, **batch)  # what config.yaml records
+                "" if config.cpu_processes else f" unset; 1: one process on {threads} threads")
+    # What config.yaml records: the processes and each one's batch; --threads, the threads they share.
+    return dataclasses.replace(config, nproc=processes, cpu_processes=None, **batch,
+                               compute=dataclasses.replace(config.compute, threads=threads))
+
+
+def warn_if_more_than_cores(processes: int, option: str) -> None:
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if processes > cores:
+        logger.warning("%s %d CPU processes on %d core(s): they will compete for the cores and train slower than "
+                       "%d process(es) with a larger --update-freq", option, processes, cores, cores)
 
 
 def launched_by_torchrun() -> bool:

@@ -127,7 +127,8 @@ def train_in_this_process(job: Job) -> TrainSummary:
         raise
     shutdown_distributed(together=True)
     if context.is_main and job.config.check_decoding:
-        trainer.check_decoding()  # once the peers have left, which would otherwise wait for it at the barrier
+        with using_threads(job.config.compute.threads):  # the peers' threads too, now that they have left
+            trainer.check_decoding()  # once the peers have left, which would otherwise wait for it at the barrier
     return summary
 
 
