@@ -320,8 +320,8 @@ def test_auto_uses_the_shortlist_on_the_cpu_only_and_says_so(checkpoint, caplog)
     assert not uses_shortlist(search, vocabs.shortlist, "cuda")
     assert not uses_shortlist(SearchOptions(shortlist="none"), vocabs.shortlist, "cpu")
     with caplog.at_level("INFO", logger="nmt"):
-        log_shortlist(search, vocabs, torch.device("cuda"))
-        log_shortlist(search, vocabs, torch.device("cpu"))
+        log_shortlist(search, vocabs, torch.device("cuda"), "each sentence scores its own candidates")
+        log_shortlist(search, vocabs, torch.device("cpu"), "each sentence scores its own candidates")
     assert [record.getMessage().split(",")[0] for record in caplog.records] == [
         "vocabulary shortlist: not on cuda", "vocabulary shortlist: each sentence scores its own candidates (4 per "
         "source piece"]

@@ -164,10 +164,11 @@ def load_engine(options: GenerateOptions, device: torch.device) -> Engine:
     """nmt's decoder (one model or an ensemble) or CTranslate2's, as --engine says."""
     if options.engine == "ctranslate2":
         translate, vocabs = load_ctranslate2(options, device)
-        log_shortlist(options.search, vocabs, device)
+        log_shortlist(options.search, vocabs, device, "each batch scores the candidates of all its sentences "
+                      "(CTranslate2's vocabulary map)")
         return Engine(translate, vocabs, None)
     model, vocabs = prepare_model(options.path, device, options.compute.quantize, options.compute.backend)
-    log_shortlist(options.search, vocabs, device)
+    log_shortlist(options.search, vocabs, device, "each sentence scores its own candidates")
     kept_workers = KeptWorkers()
     request = TranslationRequest(options.search, options.batching, device, options.compute.precision,
                                  shortlist=vocabs.shortlist, fork_workers=True,  # nmt generate's own process
@@ -185,16 +186,17 @@ def backend_note(engine: object) -> str:
     return f", decoding backend: {backend.describe()}" if backend is not None else ""
 
 
-def log_shortlist(search: SearchOptions, vocabs: Vocabularies, device: torch.device) -> None:
-    """Say that a shortlist is used, and how to do without; or why the checkpoint's is not used here."""
+def log_shortlist(search: SearchOptions, vocabs: Vocabularies, device: torch.device, how: str) -> None:
+    """Say that a shortlist is used (``how`` the engine uses it), and how to do without; or why the
+    checkpoint's is not used here."""
     if not uses_shortlist(search, vocabs.shortlist, "cpu"):
         return
     if device.type != "cpu":
         logger.info("vocabulary shortlist: not on %s, where scoring all %d pieces costs less than choosing candidates",
                     device.type, len(vocabs.target))
     else:
-        logger.info("vocabulary shortlist: each sentence scores its own candidates (%d per source piece, %d frequent; "
-                    "--shortlist none scores all %d pieces)", vocabs.shortlist.translations.shape[1],
+        logger.info("vocabulary shortlist: %s (%d per source piece, %d frequent; --shortlist none scores all %d "
+                    "pieces)", how, vocabs.shortlist.translations.shape[1],
                     len(vocabs.shortlist.frequent), len(vocabs.target))
 
 
