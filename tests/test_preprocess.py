@@ -24,6 +24,7 @@ from nmt.data.binarize import drop_reasons
 from nmt.data.corpus import split_names
 from nmt.data.dataset import DataDir
 from nmt.data.preprocess import PreprocessOptions, preprocess
+from nmt.data.summary import summary_table
 from nmt.data.vocabulary import EOS_ID, UNK_ID
 from nmt.errors import NmtError
 from nmt.log import logger
@@ -573,6 +574,11 @@ def test_subword_samples_are_other_segmentations_of_the_same_pairs(corpus, tmp_p
         assert sample.source.sizes.sum() > best.source.sizes.sum()  # merges dropped: more, shorter pieces
     assert not np.array_equal(samples[0].target.tokens, samples[1].target.tokens)
     assert datadir.meta.samples["train.sample1"].sentences == len(source)
+    sizes = sorted(sum(part.sizes.sum() for part in (sample.source, sample.target)) for sample in samples)
+    shown = f"{sizes[0]:,}-{sizes[-1]:,}"
+    assert datadir.meta.sample_tokens() == shown
+    assert summary_table(datadir).caption == (f"and 2 sampled segmentations of train (--subword-samples), {shown} "
+                                              "tokens each, read one an epoch")
     for workers in (1, 2):  # seeded, on one thread: the same text gives the same samples
         again = preprocess(make_options(corpus, tmp_path, subword_samples=2, workers=workers,
                                         destdir=str(tmp_path / f"again{workers}")), show_progress=False)

@@ -65,6 +65,11 @@ class DatasetMeta:
     def joint(self) -> bool:
         return self.vocab_files[self.source_lang] == self.vocab_files[self.target_lang]
 
+    def sample_tokens(self) -> str:
+        """The sampled segmentations' sizes in tokens (both sides), as "least-most" (empty without samples)."""
+        tokens = [entry.source_tokens + entry.target_tokens for entry in self.samples.values()]
+        return f"{min(tokens):,}-{max(tokens):,}" if tokens else ""
+
     @classmethod
     def load(cls, directory: Path) -> "DatasetMeta":
         path = directory / META_FILE

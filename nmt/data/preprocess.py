@@ -172,9 +172,9 @@ def write_dataset(workdir: Path, splits: list[SplitFiles], vocabs: Vocabularies,
             meta.samples[name] = binarize_split(workdir, train, vocabs, options,
                                                 lambda lines: progress.advance(task, lines), chunk_lines,
                                                 Sampling(options.subword_alpha, seed=number), name=name)
-        tokens = [entry.source_tokens + entry.target_tokens for entry in (meta.splits["train"], *meta.samples.values())]
+        train_tokens = meta.splits["train"].source_tokens + meta.splits["train"].target_tokens
         logger.info(f"train sampled {options.subword_samples} times (alpha {options.subword_alpha}): "
-                    f"{min(tokens[1:]):,}-{max(tokens[1:]):,} tokens against {tokens[0]:,}")
+                    f"{meta.sample_tokens()} tokens against {train_tokens:,}")
     if "train" in meta.splits:
         meta.shortlist_file = save_shortlist(DataDir(workdir, meta), vocabs)
     meta.save(workdir)

@@ -42,7 +42,6 @@ def summary_table(datadir: DataDir) -> Table:
                       f"{unk_rate(entry.target_unk, entry.target_tokens, entry.sentences):.3%}",
                       format_dropped(entry.dropped) if entry.dropped is not None else "-")
     if meta.samples:
-        tokens = [entry.source_tokens + entry.target_tokens for entry in meta.samples.values()]
-        table.caption = (f"and {len(tokens)} sampled segmentations of train (--subword-samples), "
-                         f"{min(tokens):,}-{max(tokens):,} tokens each, read one an epoch")
+        table.caption = (f"and {len(meta.samples)} sampled segmentations of train (--subword-samples), "
+                         f"{meta.sample_tokens()} tokens each, read one an epoch")
     return table
