@@ -333,6 +333,20 @@ def test_a_resume_takes_this_runs_optimizer_settings(tiny_data_dir, tmp_path, me
     assert (tuple(group["betas"]), group["eps"], group["weight_decay"]) == ((0.9, 0.999), 1e-6, 0.1)
 
 
+def test_a_resume_with_batches_cut_otherwise_starts_the_epoch_again(tiny_data_dir, tmp_path, messages):
+    """Position 4 of an epoch of 1,000-token batches is not position 4 of 500-token ones (a CPU's
+    processes halve --max-tokens): the epoch starts again rather than leave pairs out."""
+    train(tiny_config(tiny_data_dir, tmp_path, max_update=4))
+    train(tiny_config(tiny_data_dir, tmp_path, max_update=5, max_tokens=500))
+    assert "epoch 1 was cut into batches by max_tokens 1000, now by max_tokens 500: it starts again" in \
+        "\n".join(messages)
+    state = load_checkpoint(tmp_path / "checkpoint_last.pt")["train_state"]
+    assert (state["epoch"], state["update"], state["position"]) == (1, 5, 1)
+    train(tiny_config(tiny_data_dir, tmp_path, max_update=6, max_tokens=500))  # the same cut: on from batch 1
+    state = load_checkpoint(tmp_path / "checkpoint_last.pt")["train_state"]
+    assert (state["epoch"], state["update"], state["position"]) == (1, 6, 2)
+
+
 def test_finetune_from_model_starts_a_new_run_from_the_weights(tiny_data_dir, tmp_path, messages):
     train(tiny_config(tiny_data_dir, tmp_path / "first", max_update=4))
     first = tmp_path / "first" / "checkpoint_last.pt"

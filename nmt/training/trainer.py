@@ -201,6 +201,13 @@ class Trainer:
         changed = [f"{key} {before[key]!r} -> {now[key]!r}" for key in now if key in before and before[key] != now[key]]
         logger.info("resuming from %s: epoch %d, update %d%s", path, self.state.epoch, self.state.update,
                     f" (changed: {', '.join(changed)})" if changed else "")
+        cut = [key for key in BATCH_CUT if key in before and before[key] != now[key]]
+        if cut and self.state.position:
+            logger.warning("epoch %d was cut into batches by %s, now by %s: it starts again from its first batch, so "
+                           "that none of its pairs is left out (those of its first %d batches are trained twice)",
+                           self.state.epoch, ", ".join(f"{key} {before[key]}" for key in cut),
+                           ", ".join(f"{key} {now[key]}" for key in cut), self.state.position)
+            self.state = dataclasses.replace(self.state, position=0)
         repeated = batches_trained_again(self.state.position, self.context.world_size)
         if repeated:
             logger.warning("resuming at batch %d of epoch %d with %d processes (the run stopped with another "
@@ -461,6 +468,11 @@ class Trainer:
 def batches_left_out(num_batches: int, world_size: int) -> int:
     """Batches an epoch skips so that every process takes the same number (nmt/training/iterator.py)."""
     return num_batches % world_size
+
+
+# What cuts an epoch into batches: a resume with other values sees another list of batches (a CPU's
+# processes change --max-tokens with the threads: nmt/training/distributed.py).
+BATCH_CUT = ("max_tokens", "max_sentences", "required_batch_size_multiple")
 
 
 def batches_trained_again(position: int, world_size: int) -> int:
