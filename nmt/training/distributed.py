@@ -86,9 +86,10 @@ class StopRequest:
 
 
 # The smallest batch a CPU training process is given by default, the one measured: at the CPU recipe's
-# 4,096 tokens on two cores, two processes of 2,048 made 1.17-1.20x the updates per second of one
-# process on two threads (AMD EPYC Zen 4, bf16; docs/performance.md). Smaller batches were not
-# measured; their matmuls run further from what a thread can do.
+# 4,096 tokens on two cores, two processes of 2,048 made 1.08-1.12x the updates per second of one
+# process on two threads with the recipe's dropouts, 1.17-1.20x with dropout 0.1 (AMD EPYC Zen 4,
+# bf16; docs/performance.md). Smaller batches were not measured; their matmuls run further from what
+# a thread can do.
 MIN_PROCESS_TOKENS = 2048
 
 
