@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import gzip
+import hashlib
 import os
 import shutil
 import signal
@@ -20,6 +21,15 @@ from typing import IO, Iterable, Iterator
 
 from nmt.errors import NmtError
 from nmt.log import logger
+
+
+def sha256_of(fd: int) -> str:
+    """The SHA-256 of the whole file open on ``fd`` (read from its start, whatever the descriptor's offset)."""
+    digest, offset = hashlib.sha256(), 0
+    while chunk := os.pread(fd, 1 << 20, offset):
+        digest.update(chunk)
+        offset += len(chunk)
+    return digest.hexdigest()
 
 
 def os_error_of(exc: BaseException) -> OSError | None:

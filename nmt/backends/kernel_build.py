@@ -31,6 +31,7 @@ from pathlib import Path
 
 from nmt.backends.kernels import SOURCE, Kernels
 from nmt.errors import NmtError
+from nmt.files import sha256_of
 from nmt.log import logger
 
 # -O3 vectorizes the loops; the math flags let it reorder float sums (as any SIMD dot product does)
@@ -224,14 +225,6 @@ def read_record(directory: int, name: str) -> str | None:
         return None
     with os.fdopen(fd, "rb") as handle:
         return handle.read(256).decode("ascii", "replace").strip()
-
-
-def sha256_of(fd: int) -> str:
-    digest, offset = hashlib.sha256(), 0
-    while chunk := os.pread(fd, 1 << 20, offset):
-        digest.update(chunk)
-        offset += len(chunk)
-    return digest.hexdigest()
 
 
 def load_library(fd: int) -> ctypes.CDLL:

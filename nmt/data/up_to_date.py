@@ -3,13 +3,13 @@ input files of the same content) is kept; only a dataset is ever replaced, and o
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Any, Iterable
 
 from nmt.data.corpus import SplitFiles
 from nmt.data.meta import META_FILE, DatasetMeta
 from nmt.errors import NmtError
+from nmt.files import sha256_of
 
 
 def fingerprints(splits: list[SplitFiles], spm_model: str | None) -> dict[str, dict[str, int | str]]:
@@ -22,19 +22,12 @@ def fingerprints(splits: list[SplitFiles], spm_model: str | None) -> dict[str, d
     for path in paths:
         try:
             stat = path.stat()
-            result[str(path.resolve())] = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
-                                           "sha256": file_digest(path)}
+            with open(path, "rb") as file:
+                digest = sha256_of(file.fileno())
+            result[str(path.resolve())] = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": digest}
         except OSError as exc:
             raise NmtError(f"cannot read {path}: {exc.strerror or exc}") from exc
     return result
-
-
-def file_digest(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as file:
-        while chunk := file.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def same_inputs(recorded: dict[str, dict[str, int | str]], current: dict[str, dict[str, int | str]]) -> bool:
