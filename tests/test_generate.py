@@ -32,6 +32,7 @@ from nmt.generation.options import BatchingOptions, GenerateOptions, SearchOptio
 from nmt.generation.translator import Translator
 from nmt.generation.workers import KeptWorkers, forks_workers, map_in_workers
 from nmt.models.registry import build_model, get_arch, resolve_config
+from nmt.models.transformer import FeedForward
 from nmt.options import build
 from nmt.scoring import MetricOptions, score
 
@@ -570,9 +571,10 @@ def test_int8_quantization_runs_and_mostly_agrees(checkpoint, data_dir):
     int8 = generate(options(checkpoint, data=str(data_dir), quantize="int8", output="/dev/null"))  # precision auto
     model, _ = prepare_model(checkpoint, torch.device("cpu"), "int8")
     quantized = [m for m in model.modules() if isinstance(m, Int8Linear)]
-    # every linear layer of both stacks; each decoder self-attention's q, k and v as one, each first
-    # feed-forward layer with its ReLU (int8.fuse_layers)
-    assert len(quantized) == 2 * (4 + 2) + 2 * (4 + 4 + 2) + 1 + 2 + 4
+    # every linear layer of both stacks, and each decoder self-attention's q, k and v also as one
+    # (nmt/generation/fused_layers.py); each first feed-forward layer has its ReLU
+    assert len(quantized) == 2 * (4 + 2) + 2 * (4 + 4 + 2) + 1 + 2
+    assert all(block.fc1.relu for block in model.modules() if isinstance(block, FeedForward))
     assert model.output_layer in quantized  # the output projection too
     agree = sum(a == b for a, b in zip(best_tokens(fp32), best_tokens(int8)))
     assert agree >= len(fp32.translations) // 2

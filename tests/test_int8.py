@@ -12,6 +12,8 @@ from nmt.backends import int8 as int8_module
 from nmt.backends.int8 import Int8Linear, quantize
 from nmt.backends.kernel_build import built_kernels
 from nmt.data.vocabulary import BOS_ID, EOS_ID, PAD_ID
+from nmt.generation.fused_layers import FusedSelfAttention, fuse_int8_layers
+from nmt.models.attention import MultiHeadAttention
 from nmt.models.transformer import Transformer, transformer_tiny
 
 KERNELS = built_kernels()[0]
@@ -119,16 +121,20 @@ def test_a_layer_of_some_rows_multiplies_by_those_rows():
     assert torch.equal(layer.rows(rows)(x), layer(x)[:, rows])
 
 
+def fused(model: nn.Module) -> nn.Module:
+    return fuse_int8_layers(quantize(model))
+
+
 def test_fused_projections_give_each_layer_s_own_results():
     """Weights of different ranges keep their own scales in the fused layer: the same products, bit for bit."""
     torch.manual_seed(2)
     model = Transformer(transformer_tiny(), 20, 20, PAD_ID).eval()
     with torch.no_grad():
         model.decoder_layers[1].self_attn.k_proj.weight.mul_(5.0)
-    model = quantize(model)
-    assert model.encoder_layers[0].self_attn.qkv_proj is None  # the encoder runs once per batch: not fused
+    model = fused(model)
+    assert type(model.encoder_layers[0].self_attn) is MultiHeadAttention  # the encoder runs once per batch: not fused
     attention = model.decoder_layers[1].self_attn
-    assert isinstance(attention.qkv_proj, Int8Linear) and attention.qkv_proj.out_features == 3 * 64
+    assert isinstance(attention, FusedSelfAttention) and attention.qkv_proj.out_features == 3 * 64
     x = torch.randn(3, 1, 64)
     q, k, v = attention.project_qkv(x)
     assert torch.equal(q, attention.split_heads(attention.q_proj(x)))
@@ -137,19 +143,18 @@ def test_fused_projections_give_each_layer_s_own_results():
 
 
 def test_int8_decoding_steps_project_queries_keys_and_values_at_once():
+    """The fused model decodes as the unfused one, to the bit, without calling the separate projections."""
     torch.manual_seed(3)
     model = quantize(Transformer(transformer_tiny(), 20, 20, PAD_ID).eval())
     source = torch.tensor([[5, 6, 7, EOS_ID]])
     with torch.inference_mode():
-        encoder_out, cache = model.encode(source), model.new_cache()
-        fused = [(layer.self_attn.qkv_proj, layer.ffn.fc1_relu) for layer in model.decoder_layers]
-        for layer in model.decoder_layers:  # the separate layers' results
-            layer.self_attn.qkv_proj = layer.ffn.fc1_relu = None
-        expected = model.decode(torch.tensor([[BOS_ID]]), encoder_out, cache)
-        for layer, (qkv, fc1_relu) in zip(model.decoder_layers, fused):  # the fused layers, the separate not called
-            layer.self_attn.qkv_proj, layer.ffn.fc1_relu = qkv, fc1_relu
-            for projection in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
-                projection.forward = not_called
+        encoder_out = model.encode(source)
+        expected = model.decode(torch.tensor([[BOS_ID]]), encoder_out, model.new_cache())
+        model = fuse_int8_layers(model)
+        for layer in model.decoder_layers:
+            for module in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                module.forward = not_called
+            assert isinstance(layer.ffn.activation, nn.Identity) and layer.ffn.fc1.relu
         assert torch.equal(model.decode(torch.tensor([[BOS_ID]]), encoder_out, model.new_cache()), expected)
 
 
@@ -163,8 +168,15 @@ def test_int8_feed_forward_layers_apply_the_relu_in_their_first_product():
     block = model.decoder_layers[0].ffn
     x = torch.randn(5, 1, 64)
     expected = block.fc2(torch.relu(block.fc1(x)))
-    block.fc1.forward = not_called
-    assert isinstance(block.fc1_relu, Int8Linear) and torch.equal(block(x), expected)
+    fuse_int8_layers(model)
+    assert torch.equal(block(x), expected)
+    assert isinstance(block.fc1, Int8Linear) and block.fc1.relu and isinstance(block.activation, nn.Identity)
+
+
+def test_fusing_leaves_a_model_that_is_not_int8_as_it_is():
+    model = Transformer(transformer_tiny(), 20, 20, PAD_ID).eval()
+    before = [type(module) for module in model.modules()]
+    assert [type(module) for module in fuse_int8_layers(model).modules()] == before
 
 
 def scored(translator: Translator, sentences: list[str], **options) -> list[list[tuple]]:

@@ -331,7 +331,7 @@ def test_bf16_decoding_on_cpu_caches_and_attends_in_fp32(backend):
 def test_decoding_on_cpu_encodes_a_few_sentences_at_a_time_with_the_same_result(monkeypatch):
     """The chunks' states and cross-attention keys and values are the batch's (fp32), each sentence
     with its padding; training's forward pass and attention maps still see the batch at once."""
-    from nmt.models import transformer
+    from nmt.backends import torch_backend
     from nmt.models.attention_maps import attention_maps
 
     model = make_model()
@@ -339,7 +339,7 @@ def test_decoding_on_cpu_encodes_a_few_sentences_at_a_time_with_the_same_result(
     src[2, 4:] = PAD_ID
     with torch.inference_mode():
         whole = model.encode(src)
-        monkeypatch.setattr(transformer, "ENCODE_CHUNK", 14)  # two sentences a chunk
+        monkeypatch.setattr(torch_backend, "ENCODE_CHUNK", 14)  # two sentences a chunk
         encoded = []
         monkeypatch.setattr(model, "encode_sentences", lambda chunk, original=model.encode_sentences:
                             encoded.append(len(chunk)) or original(chunk))

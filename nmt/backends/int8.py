@@ -134,22 +134,6 @@ def concatenated(layers: list[Int8Linear]) -> Int8Linear:
                                  bias, weights[0].kernels))
 
 
-def fuse_layers(model: nn.Module) -> None:
-    """Fewer passes per decoding step (docs/performance.md): each int8 decoder layer's self-attention
-    gets its q, k and v projections as one layer (``qkv_proj``; the encoder, which runs once per
-    batch, keeps its three), and each feed-forward block its first layer with the ReLU in its
-    product (``fc1_relu``, the same weights)."""
-    for layer in getattr(model, "decoder_layers", []):
-        attention = layer.self_attn
-        projections = [attention.q_proj, attention.k_proj, attention.v_proj]
-        if all(isinstance(p, Int8Linear) for p in projections):
-            attention.qkv_proj = concatenated(projections)
-    for block in model.modules():
-        first = getattr(block, "fc1", None)
-        if hasattr(block, "fc1_relu") and isinstance(first, Int8Linear):
-            block.fc1_relu = first.with_relu()
-
-
 def quantize(model: nn.Module, kernels: Kernels | None = None) -> nn.Module:
     """A copy of the model with its linear layers in int8: the weights as torch.ao's quantize_dynamic
     quantizes them (one scale per layer), the activations a row at a time (Int8Linear), in nmt's C
@@ -161,5 +145,4 @@ def quantize(model: nn.Module, kernels: Kernels | None = None) -> nn.Module:
             for name, child in parent.named_children():
                 if isinstance(child, torch.ao.nn.quantized.dynamic.Linear):
                     setattr(parent, name, Int8Linear(Int8Weight.of(child.weight(), child.bias(), kernels)))
-    fuse_layers(model)
     return model

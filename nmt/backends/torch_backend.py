@@ -26,8 +26,12 @@ from nmt.backends.kv_cache import DecoderCache, KeyValueCache
 # step-by-step decoding make nearly every call a new shape: with it, bf16 training ran 4x and bf16
 # beam search 15x slower than without it on an H100 (docs/performance.md). The others have no such cost.
 CUDA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+ENCODE_CHUNK = 256  # source tokens (padding included) encoded at once when decoding on CPU: see TorchBackend.encode
 BLOCK = 64  # vocabulary entries per block in select_top: 3.4x faster than one top-k over all (600 rows x 8,000)
 NEG_INF = float("-inf")
+
+# The encoder's states, the padding mask and each decoder layer's cross-attention keys and values.
+Encoded = tuple[Tensor, Tensor, tuple[tuple[Tensor, Tensor], ...]]
 
 
 class TorchBackend:
@@ -45,6 +49,28 @@ class TorchBackend:
         search leaves them in place as sentences leave; None: row i)."""
         key, value, mask = select_rows(rows, key, value, mask)
         return scaled_dot_product(query, key, value, mask, is_causal, dropout)
+
+    def encode(self, encode_sentences: Callable[[Tensor], Encoded], src_tokens: Tensor) -> Encoded:
+        """The encoder's output for decoding, by ``encode_sentences`` (the model's, for some sentences).
+
+        On CPU, the cross-attention's keys and values are widened to fp32 once, here, contiguous:
+        decoding's steps attend in fp32 there (cpu_attention_in_fp32) and nmt's kernels read them so.
+        And under inference mode a batch is encoded a few sentences at a time (ENCODE_CHUNK tokens):
+        the layers' temporaries are then a chunk's, not the batch's, which lowered decoding's peak
+        memory at no cost in time (docs/performance.md). Each sentence keeps its padding."""
+        if src_tokens.device.type != "cpu":
+            return encode_sentences(src_tokens)
+
+        def encode_in_fp32(sentences: Tensor) -> Encoded:
+            states, padding_mask, memory = encode_sentences(sentences)
+            return states, padding_mask, tuple((k.float().contiguous(), v.float().contiguous()) for k, v in memory)
+
+        if not torch.is_inference_mode_enabled() or src_tokens.numel() <= ENCODE_CHUNK:
+            return encode_in_fp32(src_tokens)
+        chunks = [encode_in_fp32(chunk) for chunk in src_tokens.split(max(1, ENCODE_CHUNK // src_tokens.size(1)))]
+        memory = tuple(tuple(torch.cat([chunk[2][layer][i] for chunk in chunks]) for i in (0, 1))
+                       for layer in range(len(chunks[0][2])))
+        return torch.cat([chunk[0] for chunk in chunks]), torch.cat([chunk[1] for chunk in chunks]), memory
 
     def new_cache(self, layers: int) -> DecoderCache:
         """An empty self-attention cache for ``layers`` decoder layers."""

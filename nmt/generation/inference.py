@@ -43,6 +43,7 @@ from nmt.generation.candidates import batch_candidates
 from nmt.generation.constraints import BatchControls, SentenceControls, contains
 from nmt.generation.decoding_settings import stop_for
 from nmt.generation.ensemble import Ensemble
+from nmt.generation.fused_layers import fuse_int8_layers
 from nmt.generation.options import BatchingOptions, SearchOptions, check_workers, choose_workers
 from nmt.generation.search import Hypothesis, SearchStopped, beam_search, max_lengths, model_positions
 from nmt.generation.workers import KeptWorkers, forks_workers, map_in_workers
@@ -105,7 +106,8 @@ def inference_model(model: nn.Module, quantize: str, backend: TorchBackend) -> n
     model.eval()
     if quantize == "int8":
         model.separate_output_layer()  # the largest product of every step; int8 only sees modules
-        model = int8.quantize(model, backend.kernels if isinstance(backend, CpuKernelsBackend) else None)
+        kernels = backend.kernels if isinstance(backend, CpuKernelsBackend) else None
+        model = fuse_int8_layers(int8.quantize(model, kernels))
     model.backend = backend
     return model
 

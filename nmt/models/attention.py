@@ -24,8 +24,6 @@ class MultiHeadAttention(nn.Module):
         for proj in (self.q_proj, self.k_proj, self.v_proj, self.out_proj):
             nn.init.xavier_uniform_(proj.weight)
             nn.init.zeros_(proj.bias)
-        # For inference, where they were fused: q_proj, k_proj and v_proj as one product (int8's fuse_layers).
-        self.qkv_proj: nn.Module | None = None
 
     def split_heads(self, x: Tensor) -> Tensor:
         """(B, T, D) -> (B, heads, T, D/heads)."""
@@ -41,11 +39,8 @@ class MultiHeadAttention(nn.Module):
         return self.split_heads(self.k_proj(memory)), self.split_heads(self.v_proj(memory))
 
     def project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Self-attention's queries, keys and values (B, heads, T, D/heads), in one product where fused."""
-        if self.qkv_proj is None:
-            return (self.split_heads(self.q_proj(x)), *self.project_kv(x))
-        q, k, v = self.qkv_proj(x).chunk(3, dim=-1)
-        return self.split_heads(q), self.split_heads(k), self.split_heads(v)
+        """Self-attention's queries, keys and values (B, heads, T, D/heads)."""
+        return (self.split_heads(self.q_proj(x)), *self.project_kv(x))
 
     def forward(self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None = None,
                 is_causal: bool = False, rows: Tensor | None = None, backend: TorchBackend = TORCH) -> Tensor:

@@ -23,8 +23,6 @@ from nmt.errors import NmtError
 from nmt.models.attention import MultiHeadAttention
 from nmt.models.registry import register_arch, register_model
 
-ENCODE_CHUNK = 256  # source tokens (padding included) encoded at once when decoding on CPU: see encode
-
 
 @dataclass(frozen=True)
 class TransformerConfig:
@@ -109,16 +107,15 @@ class FeedForward(nn.Module):
     def __init__(self, d_model: int, ffn_dim: int, activation_dropout: float):
         super().__init__()
         self.fc1 = nn.Linear(d_model, ffn_dim)
+        self.activation = nn.ReLU()
         self.fc2 = nn.Linear(ffn_dim, d_model)
         self.activation_dropout = Dropout(activation_dropout)
         for fc in (self.fc1, self.fc2):
             nn.init.xavier_uniform_(fc.weight)
             nn.init.zeros_(fc.bias)
-        self.fc1_relu: nn.Module | None = None  # inference in int8 only: fc1 with the ReLU in its product
 
     def forward(self, x: Tensor) -> Tensor:
-        hidden = F.relu(self.fc1(x)) if self.fc1_relu is None else self.fc1_relu(x)
-        return self.fc2(self.activation_dropout(hidden))
+        return self.fc2(self.activation_dropout(self.activation(self.fc1(x))))
 
 
 class Residual(nn.Module):
@@ -242,21 +239,10 @@ class Transformer(nn.Module):
         return self.embed_dropout(embedding(tokens) * self.embed_scale + self.positions[offset:end])
 
     def encode(self, src_tokens: Tensor, columns: Tensor | None = None) -> EncoderOut:
-        """With ``columns`` (sentences, width: vocabulary ids), ``decode`` gives logits for each
-        sentence's entries only.
-
-        Decoding on CPU encodes a batch's sentences a few at a time (``ENCODE_CHUNK`` tokens): the
-        layers' temporaries are then a chunk's, not the batch's, which lowered decoding's peak
-        memory at no cost in time (docs/performance.md). Each sentence keeps its padding."""
-        if torch.is_inference_mode_enabled() and src_tokens.device.type == "cpu" and src_tokens.numel() > ENCODE_CHUNK:
-            sentences = max(1, ENCODE_CHUNK // src_tokens.size(1))
-            chunks = [self.encode_sentences(chunk) for chunk in src_tokens.split(sentences)]
-            states = torch.cat([chunk[0] for chunk in chunks])
-            padding_mask = torch.cat([chunk[1] for chunk in chunks])
-            memory = tuple(tuple(torch.cat([chunk[2][layer][i] for chunk in chunks]) for i in (0, 1))
-                           for layer in range(len(self.decoder_layers)))
-        else:
-            states, padding_mask, memory = self.encode_sentences(src_tokens)
+        """The encoder's output for decoding, as the backend computes it (TorchBackend.encode). With
+        ``columns`` (sentences, width: vocabulary ids), ``decode`` gives logits for each sentence's
+        entries only."""
+        states, padding_mask, memory = self.backend.encode(self.encode_sentences, src_tokens)
         if columns is None:
             return EncoderOut(states, padding_mask, memory)
         output = self.output_layer if self.output_layer is not None else self.output_weight()
@@ -271,9 +257,6 @@ class Transformer(nn.Module):
             x = layer(x, key_mask, self.backend)
         states = self.encoder_norm(x)
         memory = tuple(layer.cross_attn.project_kv(states) for layer in self.decoder_layers)
-        if not self.training and states.device.type == "cpu":  # decoding steps attend in fp32 on CPU (see
-            # nmt.backends.torch_backend.cpu_attention_in_fp32): widen once, contiguous as nmt's kernels read them
-            memory = tuple((k.float().contiguous(), v.float().contiguous()) for k, v in memory)
         return states, padding_mask, memory
 
     def decode(self, prev_output_tokens: Tensor, encoder_out: EncoderOut, cache: Any = None,
