@@ -116,7 +116,7 @@ def test_no_module_imports_a_layer_above_its_own():
     assert not upward, f"imports that run upward: {upward}"
 
 
-# The CPU fast path (nmt/backends/cpu_backend.py and what only it uses): plugged in when a model is
+# The CPU fast path (nmt/backends/cpu_backend.py, int8 and what only they use): plugged in when a model is
 # prepared for decoding, never imported by the model or the search, which read as plain PyTorch.
 FAST_PATH = {"nmt.backends.cpu_backend", "nmt.backends.indexed_cache", "nmt.backends.kernels",
              "nmt.backends.kernel_build", "nmt.backends.int8", "nmt.generation.fused_layers"}

@@ -173,6 +173,13 @@ def test_int8_feed_forward_layers_apply_the_relu_in_their_first_product():
     assert isinstance(block.fc1, Int8Linear) and block.fc1.relu and isinstance(block.activation, nn.Identity)
 
 
+def test_fused_modules_keep_the_model_s_mode():
+    """An eval model stays in eval mode (no attention dropout) once its layers are swapped."""
+    model = fused(Transformer(transformer_tiny(), 20, 20, PAD_ID).eval())
+    assert isinstance(model.decoder_layers[0].self_attn, FusedSelfAttention)
+    assert not any(module.training for module in model.modules())
+
+
 def test_fusing_leaves_a_model_that_is_not_int8_as_it_is():
     model = Transformer(transformer_tiny(), 20, 20, PAD_ID).eval()
     before = [type(module) for module in model.modules()]

@@ -328,6 +328,18 @@ def test_bf16_decoding_on_cpu_caches_and_attends_in_fp32(backend):
     torch.testing.assert_close(steps.float(), exact, rtol=0, atol=0.1)
 
 
+def test_decoding_on_cpu_widens_the_cross_attention_keys_and_values_to_fp32_once():
+    """bf16 decoding on CPU attends in fp32: the encoder's keys and values are widened at encode, not
+    at every step; training's pass keeps them as computed."""
+    model = make_model().eval()
+    src = random_tokens(3, 5)
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+        computed = model.encode_sentences(src)[2]
+        decoding = model.encode(src).memory
+    assert all(t.dtype == torch.bfloat16 for kv in computed for t in kv)
+    assert all(t.dtype == torch.float32 and t.is_contiguous() for kv in decoding for t in kv)
+
+
 def test_decoding_on_cpu_encodes_a_few_sentences_at_a_time_with_the_same_result(monkeypatch):
     """The chunks' states and cross-attention keys and values are the batch's (fp32), each sentence
     with its padding; training's forward pass and attention maps still see the batch at once."""

@@ -137,7 +137,7 @@ def concatenated(layers: list[Int8Linear]) -> Int8Linear:
 def quantize(model: nn.Module, kernels: Kernels | None = None) -> nn.Module:
     """A copy of the model with its linear layers in int8: the weights as torch.ao's quantize_dynamic
     quantizes them (one scale per layer), the activations a row at a time (Int8Linear), in nmt's C
-    ``kernels`` where given (the CPU backend's), else in torch's operations."""
+    ``kernels`` where given (the CPU backend's), else in torch's operations; in eval mode."""
     with warnings.catch_warnings():  # torch.ao's eager quantization warns it will move to torchao
         warnings.simplefilter("ignore")
         model = torch.ao.quantization.quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8)
@@ -145,4 +145,4 @@ def quantize(model: nn.Module, kernels: Kernels | None = None) -> nn.Module:
             for name, child in parent.named_children():
                 if isinstance(child, torch.ao.nn.quantized.dynamic.Linear):
                     setattr(parent, name, Int8Linear(Int8Weight.of(child.weight(), child.bias(), kernels)))
-    return model
+    return model.eval()  # inference only: its new layers too

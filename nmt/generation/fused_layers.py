@@ -7,7 +7,7 @@ swapping modules of a model prepared for decoding (the model's own code stays as
   identity.
 
 Both use the same int8 weights, and give the same results to the bit (tests/test_int8.py);
-docs/performance.md has what they gain.
+benchmarks/notes/amd-epyc-zen5.md has what they gain.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ class FusedSelfAttention(MultiHeadAttention):
         for name, layer in attention.named_children():
             self.add_module(name, layer)
         self.qkv_proj = qkv_proj
+        self.train(attention.training)  # nn.Module's __init__ left it training (dropout on)
 
     def project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         q, k, v = self.qkv_proj(x).chunk(3, dim=-1)
@@ -46,4 +47,5 @@ def fuse_int8_layers(model: nn.Module) -> nn.Module:
         if isinstance(block, FeedForward) and isinstance(block.fc1, Int8Linear) and \
                 isinstance(block.activation, nn.ReLU):
             block.fc1, block.activation = block.fc1.with_relu(), nn.Identity()
+            block.train(block.training)  # the new modules in the block's mode
     return model
