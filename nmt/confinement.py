@@ -6,16 +6,21 @@ output: ~/.bashrc``) nor translate their secrets into a place it chose (``input:
 directory, or under the directory the user names with --output-dir (outputs and inputs) or
 --input-dir (inputs); the working directory is not one of them (a recipe run from $HOME would
 write there). A file a recipe writes that is already there must be one that `nmt run` wrote
-(nmt/written.py), never another file of the same name. ``allow_outside`` (--allow-outside)
+(nmt/written.py), never another file of the same name; a directory it trains into must be new or
+one of nmt's runs (its config.yaml nmt's training config), never one where training would replace, append
+to or prune the user's files. ``allow_outside`` (--allow-outside)
 trusts the file like code and checks nothing.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
+
+import yaml
 
 from nmt.errors import NmtError
 from nmt.options import options_of
@@ -44,9 +49,10 @@ class Confinement:
         return cls(allow_outside, output_dir and str(output_dir), tuple(map(str, input_dirs or [])))
 
     def check(self, source: Path, outputs: dict[str, str], inputs: dict[str, Any], files: Iterable[str] = (),
-              what: str = "recipe", command: str = "nmt run") -> None:
+              what: str = "recipe", command: str = "nmt run", save_dirs: Iterable[str] = ()) -> None:
         """Refuse an output (``{key: path}``) or input (``{key: path or paths}``) of the YAML file ``source``
-        outside its places, and an existing file among ``files`` (outputs written whole) that nmt did not write."""
+        outside its places, an existing file among ``files`` (outputs written whole) that nmt did not write,
+        and a training directory among ``save_dirs`` (keys of ``outputs``) holding files of another's."""
         if self.allow_outside:
             return
         writable = [real(source.parent)] + ([real(self.output_dir)] if self.output_dir else [])
@@ -70,6 +76,38 @@ class Confinement:
                 raise NmtError(f"{source}: {path} exists and `nmt run` did not write it; a {what} replaces only its "
                                f"own outputs: remove it, choose another path, or trust the {what} like code with "
                                "`--allow-outside`")
+        for key in save_dirs:
+            if foreign := files_training_would_touch(outputs[key]):
+                raise NmtError(f"{source}: `{key}: {outputs[key]}` holds {', '.join(foreign[:3])}, and its config.yaml "
+                               f"is not an nmt training's; a {what} trains only into a new directory or one of nmt's "
+                               f"runs: choose another, or trust the {what} like code with `--allow-outside`")
+
+
+# What training writes in its save dir beside config.yaml: replaced, appended to, pruned.
+TRAINING_FILES = ("metrics.jsonl", "checkpoint*.pt")
+
+
+def files_training_would_touch(directory: str) -> list[str]:
+    """The files in ``directory`` that training would replace or change, unless it is a run of nmt's (its
+    config.yaml an nmt training config)."""
+    path = Path(directory)
+    if not path.is_dir():
+        return []
+    found = sorted({p.name for pattern in ("config.yaml", *TRAINING_FILES) for p in path.glob(pattern)})
+    return found if found and not is_training_config(path / "config.yaml") else []
+
+
+def is_training_config(path: Path) -> bool:
+    """Whether ``path`` is in the schema of nmt.training.config.write_config (a regular file, not too large
+    to read)."""
+    try:
+        info = os.lstat(path)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > 1 << 20:
+            return False
+        document = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, yaml.YAMLError):
+        return False
+    return isinstance(document, dict) and {"arch", "train"} <= document.keys()
 
 
 def real(path: str | os.PathLike) -> Path:

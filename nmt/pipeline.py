@@ -161,7 +161,8 @@ def plan_recipe(path: str | Path, stages: tuple[str, ...] = STAGES, confinement:
             raise NmtError(f"{where}: --stages {','.join(missing)}: the recipe has no "
                            f"{' or '.join(f'`{stage}:`' for stage in missing)} section")
     outputs = output_paths(plan)
-    confinement.check(Path(path), outputs, input_paths(plan, set(outputs)), file_outputs(plan))
+    confinement.check(Path(path), outputs, input_paths(plan, set(outputs)), file_outputs(plan),
+                      save_dirs=[key for key in outputs if key == "train: save_dir"])
     return plan
 
 

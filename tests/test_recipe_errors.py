@@ -265,6 +265,31 @@ def test_a_recipe_replaces_only_the_files_it_wrote(home, monkeypatch, capsys):
     assert run_cli(monkeypatch, capsys, "run", recipe, "--stages", "generate", "--dry-run")[0] == 1
 
 
+def test_a_recipe_trains_only_into_a_new_directory_or_one_of_nmt_s_runs(recipe, tmp_path, monkeypatch, capsys):
+    """Training replaces config.yaml, appends to metrics.jsonl and prunes checkpoint*.pt in its save dir:
+    a directory holding such files of the user's is refused, before anything runs."""
+    save_dir = tmp_path / "checkpoints"
+    save_dir.mkdir()
+    (save_dir / "config.yaml").write_text("the user's own\n", encoding="utf-8")
+    path = recipe("preprocess", "vocab_size", 280)  # byte fallback needs 270
+    code, _, err = run_cli(monkeypatch, capsys, "run", path, "--stages", "preprocess,train", "--dry-run")
+    assert code == 1
+    assert_one_line_error(err, f"`train: save_dir: {save_dir}` holds config.yaml, and its config.yaml is not an "
+                               "nmt training's; a recipe trains only into a new directory or one of nmt's runs: choose "
+                               "another, or trust the recipe like code with `--allow-outside`")
+    assert (save_dir / "config.yaml").read_text(encoding="utf-8") == "the user's own\n"
+    (save_dir / "config.yaml").unlink()
+    (save_dir / "checkpoint3.pt").write_bytes(b"another tool's")
+    assert run_cli(monkeypatch, capsys, "run", path, "--stages", "preprocess,train", "--dry-run")[0] == 1
+    (save_dir / "checkpoint3.pt").unlink()
+    (save_dir / "notes.txt").write_text("training touches no file of this name\n", encoding="utf-8")
+    code, _, err = run_cli(monkeypatch, capsys, "run", path, "--stages", "preprocess,train")
+    assert code == 0, err
+    assert (save_dir / "checkpoint_last.pt").exists()
+    dry_run = ("run", path, "--stages", "preprocess,train", "--dry-run")
+    assert run_cli(monkeypatch, capsys, *dry_run)[0] == 0  # nmt's own run: trained into again
+
+
 def test_a_recipe_reads_only_inside_its_places(home, tmp_path, monkeypatch, capsys):
     """Else it translates the user's secret into its own directory."""
     recipe = write_recipe(tmp_path / "downloads" / "evil.yaml",
@@ -316,3 +341,20 @@ def test_a_train_config_writes_only_inside_its_places(home, tmp_path, monkeypatc
     code, _, err = run_cli(monkeypatch, capsys, "train", "--config", config, "--save-dir", inside, "-q")  # the user's
     assert code == 0, err
     assert (inside / "checkpoint_last.pt").exists()
+
+
+def test_a_train_config_trains_only_into_a_new_directory_or_one_of_nmt_s_runs(tmp_path, monkeypatch, capsys):
+    make_data_dir(tmp_path / "data", {"train": numbers_pairs(40, seed=0)})
+    save_dir = tmp_path / "run"
+    save_dir.mkdir()
+    (save_dir / "metrics.jsonl").write_text("the user's log\n", encoding="utf-8")
+    config = tmp_path / "train.yaml"
+    config.write_text(yaml.safe_dump({"data": str(tmp_path / "data"), "arch": "transformer_tiny",
+                                      "train": {"save_dir": str(save_dir), "max_update": 1, "device": "cpu",
+                                                "valid_subset": "none"}}), encoding="utf-8")
+    code, _, err = run_cli(monkeypatch, capsys, "train", "--config", config, "-q")
+    assert code == 1
+    assert_one_line_error(err, f"`train: save_dir: {save_dir}` holds metrics.jsonl, and its config.yaml is not an nmt "
+                               "training's; a config file trains only into a new directory or one of nmt's runs")
+    assert sorted(path.name for path in save_dir.iterdir()) == ["metrics.jsonl"]
+    assert (save_dir / "metrics.jsonl").read_text(encoding="utf-8") == "the user's log\n"
