@@ -20,8 +20,8 @@ Every answer's status is counted, and at the end the server's peak resident memo
 over its process and its worker processes) is set against the bound its /info reports.
 
 With --abusive, each number of clients also runs beside a client that holds --max-connections
-idle sockets (opened again as the server closes them) and sends, one after the other, requests
-with every control at the server's caps (--max-bans banned phrases and --max-constraints
+idle sockets (opened again as the server closes them) and keeps sending, each in a loop of its
+own, a request with every control at the server's caps (--max-bans banned phrases and --max-constraints
 constraints a sentence of --max-phrase-pieces pieces, a prefix, at --max-beam, every sentence
 decoding --max-output-length steps, as many sentences as --max-characters allows) and the
 issue's request of controls beyond them (4,000 bans, one of 4,000 words). Meanwhile /health is
@@ -160,7 +160,9 @@ def capped_phrases(texts: list[str], translator: Translator, pieces: int) -> lis
 
 
 class AbusiveClient(threading.Thread):
-    """Holds idle sockets and sends, by turns, a request with every control at the caps and one far beyond them."""
+    """Holds idle sockets and keeps sending two requests, each in a loop of its own (so that the quick
+    refusals do not wait behind the long searches): one with every control at the caps, and one far
+    beyond them."""
 
     def __init__(self, port: int, info: dict, translator: Translator, sources: list[str], targets: list[str]):
         super().__init__()
@@ -188,19 +190,26 @@ class AbusiveClient(threading.Thread):
         self.requests = [(f"at the caps ({count} sentences)", capped), ("beyond the caps", beyond)]
         self.idle = limits["max_connections"]
         self.answers: collections.Counter = collections.Counter()
+        self.counting = threading.Lock()  # the two senders count into one Counter
 
     def run(self) -> None:
+        senders = [threading.Thread(target=self.send, args=request) for request in self.requests]
+        for sender in senders:
+            sender.start()
         sockets: list[socket.socket] = []
-        turn = 0
-        while not self.stop.is_set():
+        while not self.stop.wait(0.05):
             sockets = [s for s in sockets if not closed(s)]
             sockets += [socket.create_connection(("127.0.0.1", self.port)) for _ in range(self.idle - len(sockets))]
-            name, payload = self.requests[turn % 2]
-            status, answer = call(self.port, "POST", "/translate", payload)
-            self.answers[f"{name}: {status}" + (f" ({answer['error'][:50]}...)" if status != 200 else "")] += 1
-            turn += 1
+        for sender in senders:
+            sender.join()
         for s in sockets:
             s.close()
+
+    def send(self, name: str, payload: dict) -> None:
+        while not self.stop.is_set():
+            status, answer = call(self.port, "POST", "/translate", payload)
+            with self.counting:
+                self.answers[f"{name}: {status}" + (f" ({answer['error'][:50]}...)" if status != 200 else "")] += 1
 
 
 def closed(connection: socket.socket) -> bool:
