@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import http.client
 import json
@@ -631,6 +632,41 @@ def test_a_client_that_leaves_while_sending_its_body_leaves_no_traceback(server)
     assert request(server, "GET", "/health")[0] == 200
     log = server.log.read_text(encoding="utf-8")
     assert "Traceback" not in log and "failed" not in log, log
+
+
+async def call_app(app, receive, method: str = "POST", path: str = "/translate") -> tuple[int, dict]:
+    """One request to the ASGI app in this process, its messages from ``receive``: the status the app sends
+    and its JSON answer (what a client that left over HTTP never sees)."""
+    sent: list[dict] = []
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method, "scheme": "http",
+             "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
+             "headers": [(b"host", b"127.0.0.1"), (b"content-type", b"application/json")],
+             "client": ("127.0.0.1", 50000), "server": ("127.0.0.1", 8080)}
+    await app(scope, receive, send)
+    return sent[0]["status"], json.loads(b"".join(message.get("body", b"") for message in sent[1:]))
+
+
+def test_a_client_that_leaves_while_sending_its_body_gets_499_and_nothing_is_logged(checkpoint):
+    """The test above cannot see the status (its client has gone): here the app is called in-process with a
+    disconnect in the middle of the body, which used to end in the generic handler (a traceback and a 500)."""
+    from conftest import logged_messages
+
+    from nmt.serving.server import create_app
+
+    app = create_app(Translator.from_checkpoint(checkpoint), ServeOptions(path=str(checkpoint)))
+    parts = iter([{"type": "http.request", "body": b'{"text"', "more_body": True}, {"type": "http.disconnect"}])
+
+    async def receive() -> dict:
+        return next(parts)
+
+    with logged_messages() as logged:
+        answer = asyncio.run(call_app(app, receive))
+    assert answer == (499, {"error": "the client closed the connection before its body arrived"})
+    assert logged == []
 
 
 def test_a_body_not_declared_as_json_gets_415(server):

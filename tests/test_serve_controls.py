@@ -5,7 +5,8 @@ linear-time checks under them."""
 from __future__ import annotations
 
 import asyncio
-import itertools
+import json
+import math
 import random
 import threading
 import time
@@ -19,22 +20,28 @@ from nmt.data.vocabulary import PAD_ID, Vocabulary
 from nmt.generation.constraints import BatchControls, SentenceControls, contains, transitions
 from nmt.generation.options import SearchOptions
 from nmt.generation.search import Hypothesis, SearchStopped
+from nmt.generation.translator import Translator
 from nmt.models.registry import build_model, get_arch, resolve_config
 from nmt.serving.batcher import Batcher
-from nmt.serving.budget import SearchMemory
+from nmt.serving.budget import ControlShape, SearchMemory
+from nmt.serving.options import ServeOptions
 
 pytest.importorskip("starlette", reason="nmt serve needs the serve extra: pip install -e '.[serve]' in nmt's checkout")
 pytest.importorskip("uvicorn", reason="nmt serve needs the serve extra: pip install -e '.[serve]' in nmt's checkout")
 
-from test_serve import request, run_server  # noqa: E402
+from test_serve import GIVE_UP, call_app, request, run_server  # noqa: E402
 from test_translator import tiny_checkpoint  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    """A server with the default limits (64 bans, 8 constraints a sentence, 16 pieces a phrase)."""
+def checkpoint(tmp_path_factory):
     vocab = Vocabulary.train([side for pair in numbers_pairs(300, seed=1) for side in pair], vocab_size=120)
-    checkpoint = tiny_checkpoint(tmp_path_factory.mktemp("controls") / "model.pt", vocab)
+    return tiny_checkpoint(tmp_path_factory.mktemp("controls") / "model.pt", vocab)
+
+
+@pytest.fixture(scope="module")
+def served(checkpoint, tmp_path_factory):
+    """A server with the default limits (64 bans, 8 constraints a sentence, 16 pieces a phrase)."""
     yield from run_server(checkpoint, tmp_path_factory)
 
 
@@ -56,22 +63,6 @@ def test_controls_beyond_their_caps_are_refused(served, body, status, message):
     if status == 422:
         assert "pieces; at most 16 a phrase" in answer["error"]
     assert time.monotonic() - start < 10
-
-
-def test_health_answers_while_a_large_request_is_checked(served):
-    """The issue's body, smaller: a 4,000-word prefix against 2,000 bans held /health for seconds."""
-    words = sorted({word for _, german in numbers_pairs(300, seed=1) for word in german.split() if word.isalpha()})
-    bans = [" ".join(three) for three in itertools.product(words, repeat=3) if set(three) != {"sieben"}][:2000]
-    body = {"text": ["five"], "prefix": [" ".join(["sieben"] * 4000)], "ban": bans, "max_len_a": 0, "max_len_b": 256}
-    answers, delays = [], []
-    sender = threading.Thread(target=lambda: answers.append(request(served, "POST", "/translate", body)))
-    sender.start()
-    while sender.is_alive():
-        start = time.monotonic()
-        assert request(served, "GET", "/health")[0] == 200
-        delays.append(time.monotonic() - start)
-    sender.join()
-    assert answers[0][0] in (413, 422) and max(delays) < 1, (answers, delays)
 
 
 def tiny_model():
@@ -197,34 +188,109 @@ def test_the_automaton_and_the_search_find_what_the_definitions_say():
                                                for i in range(len(tokens) - len(phrase) + 1))
 
 
-def test_the_info_bound_holds_a_sentence_with_controls_at_their_caps(served):
-    """The budget fits the heaviest sentence with controls at their caps (it is sized from them)."""
-    info = request(served, "GET", "/info")[1]
-    assert info["limits"]["max_bans"] == 64 and info["limits"]["max_constraints"] == 8
-    assert info["limits"]["max_phrase_pieces"] == 16 and info["memory_mib"]["connections"] > 0
+def test_info_reports_the_control_caps(served):
+    limits = request(served, "GET", "/info")[1]["limits"]
+    assert (limits["max_bans"], limits["max_constraints"], limits["max_phrase_pieces"]) == (64, 8, 16)
 
 
+def test_a_batch_memory_that_holds_a_sentence_but_not_its_controls_at_their_caps_is_refused(checkpoint):
+    """The budget must hold the heaviest request the limits allow, controls included: with them left out,
+    a --max-batch-memory that fits only the search was accepted, and a request with controls at their
+    caps went over the bound /info reports."""
+    from nmt.errors import NmtError
+    from nmt.generation.search import model_positions
+    from nmt.serving.server import MIB, batch_budget
 
-def test_a_request_is_prepared_off_the_event_loop(monkeypatch, tmp_path_factory):
-    """The test above cannot tell where the checks run (today's checks are fast): here preparing a
-    request takes 2 s, in-process, and /health must still answer at once."""
+    translator = Translator.from_checkpoint(str(checkpoint))
+    memory = SearchMemory(translator.model, translator.precision, translator.device.type)
+    limits = ServeOptions(path=str(checkpoint))
+    longest_source = model_positions(translator.model)
+    assert longest_source < 4 * limits.max_characters  # the model's positions, not the text cap, bound a source
+    at_caps = ControlShape(prefix=limits.max_output_length, constraints=limits.max_constraints,
+                           constraint_pieces=limits.max_phrase_pieces, bans=limits.max_bans,
+                           ban_pieces=limits.max_phrase_pieces)
+    search_only = memory.batch([limits.max_output_length], limits.max_beam, longest_source)
+    with_controls = memory.batch([limits.max_output_length], limits.max_beam, longest_source, at_caps)
+    just_the_search = math.ceil(search_only / MIB)
+    assert just_the_search * MIB < with_controls  # the controls need at least a MiB more
+    with pytest.raises(NmtError, match=f"--max-batch-memory {just_the_search} MiB cannot hold one sentence"):
+        batch_budget(translator, memory, ServeOptions(path=str(checkpoint), max_batch_memory=just_the_search))
+    enough = math.ceil(with_controls / MIB)
+    assert batch_budget(translator, memory, ServeOptions(path=str(checkpoint), max_batch_memory=enough)) == enough * MIB
+
+
+def test_a_client_that_leaves_while_its_controls_are_encoded_gets_499_and_their_encoding_stops(checkpoint,
+                                                                                              monkeypatch):
+    """Encoding controls is the work that grows with a request, done off the event loop: the client's
+    leaving must stop it between sentences (SearchStopped) and be answered 499, not logged as a failure.
+    In-process, so that the status of a client that has gone can be seen."""
+    from conftest import logged_messages
+
+    from nmt.generation import control_input
+    from nmt.serving import request as request_module
+    from nmt.serving.server import create_app
+
+    app = create_app(Translator.from_checkpoint(str(checkpoint)), ServeOptions(path=str(checkpoint)))
+    body = json.dumps({"text": ["five"] * 8, "prefix": ["sieben"] * 8}).encode()
+    real_controls_from_lists, real_sentence_controls = request_module.controls_from_lists, \
+        control_input.sentence_controls
+    stop_checks, encoded = [], []
+
+    async def scenario():
+        loop, leave = asyncio.get_running_loop(), asyncio.Event()
+
+        def controls_from_lists(*args, should_stop=None, **kwargs):
+            stop_checks.append(should_stop)
+            return real_controls_from_lists(*args, should_stop=should_stop, **kwargs)
+
+        def sentence_controls(vocab, prefix, *args, **kwargs):
+            """The first sentence's controls make the client leave, and are done once the server has seen it go."""
+            encoded.append(prefix)
+            if len(encoded) == 1:
+                loop.call_soon_threadsafe(leave.set)
+                deadline = time.monotonic() + GIVE_UP  # only so that a broken build fails instead of hanging
+                while stop_checks[0] is not None and not stop_checks[0]() and time.monotonic() < deadline:
+                    time.sleep(0.01)
+            return real_sentence_controls(vocab, prefix, *args, **kwargs)
+
+        monkeypatch.setattr(request_module, "controls_from_lists", controls_from_lists)
+        monkeypatch.setattr(control_input, "sentence_controls", sentence_controls)
+        received = []
+
+        async def receive() -> dict:
+            if not received:
+                received.append(body)
+                return {"type": "http.request", "body": body, "more_body": False}
+            await leave.wait()
+            return {"type": "http.disconnect"}
+
+        return await call_app(app, receive)
+
+    with logged_messages() as logged:
+        answer = asyncio.run(scenario())
+    assert answer == (499, {"error": "the client closed the connection"})
+    assert encoded == ["sieben"] and logged == []  # the first of eight sentences only
+
+
+def test_a_request_is_prepared_off_the_event_loop(monkeypatch, checkpoint):
+    """A body's checks are too fast to show where they run (their caps come first, and they take linear
+    time): here preparing a request waits until /health has been answered, which it never is while
+    that preparation holds the event loop."""
     import socket
 
     import uvicorn
 
-    from nmt.generation.translator import Translator
     from nmt.serving import server
-    from nmt.serving.options import ServeOptions
 
     real_prepare = server.prepare
+    preparing, health_answered, seen = threading.Event(), threading.Event(), []
 
-    def slow_prepare(*args, **kwargs):
-        time.sleep(2.0)
+    def prepare_once_health_is_answered(*args, **kwargs):
+        preparing.set()
+        seen.append(health_answered.wait(30))  # a timeout only so that a broken build fails instead of hanging
         return real_prepare(*args, **kwargs)
 
-    monkeypatch.setattr(server, "prepare", slow_prepare)
-    vocab = Vocabulary.train([side for pair in numbers_pairs(300, seed=1) for side in pair], vocab_size=120)
-    checkpoint = tiny_checkpoint(tmp_path_factory.mktemp("in-process") / "model.pt", vocab)
+    monkeypatch.setattr(server, "prepare", prepare_once_health_is_answered)
     app = server.create_app(Translator.from_checkpoint(str(checkpoint)), ServeOptions(path=str(checkpoint)))
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
@@ -240,12 +306,11 @@ def test_a_request_is_prepared_off_the_event_loop(monkeypatch, tmp_path_factory)
         sender = threading.Thread(target=lambda: answers.append(request(address, "POST", "/translate",
                                                                          {"text": ["five"]}, key=None)))
         sender.start()
-        time.sleep(0.5)  # the request is being prepared
-        start = time.monotonic()
+        assert preparing.wait(GIVE_UP)
         assert request(address, "GET", "/health", key=None)[0] == 200
-        waited = time.monotonic() - start
+        health_answered.set()
         sender.join()
-        assert answers[0][0] == 200 and waited < 1.0, (answers, waited)
+        assert answers[0][0] == 200 and seen == [True], (answers, seen)
     finally:
         uvicorn_server.should_exit = True
         thread.join(30)
