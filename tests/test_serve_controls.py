@@ -56,13 +56,11 @@ def served(checkpoint, tmp_path_factory):
     ({"text": ["five"], "beam": 16, "ban": ["sieben"] * 99 + ["sieben acht " * 100]}, 413, '100 phrases in "ban"'),
 ])
 def test_controls_beyond_their_caps_are_refused(served, body, status, message):
-    start = time.monotonic()
     got, answer = request(served, "POST", "/translate", body)
     assert (got, list(answer)) == (status, ["error"]), answer
     assert message in answer["error"] and "\n" not in answer["error"]
     if status == 422:
         assert "pieces; at most 16 a phrase" in answer["error"]
-    assert time.monotonic() - start < 10
 
 
 def tiny_model():
