@@ -206,10 +206,15 @@ class AbusiveClient(threading.Thread):
             s.close()
 
     def send(self, name: str, payload: dict) -> None:
+        """One request in a loop; every answer counted, an unreadable one too (the loop goes on)."""
         while not self.stop.is_set():
-            status, answer = call(self.port, "POST", "/translate", payload)
+            try:
+                status, answer = call(self.port, "POST", "/translate", payload)
+                outcome = f"{status}" + (f" ({answer['error'][:50]}...)" if status != 200 else "")
+            except (OSError, http.client.HTTPException, ValueError, KeyError, TypeError) as exc:
+                outcome = f"no JSON answer ({type(exc).__name__})"
             with self.counting:
-                self.answers[f"{name}: {status}" + (f" ({answer['error'][:50]}...)" if status != 200 else "")] += 1
+                self.answers[f"{name}: {outcome}"] += 1
 
 
 def closed(connection: socket.socket) -> bool:

@@ -49,10 +49,10 @@ class Confinement:
         return cls(allow_outside, output_dir and str(output_dir), tuple(map(str, input_dirs or [])))
 
     def check(self, source: Path, outputs: dict[str, str], inputs: dict[str, Any], files: Iterable[str] = (),
-              what: str = "recipe", command: str = "nmt run", save_dirs: Iterable[str] = ()) -> None:
+              what: str = "recipe", command: str = "nmt run", save_dir: str | None = None) -> None:
         """Refuse an output (``{key: path}``) or input (``{key: path or paths}``) of the YAML file ``source``
         outside its places, an existing file among ``files`` (outputs written whole) that nmt did not write,
-        and a training directory among ``save_dirs`` (keys of ``outputs``) holding files of another's."""
+        and a training ``save_dir`` holding files that are not an nmt run's."""
         if self.allow_outside:
             return
         writable = [real(source.parent)] + ([real(self.output_dir)] if self.output_dir else [])
@@ -76,38 +76,49 @@ class Confinement:
                 raise NmtError(f"{source}: {path} exists and `nmt run` did not write it; a {what} replaces only its "
                                f"own outputs: remove it, choose another path, or trust the {what} like code with "
                                "`--allow-outside`")
-        for key in save_dirs:
-            if foreign := files_training_would_touch(outputs[key]):
-                raise NmtError(f"{source}: `{key}: {outputs[key]}` holds {', '.join(foreign[:3])}, and its config.yaml "
-                               f"is not an nmt training's; a {what} trains only into a new directory or one of nmt's "
-                               f"runs: choose another, or trust the {what} like code with `--allow-outside`")
+        if save_dir is not None and (foreign := foreign_training_files(save_dir, source)):
+            raise NmtError(f"{source}: `train: save_dir: {save_dir}` holds {', '.join(foreign[:3])}, and no "
+                           f"config.yaml of an nmt training; a {what} trains only into a new directory or one of "
+                           f"nmt's runs: choose another, or trust the {what} like code with `--allow-outside`")
 
 
-# What training writes in its save dir beside config.yaml: replaced, appended to, pruned.
-TRAINING_FILES = ("metrics.jsonl", "checkpoint*.pt")
+# What training writes in its save dir (nmt.training): its config, replaced at each start; its metrics,
+# appended to; its checkpoints, replaced and pruned.
+CONFIG_FILE = "config.yaml"
+TRAINING_FILES = (CONFIG_FILE, "metrics.jsonl", "checkpoint*.pt")
+MAX_CONFIG_BYTES = 1 << 20
 
 
-def files_training_would_touch(directory: str) -> list[str]:
-    """The files in ``directory`` that training would replace or change, unless it is a run of nmt's (its
-    config.yaml an nmt training config)."""
+def foreign_training_files(directory: str, source: Path) -> list[str]:
+    """The files of ``directory`` that training would replace or change, where it is not an nmt run's (its
+    config.yaml one that nmt's training wrote, and not the YAML file ``source`` itself)."""
     path = Path(directory)
     if not path.is_dir():
         return []
-    found = sorted({p.name for pattern in ("config.yaml", *TRAINING_FILES) for p in path.glob(pattern)})
-    return found if found and not is_training_config(path / "config.yaml") else []
+    found = sorted({p.name for pattern in TRAINING_FILES for p in path.glob(pattern)})
+    config = path / CONFIG_FILE
+    if not found or (is_written_training_config(config) and real(config) != real(source)):
+        return []
+    return found
 
 
-def is_training_config(path: Path) -> bool:
-    """Whether ``path`` is in the schema of nmt.training.config.write_config (a regular file, not too large
-    to read)."""
+def is_written_training_config(path: Path) -> bool:
+    """Whether ``path`` is a regular file (not followed through a symlink) in the schema that
+    nmt.training.config.write_config writes: arch, the resolved model and every training option."""
     try:
-        info = os.lstat(path)
-        if not stat.S_ISREG(info.st_mode) or info.st_size > 1 << 20:
-            return False
-        document = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError, yaml.YAMLError):
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
         return False
-    return isinstance(document, dict) and {"arch", "train"} <= document.keys()
+    with os.fdopen(fd, "rb") as handle:  # checked and read through one descriptor: no FIFO or link swapped in
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        text = handle.read(MAX_CONFIG_BYTES + 1)
+    try:
+        document = yaml.safe_load(text.decode("utf-8")) if len(text) <= MAX_CONFIG_BYTES else None
+    except (UnicodeDecodeError, yaml.YAMLError):
+        return False
+    return isinstance(document, dict) and document.keys() == {"arch", "model", "train"} and \
+        isinstance(document["model"], dict) and isinstance(document["train"], dict) and "save_dir" in document["train"]
 
 
 def real(path: str | os.PathLike) -> Path:

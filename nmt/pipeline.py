@@ -162,7 +162,7 @@ def plan_recipe(path: str | Path, stages: tuple[str, ...] = STAGES, confinement:
                            f"{' or '.join(f'`{stage}:`' for stage in missing)} section")
     outputs = output_paths(plan)
     confinement.check(Path(path), outputs, input_paths(plan, set(outputs)), file_outputs(plan),
-                      save_dirs=[key for key in outputs if key == "train: save_dir"])
+                      save_dir=outputs.get("train: save_dir"))
     return plan
 
 

@@ -6,6 +6,7 @@ real CLI; neither the data directory nor the save dir may exist afterwards.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -274,8 +275,8 @@ def test_a_recipe_trains_only_into_a_new_directory_or_one_of_nmt_s_runs(recipe, 
     path = recipe("preprocess", "vocab_size", 280)  # byte fallback needs 270
     code, _, err = run_cli(monkeypatch, capsys, "run", path, "--stages", "preprocess,train", "--dry-run")
     assert code == 1
-    assert_one_line_error(err, f"`train: save_dir: {save_dir}` holds config.yaml, and its config.yaml is not an "
-                               "nmt training's; a recipe trains only into a new directory or one of nmt's runs: choose "
+    assert_one_line_error(err, f"`train: save_dir: {save_dir}` holds config.yaml, and no config.yaml of an nmt "
+                               "training; a recipe trains only into a new directory or one of nmt's runs: choose "
                                "another, or trust the recipe like code with `--allow-outside`")
     assert (save_dir / "config.yaml").read_text(encoding="utf-8") == "the user's own\n"
     (save_dir / "config.yaml").unlink()
@@ -354,7 +355,25 @@ def test_a_train_config_trains_only_into_a_new_directory_or_one_of_nmt_s_runs(tm
                                                 "valid_subset": "none"}}), encoding="utf-8")
     code, _, err = run_cli(monkeypatch, capsys, "train", "--config", config, "-q")
     assert code == 1
-    assert_one_line_error(err, f"`train: save_dir: {save_dir}` holds metrics.jsonl, and its config.yaml is not an nmt "
-                               "training's; a config file trains only into a new directory or one of nmt's runs")
+    assert_one_line_error(err, f"`train: save_dir: {save_dir}` holds metrics.jsonl, and no config.yaml of an nmt "
+                               "training; a config file trains only into a new directory or one of nmt's runs")
     assert sorted(path.name for path in save_dir.iterdir()) == ["metrics.jsonl"]
     assert (save_dir / "metrics.jsonl").read_text(encoding="utf-8") == "the user's log\n"
+    (save_dir / "config.yaml").unlink(missing_ok=True)
+    os.mkfifo(save_dir / "config.yaml")  # a FIFO where the config would be: refused, never read (it would block)
+    assert run_cli(monkeypatch, capsys, "train", "--config", config, "-q")[0] == 1
+
+
+def test_a_config_file_is_never_taken_for_the_config_its_training_writes(tmp_path, monkeypatch, capsys):
+    """A `--config` named config.yaml in its own save dir, in the schema training writes: training would replace it."""
+    make_data_dir(tmp_path / "data", {"train": numbers_pairs(40, seed=0)})
+    project = tmp_path / "project"
+    project.mkdir()
+    config = project / "config.yaml"
+    train = {"save_dir": str(project), "max_update": 1, "device": "cpu", "valid_subset": "none"}
+    mine = yaml.safe_dump({"arch": "transformer_tiny", "model": {"d_model": 32}, "train": train})
+    config.write_text(mine, encoding="utf-8")
+    code, _, err = run_cli(monkeypatch, capsys, "train", str(tmp_path / "data"), "--config", config, "-q")
+    assert code == 1
+    assert_one_line_error(err, f"`train: save_dir: {project}` holds config.yaml, and no config.yaml of an nmt training")
+    assert config.read_text(encoding="utf-8") == mine

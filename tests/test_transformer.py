@@ -329,8 +329,8 @@ def test_bf16_decoding_on_cpu_caches_and_attends_in_fp32(backend):
 
 
 def test_decoding_on_cpu_widens_the_cross_attention_keys_and_values_to_fp32_once():
-    """bf16 decoding on CPU attends in fp32: the encoder's keys and values are widened at encode, not
-    at every step; training's pass keeps them as computed."""
+    """bf16 decoding on CPU attends in fp32: the encoder's keys and values for decoding are widened at
+    encode (not at every step), where the encoder itself (as training runs it) keeps them as computed."""
     model = make_model().eval()
     src = random_tokens(3, 5)
     with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):

@@ -57,7 +57,7 @@ class TorchBackend:
         decoding's steps attend in fp32 there (cpu_attention_in_fp32) and nmt's kernels read them so.
         And under inference mode a batch is encoded a few sentences at a time (ENCODE_CHUNK tokens):
         the layers' temporaries are then a chunk's, not the batch's, which lowered decoding's peak
-        memory at no cost in time (benchmarks/notes). Each sentence keeps its padding."""
+        memory at no cost in time (benchmarks/notes/amd-epyc-zen5.md). Each sentence keeps its padding."""
         if src_tokens.device.type != "cpu":
             return encode_sentences(src_tokens)
 

@@ -25,11 +25,11 @@ class FusedSelfAttention(MultiHeadAttention):
 
     def __init__(self, attention: MultiHeadAttention, qkv_proj: nn.Module):
         nn.Module.__init__(self)  # not MultiHeadAttention's, which would make new projections
-        self.heads, self.dropout = attention.heads, attention.dropout
-        for name, layer in attention.named_children():
+        self.__dict__.update({name: value for name, value in vars(attention).items() if not name.startswith("_")})
+        for name, layer in attention.named_children():  # its settings (heads, dropout) above, its layers here
             self.add_module(name, layer)
         self.qkv_proj = qkv_proj
-        self.train(attention.training)  # nn.Module's __init__ left it training (dropout on)
+        self.train(attention.training)  # the new product in the attention's mode too
 
     def project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         q, k, v = self.qkv_proj(x).chunk(3, dim=-1)

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from nmt.backends.torch_backend import TORCH, TorchBackend
+from nmt.backends.torch_backend import TORCH, Encoded, TorchBackend
 from nmt.errors import NmtError
 from nmt.models.attention import MultiHeadAttention
 from nmt.models.registry import register_arch, register_model
@@ -248,7 +248,7 @@ class Transformer(nn.Module):
         output = self.output_layer if self.output_layer is not None else self.output_weight()
         return EncoderOut(states, padding_mask, memory, self.backend.column_projection(output, columns))
 
-    def encode_sentences(self, src_tokens: Tensor) -> tuple[Tensor, Tensor, tuple[tuple[Tensor, Tensor], ...]]:
+    def encode_sentences(self, src_tokens: Tensor) -> Encoded:
         """The encoder's states, the padding mask and each decoder layer's cross-attention keys and values."""
         padding_mask = src_tokens.eq(self.pad_id)
         key_mask = ~padding_mask[:, None, None, :]

@@ -239,8 +239,7 @@ def load_train_config(cli_values: Mapping[str, Any] | None = None, config_file: 
         paths = {key: value for key, value in path_values(config).items() if key in from_file and value is not None}
         outputs = {f"train: {key}": paths.pop(key) for key in ("save_dir", "tensorboard_dir") if key in paths}
         confinement.check(Path(config_file), outputs, {f"train: {key}": value for key, value in paths.items()},
-                          what="config file", command="nmt train",
-                          save_dirs=[key for key in outputs if key == "train: save_dir"])
+                          what="config file", command="nmt train", save_dir=outputs.get("train: save_dir"))
     return config
 
 
