@@ -77,9 +77,10 @@ class Confinement:
                                f"own outputs: remove it, choose another path, or trust the {what} like code with "
                                "`--allow-outside`")
         if save_dir is not None and (foreign := foreign_training_files(save_dir, source)):
-            raise NmtError(f"{source}: `train: save_dir: {save_dir}` holds {', '.join(foreign[:3])}, and no "
-                           f"config.yaml of an nmt training; a {what} trains only into a new directory or one of "
-                           f"nmt's runs: choose another, or trust the {what} like code with `--allow-outside`")
+            raise NmtError(f"{source}: `train: save_dir: {save_dir}` holds {', '.join(foreign[:3])}, which training "
+                           f"would replace, and is not a run of nmt's (no config.yaml that its training wrote); a "
+                           f"{what} trains only into a new directory or one of nmt's runs: choose another save_dir, "
+                           f"move those files, or trust the {what} like code with `--allow-outside`")
 
 
 # What training writes in its save dir (nmt.training): its config, replaced at each start; its metrics,
