@@ -7,15 +7,14 @@ directory, or under the directory the user names with --output-dir (outputs and 
 --input-dir (inputs); the working directory is not one of them (a recipe run from $HOME would
 write there). A file a recipe writes that is already there must be one that `nmt run` wrote
 (nmt/written.py), never another file of the same name; a directory it trains into must be new or
-one of nmt's runs (its config.yaml nmt's training config), never one where training would replace, append
-to or prune the user's files. ``allow_outside`` (--allow-outside)
-trusts the file like code and checks nothing.
+one of nmt's runs (holding a config.yaml that nmt's training wrote), never one where training
+would replace, append to or prune the user's files. ``allow_outside`` (--allow-outside) trusts the
+file like code and checks nothing.
 """
 
 from __future__ import annotations
 
 import os
-import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
@@ -23,6 +22,7 @@ from typing import Any, Iterable
 import yaml
 
 from nmt.errors import NmtError
+from nmt.files import regular_file_head
 from nmt.options import options_of
 from nmt.written import nmt_wrote
 
@@ -106,16 +106,11 @@ def foreign_training_files(directory: str, source: Path) -> list[str]:
 def is_written_training_config(path: Path) -> bool:
     """Whether ``path`` is a regular file (not followed through a symlink) in the schema that
     nmt.training.config.write_config writes: arch, the resolved model and every training option."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
+    text = regular_file_head(path, MAX_CONFIG_BYTES + 1, follow_links=False)
+    if text is None or len(text) > MAX_CONFIG_BYTES:
         return False
-    with os.fdopen(fd, "rb") as handle:  # checked and read through one descriptor: no FIFO or link swapped in
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return False
-        text = handle.read(MAX_CONFIG_BYTES + 1)
     try:
-        document = yaml.safe_load(text.decode("utf-8")) if len(text) <= MAX_CONFIG_BYTES else None
+        document = yaml.safe_load(text.decode("utf-8"))
     except (UnicodeDecodeError, yaml.YAMLError):
         return False
     return isinstance(document, dict) and document.keys() == {"arch", "model", "train"} and \

@@ -186,13 +186,21 @@ def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
 
 def is_zip_file(path: Path) -> bool:
     """Whether ``path`` is a regular file that starts as a zip archive does: what torch.save writes
-    (checkpoints). Opened without waiting (a FIFO would wait for a writer), then checked on its descriptor."""
+    (checkpoints)."""
+    return regular_file_head(path, 4) == b"PK\x03\x04"
+
+
+def regular_file_head(path: Path, size: int, follow_links: bool = True) -> bytes | None:
+    """The first ``size`` bytes of ``path`` if it is a regular file, else None (not there, unreadable, a
+    FIFO, a device; with ``follow_links`` off, a symlink). Opened without waiting (a FIFO would wait for
+    a writer), then checked and read through that one descriptor, so nothing swapped in meanwhile is read."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_links else os.O_NOFOLLOW)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO put there meanwhile: no wait
+        fd = os.open(path, flags)
         with os.fdopen(fd, "rb") as handle:
-            return stat.S_ISREG(os.fstat(fd).st_mode) and handle.read(4) == b"PK\x03\x04"
+            return handle.read(size) if stat.S_ISREG(os.fstat(fd).st_mode) else None
     except OSError:
-        return False
+        return None
 
 
 def refuse_overwriting(flag: str, output: str | os.PathLike | None,
