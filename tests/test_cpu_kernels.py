@@ -361,10 +361,10 @@ def test_a_model_prepared_for_decoding_on_cpu_decodes_with_them_and_trainings_ne
 
 
 def int8_projection_case(dim: int, group: int, seed: int = 0):
-    """Rows of 3 sentences (``group`` each), an int8 weight of 100 rows, each sentence's own columns
-    (40, 16 and 17: more than one block of 16, and a block of one; ascending, the shorter lists
-    repeating their last) and the expected logits: each row quantized with a scale of its own, max
-    |x| / 127, the products exact in integers."""
+    """Rows of 3 sentences (``group`` each), an int8 weight of 100 rows with a scale each (from 1e-4 to
+    1), each sentence's own columns (40, 16 and 17: more than one block of 16, and a block of one;
+    ascending, the shorter lists repeating their last), their sums and scales, and the expected
+    logits: each row quantized with a scale of its own, max |x| / 127, the products exact in integers."""
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(3 * group, dim, generator=g)
     x[0] = 0.0  # a row of zeros: scale 0, logits 0
@@ -373,32 +373,35 @@ def int8_projection_case(dim: int, group: int, seed: int = 0):
     columns = torch.stack([torch.cat([ids, ids[-1:].expand(40 - len(ids))]) for ids in
                            (torch.randperm(100, generator=g)[:n].sort().values for n in counts.tolist())])
     sums = weight.sum(dim=1, dtype=torch.int32)[columns]
+    scales = torch.logspace(-4, 0, 100)[torch.randperm(100, generator=g)][columns]
     scale = x.abs().amax(dim=1, keepdim=True) / 127
     q = torch.round(x / scale.clamp(min=1e-30))
     exact = torch.einsum("sgk,swk->sgw", q.view(3, group, dim).double(), weight[columns].double())
-    expected = (exact * (scale.view(3, group, 1).double() * 0.01)).float().view(3 * group, 40)
+    expected = (exact * (scale.view(3, group, 1) * scales[:, None, :]).double()).float().view(3 * group, 40)
     past = torch.arange(40)[None, :].expand(3 * group, 40) >= counts.repeat_interleave(group)[:, None]
     expected[past] = -float("inf")
-    return x, weight, columns, sums, counts, expected
+    return x, weight, columns, sums, scales, counts, expected
 
 
 @needs_kernels
 @pytest.mark.parametrize("dim", [32, 64, 100, 256])
 @pytest.mark.parametrize("group", [1, 4])
 def test_the_int8_projection_gives_each_row_its_sentences_columns(dim, group):
-    x, weight, columns, sums, counts, expected = int8_projection_case(dim, group)
-    out = KERNELS.project_columns_int8(x, weight, 0.01, columns, sums, counts)
+    x, weight, columns, sums, scales, counts, expected = int8_projection_case(dim, group)
+    out = KERNELS.project_columns_int8(x, weight, columns, sums, scales, counts)
     assert torch.equal(out.isinf(), expected.isinf())
     torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-6)
     assert (out[0, :40] == 0).all()  # a row of zeros: its logits are 0
     x[1, 3], x[2, 0] = float("nan"), float("inf")
-    out = KERNELS.project_columns_int8(x, weight, 0.01, columns, sums, counts)
+    out = KERNELS.project_columns_int8(x, weight, columns, sums, scales, counts)
     own = expected[1:3].isfinite()
     assert out[1:3][own].isnan().all() and out[1:3][~own].isneginf().all()  # a row with a NaN or an inf: no logits
     with pytest.raises(ValueError, match="shapes that do not fit together"):
-        KERNELS.project_columns_int8(x[:, 1:], weight, 0.01, columns, sums, counts)
+        KERNELS.project_columns_int8(x[:, 1:], weight, columns, sums, scales, counts)
     with pytest.raises(ValueError, match="x takes a CPU tensor, got one on meta"):
-        KERNELS.project_columns_int8(x.to("meta"), weight, 0.01, columns, sums, counts)
+        KERNELS.project_columns_int8(x.to("meta"), weight, columns, sums, scales, counts)
+    with pytest.raises(ValueError, match="column_scales"):
+        KERNELS.project_columns_int8(x, weight, columns, sums, scales[:, 1:], counts)
 
 
 def plain_build(directory: Path, without: str) -> Kernels:
@@ -416,10 +419,10 @@ def test_the_int8_projections_plain_loops_give_what_its_vnni_path_gives(tmp_path
     and so are the logits, to the bit."""
     plain = plain_build(tmp_path, "avx512vnni")
     assert not plain.int8_vnni
-    x, weight, columns, sums, counts, expected = int8_projection_case(100, 4, seed=1)
-    out = plain.project_columns_int8(x, weight, 0.01, columns, sums, counts)
+    x, weight, columns, sums, scales, counts, expected = int8_projection_case(100, 4, seed=1)
+    out = plain.project_columns_int8(x, weight, columns, sums, scales, counts)
     torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-6)
-    assert torch.equal(out, KERNELS.project_columns_int8(x, weight, 0.01, columns, sums, counts))
+    assert torch.equal(out, KERNELS.project_columns_int8(x, weight, columns, sums, scales, counts))
 
 
 @needs_kernels

@@ -359,9 +359,11 @@ def test_the_records_stop_rule_holds_only_for_the_search_the_check_ran():
     assert stop_for(SearchOptions(stop="finished"), DecodingSettings("none", "exact", "")) == "finished"
 
 
-def test_the_check_decodes_each_setting_as_named(trained, tiny_data_dir, monkeypatch):
+@pytest.mark.parametrize("auto_precision", ["fp32", "bf16"])
+def test_the_check_decodes_each_setting_as_named(trained, tiny_data_dir, monkeypatch, auto_precision):
     """The reference and every candidate are decoded with their own quantization and stop rule, fastest
-    candidate first (each losing here, so all four are decoded)."""
+    candidate first (each losing here, so all four are decoded); the reference and int8 in fp32, the
+    others in the precision `auto` gives on the device, as `nmt generate` will decode them."""
     checkpoint = load_checkpoint(trained[0] / BEST)
     valid = DataDir.open(tiny_data_dir).split("valid")
     sources, references = [valid.source[i] for i in range(len(valid))], [valid.target[i] for i in range(len(valid))]
@@ -369,20 +371,25 @@ def test_the_check_decodes_each_setting_as_named(trained, tiny_data_dir, monkeyp
 
     def spy(model, sources, request, *args, **kwargs):
         int8 = any(isinstance(m, Int8Linear) for m in model.modules())
-        decoded.append(("int8" if int8 else "none", request.search.stop))
+        decoded.append(("int8" if int8 else "none", request.search.stop, request.precision))
         return real(model, sources, request, *args, **kwargs)
 
     scores = iter([30.0, 20.0, 20.0, 20.0, 20.0, 20.0])  # the reference, then candidates that lose 10 BLEU
     monkeypatch.setattr(decoding_check_module, "translate_ids", spy)
     monkeypatch.setattr(decoding_check_module, "score", lambda *a, **k: [type("B", (), {"score": next(scores)})()])
+    monkeypatch.setattr(decoding_check_module, "resolve_precision", lambda precision, device: (auto_precision, ""))
     choice = check_decoding(checkpoint, sources, references, torch.device("cpu"))
-    assert decoded == [("none", "exact"), ("int8", "finished"), ("int8", "current"), ("int8", "exact"),
-                       ("none", "finished"), ("none", "current")]
+    other = auto_precision
+    assert decoded == [("none", "exact", "fp32"), ("int8", "finished", "fp32"), ("int8", "current", "fp32"),
+                       ("int8", "exact", "fp32"), ("none", "finished", other), ("none", "current", other)]
     assert (choice.quantize, choice.stop) == ("none", "exact")
+    assert f"fp32 exact 30.00, int8 finished 20.00, int8 current 20.00, int8 exact 20.00, {other} finished 20.00, " \
+           f"{other} current 20.00 BLEU: no faster setting kept it" in choice.reason
     decoded.clear()
     scores = iter([30.0, 20.0, 20.0, 20.0])
     choice = check_decoding(checkpoint, sources, references, torch.device("cpu"), SearchOptions(lenpen=0.0))
-    assert decoded == [("none", "exact"), ("int8", "finished"), ("int8", "exact"), ("none", "finished")]
+    assert decoded == [("none", "exact", "fp32"), ("int8", "finished", "fp32"), ("int8", "exact", "fp32"),
+                       ("none", "finished", other)]
     assert (choice.quantize, choice.stop) == ("none", "exact")  # without a length penalty current is exact
 
 

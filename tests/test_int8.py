@@ -81,6 +81,30 @@ def test_each_row_is_quantized_to_8_bits_with_a_scale_of_its_own(kernels):
     assert layer(x)[[2, 6]].isnan().all() and torch.equal(layer(x)[kept], out[kept])
 
 
+@pytest.mark.parametrize("kernels", PATHS)
+def test_each_weight_row_is_quantized_with_a_scale_of_its_own(kernels):
+    """round(w * 127 / max |w|) per output row: a row 1,000 times smaller than its neighbours keeps
+    its 8 bits (one scale for the whole weight, torch.ao's, rounds it to a few levels or to zero)."""
+    torch.manual_seed(11)
+    model = nn.Sequential(nn.Linear(64, 6, bias=False))
+    with torch.no_grad():
+        model[0].weight.mul_(torch.tensor([1.0, 1e-3, 1.0, 1e-3, 10.0, 0.0])[:, None])
+    weight = quantize(model, kernels)[0].quantized
+    top = model[0].weight.abs().amax(dim=1)
+    assert torch.equal(weight.scales, torch.where(top > 0, top / 127, 1.0))
+    assert torch.equal(weight.values.abs().amax(dim=1), torch.tensor([127, 127, 127, 127, 127, 0], dtype=torch.int8))
+    assert close(weight.values.float() * weight.scales[:, None], model[0].weight.detach(),
+                 absolute=0.0, relative=0.0) or \
+        bool(((weight.values.float() * weight.scales[:, None] - model[0].weight).abs()
+              <= weight.scales[:, None] / 2 + 1e-12).all())  # each within half its own step
+    x = torch.randn(5, 64)
+    with torch.no_grad():
+        expected = model(x)
+    out = quantize(model, kernels)[0](x)
+    small = [1, 3]
+    assert close(out[:, small], expected[:, small], relative=0.05, absolute=1e-5)
+
+
 @pytest.mark.skipif(KERNELS is None, reason="nmt's CPU kernels could not be built here")
 @pytest.mark.parametrize("relu", [False, True])
 def test_the_c_kernel_torch_s_int8_product_and_torch_s_operations_give_the_same_outputs(relu, monkeypatch):

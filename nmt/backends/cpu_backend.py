@@ -77,15 +77,16 @@ class CpuKernelsBackend(TorchBackend):
         return encoder_out._replace(rows=rows, output=output)
 
     def column_projection(self, output: nn.Module | Tensor, columns: Tensor) -> ColumnProjection | Int8Columns:
-        """An int8 layer with one scale (as int8.quantize makes them) on a CPU with AVX512-VNNI: the
-        kernel multiplies each sentence's rows by its own candidates' weight rows (a few hundred, where
-        the batch's union has thousands: docs/performance.md). Without VNNI the product onto the union
-        (TorchBackend's, Int8Linear.rows) is taken."""
-        if not (self.kernels.int8_vnni and isinstance(output, Int8Linear)) or output.quantized.one_scale is None:
+        """An int8 layer on a CPU with AVX512-VNNI: the kernel multiplies each sentence's rows by its
+        own candidates' weight rows (a few hundred, where the batch's union has thousands:
+        docs/performance.md). Without VNNI the product onto the union (TorchBackend's, Int8Linear.rows)
+        is taken."""
+        if not (self.kernels.int8_vnni and isinstance(output, Int8Linear)):
             return super().column_projection(output, columns)
         weight = output.quantized
         counts = 1 + (columns[:, 1:] != columns[:, :-1]).sum(dim=1, dtype=torch.int32)
-        return Int8Columns(self.kernels, weight.values, weight.one_scale, columns, weight.row_sums[columns], counts)
+        return Int8Columns(self.kernels, weight.values, columns, weight.row_sums[columns], weight.scales[columns],
+                           counts)
 
     def log_softmax_(self, logits: Tensor, banned: Tensor | None, sentences: Tensor) -> Tensor:
         return self.kernels.log_softmax_(logits, banned, sentences)
@@ -100,16 +101,16 @@ class Int8Columns:
     last), their weight rows' sums, and how many of each sentence's are its own (``counts``). Each
     row's activations get an int8 scale of their own."""
 
-    def __init__(self, kernels: Kernels, weight: Tensor, scale: float, columns: Tensor, column_sums: Tensor,
+    def __init__(self, kernels: Kernels, weight: Tensor, columns: Tensor, column_sums: Tensor, column_scales: Tensor,
                  counts: Tensor):
-        self.kernels, self.weight, self.scale = kernels, weight, scale
-        self.columns, self.column_sums, self.counts = columns, column_sums, counts
-        self.product = kernels.int8_column_product(weight, scale, columns, column_sums, counts)  # checked once
+        self.kernels, self.weight = kernels, weight
+        self.columns, self.column_sums, self.column_scales, self.counts = columns, column_sums, column_scales, counts
+        self.product = kernels.int8_column_product(weight, columns, column_sums, column_scales, counts)  # checked once
 
     def __call__(self, x: Tensor) -> Tensor:
         return self.product(x)
 
     def select(self, sentences: Tensor) -> Int8Columns:
         """The projection for some sentences only (beam search: when sentences leave the batch)."""
-        return Int8Columns(self.kernels, self.weight, self.scale, self.columns[sentences],
-                           self.column_sums[sentences], self.counts[sentences])
+        return Int8Columns(self.kernels, self.weight, self.columns[sentences], self.column_sums[sentences],
+                           self.column_scales[sentences], self.counts[sentences])

@@ -543,7 +543,8 @@ static void quantize_row(const float *x, int64_t dim, int64_t k_pad, int offset,
  * Each row of x is quantized with a scale of its own (max |x| / 127, a row of a sentence never
  * depends on the batch's other rows), held as q + 128 in `quantized` (rows, dim rounded up to 64)
  * for VNNI's unsigned-by-signed products; column_sums (sentences, width) are the weight rows' sums,
- * which take the +128 back out. weight (vocabulary, dim) int8, one scale. With AVX512-VNNI: 16
+ * which take the +128 back out, and column_scales (sentences, width) their scales. weight
+ * (vocabulary, dim) int8, a scale per row. With AVX512-VNNI: 16
  * columns at a time, 64 products per instruction, their lanes summed at the end; else plain loops.
  * A row with an infinite or NaN entry gets NaN logits. */
 #if INT8_VNNI
@@ -566,7 +567,7 @@ static inline __m512i sum_lanes16(const __m512i v[16]) {
 }
 
 static void project_row(const uint8_t *q, int64_t dim, const int8_t *weight, const int64_t *columns,
-                        const int32_t *sums, int64_t count, float scale, float *out) {
+                        const int32_t *sums, const float *scales, int64_t count, float row_scale, float *out) {
     const int64_t chunks = (dim + 63) / 64;
     const __mmask64 tail = dim % 64 ? (((__mmask64)1 << (dim % 64)) - 1) : ~(__mmask64)0;
     for (int64_t j0 = 0; j0 < count; j0 += 16) {
@@ -585,19 +586,20 @@ static void project_row(const uint8_t *q, int64_t dim, const int8_t *weight, con
             acc[t] = _mm512_dpbusd_epi32(acc[t], a, _mm512_maskz_loadu_epi8(tail, w[t] + 64 * c));
         const __mmask16 kept = (__mmask16)((1u << n) - 1);
         const __m512i offset = _mm512_slli_epi32(_mm512_maskz_loadu_epi32(kept, sums + j0), 7);  /* 128 * sum */
-        const __m512 value = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(sum_lanes16(acc), offset)),
-                                           _mm512_set1_ps(scale));
+        const __m512 scale = _mm512_mul_ps(_mm512_set1_ps(row_scale), _mm512_maskz_loadu_ps(kept, scales + j0));
+        const __m512 value = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(sum_lanes16(acc), offset)), scale,
+                                             _mm512_setzero_ps());  /* the plain loop's rounding: no reassociation */
         _mm512_mask_storeu_ps(out + j0, kept, value);
     }
 }
 #else
 static void project_row(const uint8_t *q, int64_t dim, const int8_t *weight, const int64_t *columns,
-                        const int32_t *sums, int64_t count, float scale, float *out) {
+                        const int32_t *sums, const float *scales, int64_t count, float row_scale, float *out) {
     for (int64_t j = 0; j < count; ++j) {
         const int8_t *w = weight + columns[j] * dim;
         int32_t acc = 0;
         for (int64_t k = 0; k < dim; ++k) acc += (int32_t)q[k] * (int32_t)w[k];
-        out[j] = (float)(acc - 128 * sums[j]) * scale;
+        out[j] = fmaf((float)(acc - 128 * sums[j]), row_scale * scales[j], 0.f);
     }
 }
 #endif
@@ -615,7 +617,7 @@ int int8_vnni(void) { return INT8_VNNI; }
 
 /* quantized: room for one row, dim rounded up to 64. The int32 sums hold for dim < 66,000. */
 void project_columns_int8(const float *x, int64_t sentences, int64_t group, int64_t dim, const int8_t *weight,
-                          float weight_scale, const int64_t *columns, const int32_t *column_sums,
+                          const int64_t *columns, const int32_t *column_sums, const float *column_scales,
                           const int32_t *counts, int64_t width, float *out, uint8_t *quantized) {
     const int64_t stride = (dim + 63) / 64 * 64;
     for (int64_t r = 0; r < sentences * group; ++r) {
@@ -627,8 +629,8 @@ void project_columns_int8(const float *x, int64_t sentences, int64_t group, int6
             for (int64_t j = 0; j < width; ++j) o[j] = j < counts[s] ? NAN : -INFINITY;
             continue;
         }
-        project_row(quantized, dim, weight, columns + s * width, column_sums + s * width, counts[s],
-                    row_scale * weight_scale, o);
+        project_row(quantized, dim, weight, columns + s * width, column_sums + s * width,
+                    column_scales + s * width, counts[s], row_scale, o);
         for (int64_t j = counts[s]; j < width; ++j) o[j] = -INFINITY;
     }
 }

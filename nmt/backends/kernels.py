@@ -212,20 +212,20 @@ class Kernels:
         self.call("select_top", logprobs, scores, sentences, width, logprobs.size(1), count, best, rows, columns)
         return best, rows, columns
 
-    def project_columns_int8(self, x: Tensor, weight: Tensor, weight_scale: float, columns: Tensor,
-                             column_sums: Tensor, counts: Tensor) -> Tensor:
+    def project_columns_int8(self, x: Tensor, weight: Tensor, columns: Tensor, column_sums: Tensor,
+                             column_scales: Tensor, counts: Tensor) -> Tensor:
         """Logits (..., width) of x (..., dim) for each sentence's own vocabulary entries: ``columns``
-        (sentences, width) are rows of ``weight`` (vocabulary, dim) int8 with scale ``weight_scale``,
-        ``column_sums`` their sums (int32), ``counts`` (sentences,) how many of each sentence's are its
-        own (-inf after; ids below the weight's rows); x's rows come as many per sentence, consecutive.
-        Each row of x is quantized to int8 with a scale of its own. (A batch calls its
-        Int8ColumnProduct, made once.)"""
-        return self.int8_column_product(weight, weight_scale, columns, column_sums, counts)(x)
+        (sentences, width) are rows of ``weight`` (vocabulary, dim) int8, ``column_sums`` their sums
+        (int32) and ``column_scales`` their scales (float32), ``counts`` (sentences,) how many of each
+        sentence's are its own (-inf after; ids below the weight's rows); x's rows come as many per
+        sentence, consecutive. Each row of x is quantized to int8 with a scale of its own. (A batch
+        calls its Int8ColumnProduct, made once.)"""
+        return self.int8_column_product(weight, columns, column_sums, column_scales, counts)(x)
 
-    def int8_column_product(self, weight: Tensor, weight_scale: float, columns: Tensor, column_sums: Tensor,
+    def int8_column_product(self, weight: Tensor, columns: Tensor, column_sums: Tensor, column_scales: Tensor,
                             counts: Tensor) -> Int8ColumnProduct:
         """project_columns_int8 for one batch's columns, as a function of x (see Int8ColumnProduct)."""
-        return Int8ColumnProduct(self, weight, weight_scale, columns, column_sums, counts)
+        return Int8ColumnProduct(self, weight, columns, column_sums, column_scales, counts)
 
     def pack_int8_weight(self, weight: Tensor) -> Tensor:
         """An int8 weight (outputs, inputs) in the layout int8_linear reads (kernels.c: panels of 64
@@ -310,21 +310,22 @@ class Int8ColumnProduct:
     and their sums and counts are checked once, here, when the batch's shortlist is made or narrowed;
     a call checks only x."""
 
-    def __init__(self, kernels: Kernels, weight: Tensor, weight_scale: float, columns: Tensor, column_sums: Tensor,
+    def __init__(self, kernels: Kernels, weight: Tensor, columns: Tensor, column_sums: Tensor, column_scales: Tensor,
                  counts: Tensor):
         self.sentences, self.width = columns.shape
         weight, columns = weight.to(torch.int8).contiguous(), columns.to(torch.int64).contiguous()
         column_sums, counts = column_sums.to(torch.int32).contiguous(), counts.to(torch.int32).contiguous()
+        column_scales = column_scales.float().contiguous()
         self.dim = weight.size(-1)
         check_shapes("project_columns_int8", weight=(weight, (weight.size(0), self.dim)),
-                     column_sums=(column_sums, columns.shape), counts=(counts, (self.sentences,)))
+                     column_sums=(column_sums, columns.shape), column_scales=(column_scales, columns.shape),
+                     counts=(counts, (self.sentences,)))
         if columns.numel() and not 0 <= int(columns.min()) <= int(columns.max()) < len(weight):
             raise ValueError(f"project_columns_int8: columns outside the weight's {len(weight)} rows")
         self.kernels, self.function = kernels, kernels.checks["project_columns_int8"][0]
-        self.tensors = weight, columns, column_sums, counts  # held, so that the addresses below stay theirs
+        self.tensors = weight, columns, column_sums, column_scales, counts  # held: the addresses below stay theirs
         self.addresses = [kernels.pointer("project_columns_int8", name, tensor) for name, tensor in
-                          zip(("weight", "columns", "column_sums", "counts"), self.tensors)]
-        self.weight_scale = weight_scale
+                          zip(("weight", "columns", "column_sums", "column_scales", "counts"), self.tensors)]
 
     def __call__(self, x: Tensor) -> Tensor:
         """x (..., dim), its rows as many per sentence: (..., width) float32."""
@@ -339,10 +340,9 @@ class Int8ColumnProduct:
             raise ValueError(f"project_columns_int8: {count} rows for {self.sentences} sentences")
         out = torch.empty(x.shape[:-1] + (self.width,), dtype=torch.float32)
         quantized = self.kernels.scratch("quantized", (self.dim + 63) // 64 * 64, torch.uint8)  # one row at a time
-        weight, columns, column_sums, counts = self.addresses
-        self.function(rows.data_ptr(), self.sentences, count // self.sentences,
-                      self.dim, weight, self.weight_scale, columns, column_sums, counts, self.width, out.data_ptr(),
-                      quantized.data_ptr())
+        weight, columns, column_sums, column_scales, counts = self.addresses
+        self.function(rows.data_ptr(), self.sentences, count // self.sentences, self.dim, weight, columns,
+                      column_sums, column_scales, counts, self.width, out.data_ptr(), quantized.data_ptr())
         return out
 
 

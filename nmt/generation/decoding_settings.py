@@ -39,9 +39,9 @@ class DecodingSettings:
     # generate's defaults, which a record written before it named its search was checked with.
     search: dict[str, Any] | None = None
 
-    def name(self) -> str:
-        """The setting alone: "int8 finished", "fp32 exact"."""
-        return f"{'fp32' if self.quantize == 'none' else self.quantize} {self.stop}"
+    def name(self, precision: str = "fp32") -> str:
+        """The setting alone: "int8 finished", "fp32 exact" (without int8: ``precision``, "bf16 exact")."""
+        return f"{precision if self.quantize == 'none' else self.quantize} {self.stop}"
 
     def describe(self) -> str:
         """For the log line of each surface that decodes with it."""

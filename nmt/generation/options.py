@@ -109,8 +109,8 @@ CPU_MAX_TOKENS, GPU_MAX_TOKENS = 8000, 32000  # --max-tokens 0 (the default), by
 
 @dataclass(frozen=True)
 class BatchingOptions:
-    """How sentences are grouped for the model; in fp32 the output never depends on it (int8
-    quantizes each batch's activations with one scale)."""
+    """How sentences are grouped for the model; in fp32, and in int8 with nmt's C kernels, the output
+    never depends on it (docs/translating.md: batch dependence)."""
 
     max_tokens: int | None = field(default=0, metadata={
         "help": "Source tokens x beam decoded at once; --workers share them (each batch gets its share). "

@@ -25,7 +25,7 @@ from torch import nn
 from nmt.checkpoint.format import load_checkpoint, model_from_checkpoint, save_checkpoint
 from nmt.data.dataset import DataDir, ParallelDataset
 from nmt.data.vocabulary import Vocabularies
-from nmt.device import resolve_device
+from nmt.device import resolve_device, resolve_precision
 from nmt.device_options import BLEU_TOLERANCE
 from nmt.errors import NmtError
 from nmt.generation.decoding_settings import RECORD_KEY, DecodingSettings, describe_search
@@ -56,15 +56,17 @@ CANDIDATES = (DecodingSettings("int8", "finished"), DecodingSettings("int8", "cu
 
 
 def choose_decoding(reference: float, scored: Iterable[tuple[DecodingSettings, float]], sentences: int,
-                    note: str = "") -> DecodingSettings:
+                    note: str = "", precision: str = "fp32") -> DecodingSettings:
     """The first of ``scored`` (fastest first, consumed only as far as needed) whose BLEU is within
     BLEU_TOLERANCE of the ``reference`` setting's; none of them: the reference setting. Either with
-    the check's figures as its reason."""
+    the check's figures as its reason, the settings without int8 named by the ``precision`` they
+    were decoded in."""
     seen = [f"{REFERENCE.name()} {reference:.2f}"]
     for setting, bleu in scored:
-        seen.append(f"{setting.name()} {bleu:.2f}")
+        name = setting.name(precision)
+        seen.append(f"{name} {bleu:.2f}")
         if bleu >= reference - BLEU_TOLERANCE:
-            return dataclasses.replace(setting, reason=check_reason(sentences, seen, f"{setting.name()} kept it", note))
+            return dataclasses.replace(setting, reason=check_reason(sentences, seen, f"{name} kept it", note))
     return dataclasses.replace(REFERENCE, reason=check_reason(sentences, seen, "no faster setting kept it", note))
 
 
@@ -80,7 +82,9 @@ def check_decoding(checkpoint: dict[str, Any] | str | Path, sources: Sequence[np
     (fp32, exact search) and the faster candidates, fastest first, and choose by corpus BLEU against
     ``references`` (both sides detokenized by the target vocabulary). The search is ``search``'s
     beam, length penalty and limits (None: `nmt generate`'s defaults), recorded with the choice; the
-    shortlist is generate's default on ``device`` (on a GPU: none); int8 is tried on the CPU only."""
+    shortlist is generate's default on ``device`` (on a GPU: none); int8 is tried on the CPU only
+    (it computes in fp32); the candidates without it in the precision `auto` resolves to on
+    ``device``, as `nmt generate` will decode them (bf16 where the hardware computes it natively)."""
     search = search or SearchOptions()
     checkpoint = checkpoint if isinstance(checkpoint, dict) else load_checkpoint(checkpoint)
     sources, references = list(sources[:CHECK_SENTENCES]), list(references[:CHECK_SENTENCES])
@@ -91,6 +95,7 @@ def check_decoding(checkpoint: dict[str, Any] | str | Path, sources: Sequence[np
         raise TooFewSentences(f"{len(sources)} validation sentences, fewer than the {MIN_CHECK_SENTENCES} the check "
                               f"needs to tell {BLEU_TOLERANCE} BLEU from a word or two")
     vocabs = Vocabularies.from_state(checkpoint["vocab"])
+    precision = resolve_precision("auto", device)[0]
     decoded_references = [vocabs.target.decode(reference) for reference in references]
     models: dict[str, nn.Module] = {}  # by quantize: fp32 serves the reference and fp32 finished
 
@@ -99,8 +104,9 @@ def check_decoding(checkpoint: dict[str, Any] | str | Path, sources: Sequence[np
             model = model_from_checkpoint(checkpoint)[0]  # afresh: int8 changes the model it quantizes
             backend = choose_backend(device, setting.quantize)
             models[setting.quantize] = inference_model(model, setting.quantize, backend).to(device)
+        in_fp32 = setting == REFERENCE or setting.quantize == "int8"
         request = TranslationRequest(dataclasses.replace(search, stop=setting.stop), device=device,
-                                     shortlist=vocabs.shortlist)
+                                     precision="fp32" if in_fp32 else precision, shortlist=vocabs.shortlist)
         found = translate_ids(models[setting.quantize], sources, request)
         hypotheses = [vocabs.target.decode(hyps[0].tokens) for hyps in found]
         return score(hypotheses, [decoded_references], options=MetricOptions(language=vocabs.target_lang))[0].score
@@ -108,7 +114,8 @@ def check_decoding(checkpoint: dict[str, Any] | str | Path, sources: Sequence[np
     candidates = [setting for setting in CANDIDATES if (setting.quantize == "none" or device.type == "cpu")
                   and (setting.stop != "current" or search.lenpen > 0)]  # else current searches as exact does
     note = "" if device.type == "cpu" else f"; int8 not tried on {device.type}"
-    choice = choose_decoding(bleu(REFERENCE), ((setting, bleu(setting)) for setting in candidates), len(sources), note)
+    choice = choose_decoding(bleu(REFERENCE), ((setting, bleu(setting)) for setting in candidates), len(sources), note,
+                             precision)
     return dataclasses.replace(choice, search=search.checked())
 
 
