@@ -319,6 +319,16 @@ def test_the_api_takes_the_record_and_a_call_may_override_it(trained, tmp_path):
     assert translator.options(lenpen=1.0)[0].stop == "exact"  # a search the check did not run
 
 
+def test_the_api_takes_the_records_stop_rule_for_the_search_its_check_ran(trained, tmp_path):
+    """Loading resolves nothing against generate's default search: a model checked at --lenpen 1.4
+    is decoded with its check's stop rule by calls at 1.4 (the recipe's), exactly by the others."""
+    path = with_record(trained[0] / BEST, tmp_path / "fast.pt", CHECKED_AT_1_4)
+    translator = Translator.from_checkpoint(path, device="cpu")
+    assert (translator.decoding.quantize, translator.decoding.stop) == ("int8", "finished")
+    assert translator.options(lenpen=1.4)[0].stop == "finished"
+    assert translator.options()[0].stop == "exact" and translator.options(lenpen=1.4, beam=5)[0].stop == "exact"
+
+
 def test_auto_with_an_explicit_bf16_keeps_bf16(trained, tmp_path):
     path = with_record(trained[0] / BEST, tmp_path / "fast.pt", FAST)
     settings = decoding_settings(InferenceDeviceOptions(device="cpu", precision="bf16"), SearchOptions(), str(path))

@@ -147,6 +147,23 @@ def test_health_and_info(server):
     assert (info["quantize"], info["stop"], info["defaults"]["stop"]) == ("none", "exact", "auto")  # no check recorded
 
 
+def test_info_gives_the_stop_rule_of_a_request_with_the_defaults(checkpoint, tmp_path):
+    """A check that searched at --lenpen 1.4 (a recipe's) holds for requests at 1.4 only: /info's
+    stop is what a request with the defaults (0.6) gets, exact; a request at 1.4 gets the check's."""
+    from nmt.checkpoint.format import load_checkpoint, save_checkpoint
+    from nmt.generation.decoding_settings import RECORD_KEY, DecodingSettings
+    from nmt.generation.options import SearchOptions
+    from nmt.serving.server import server_info
+
+    state = load_checkpoint(checkpoint)
+    state[RECORD_KEY] = DecodingSettings("none", "finished", "validation check", SearchOptions(lenpen=1.4).checked()
+                                         ).to_dict()
+    save_checkpoint(tmp_path / "checked.pt", state)
+    translator = Translator.from_checkpoint(tmp_path / "checked.pt", device="cpu")
+    info = server_info(translator, ServeOptions(path=str(tmp_path / "checked.pt")), {})
+    assert info["stop"] == "exact" and translator.options(lenpen=1.4)[0].stop == "finished"
+
+
 FORKED = "decoding batches in 2 forked worker processes, one thread each"
 linux_only = pytest.mark.skipif(sys.platform != "linux", reason="the server forks its workers on Linux")
 

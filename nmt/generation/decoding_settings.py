@@ -116,13 +116,18 @@ def read_records(path: str | list[str]) -> dict[str, DecodingSettings | None]:
     return records
 
 
-def decoding_settings(compute: InferenceDeviceOptions, search: SearchOptions, path: str | list[str]
+def decoding_settings(compute: InferenceDeviceOptions, search: SearchOptions | None, path: str | list[str]
                       ) -> DecodingSettings:
     """What `nmt generate`, the API and the server decode with: ``--quantize`` and ``--stop``, their
-    ``auto`` resolved from the checkpoints' records (each surface logs it where it logs the precision)."""
-    records = read_records(path) if "auto" in (compute.quantize, search.stop) else {}
+    ``auto`` resolved from the checkpoints' records (each surface logs it where it logs the precision).
+    ``search`` None (the API and the server, whose calls bring their own searches): the stop rule as
+    the records give it, which each call's search then takes or not (stop_for)."""
+    stop = "auto" if search is None else search.stop
+    records = read_records(path) if "auto" in (compute.quantize, stop) else {}
     device_type = resolve_device(compute.device).type
-    settings = resolve_decoding(compute.quantize, search.stop, compute.precision, device_type, records)
+    settings = resolve_decoding(compute.quantize, stop, compute.precision, device_type, records)
+    if search is None:
+        return settings
     stop = stop_for(search, settings)
     if stop == settings.stop:
         return settings

@@ -71,7 +71,7 @@ class Translator:
         ``nmt.tune_for_decoding`` does the same here, called first)."""
         compute = build(InferenceDeviceOptions, {"device": device, "precision": precision,
                                                  "quantize": quantize or "none", "backend": backend})
-        settings = decoding_settings(compute, SearchOptions(), str(path))
+        settings = decoding_settings(compute, None, str(path))  # each call's search takes its stop rule or not
         compute = dataclasses.replace(compute, quantize=settings.quantize)
         resolved, precision, reason = inference_device(compute)
         logger.debug("precision: %s (%s); %s", precision, reason, settings.describe())

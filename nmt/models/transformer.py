@@ -225,8 +225,8 @@ class Transformer(nn.Module):
         """Give the output projection an ``nn.Linear`` of its own, for inference only.
 
         Tied or not, the projection is a plain matrix that int8's quantization, which swaps
-        ``nn.Linear`` modules, cannot see; as a module it becomes int8 like the other linear layers. Training must keep the tie, so this
-        copy is made after loading and never saved.
+        ``nn.Linear`` modules, cannot see; as a module it becomes int8 like the other linear layers.
+        Training must keep the tie, so this copy is made after loading and never saved.
         """
         weight = self.output_weight().detach()
         self.output_layer = nn.Linear(weight.size(1), weight.size(0), bias=False, device=weight.device)

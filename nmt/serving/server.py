@@ -41,6 +41,7 @@ from nmt.checkpoint.names import split_paths
 from nmt.data.vocabulary import EOS_ID
 from nmt.device import use_threads
 from nmt.errors import NmtError, Stopped, install_hint
+from nmt.generation.decoding_settings import stop_for
 from nmt.generation.inference import translate_ids, uses_shortlist
 from nmt.generation.options import BatchingOptions, SearchOptions
 from nmt.generation.search import HYPOTHESIS_BYTES_PER_TOKEN, SearchStopped, model_positions
@@ -270,7 +271,7 @@ def server_info(translator: Translator, options: ServeOptions, memory: dict[str,
         "vocab": {"source": len(vocabs.source), "target": len(vocabs.target), "joint": vocabs.joint,
                   "shortlist": uses_shortlist(SearchOptions(), vocabs.shortlist, translator.device.type)},
         "device": str(translator.device), "precision": translator.precision, "quantize": translator.decoding.quantize,
-        "stop": translator.decoding.stop,
+        "stop": stop_for(SearchOptions(), translator.decoding),  # a request's with the defaults
         "limits": {"max_sentences": options.max_sentences, "max_characters": options.max_characters,
                    "max_body_bytes": body_limit(options), "max_beam": options.max_beam,
                    "max_bans": options.max_bans, "max_constraints": options.max_constraints,
