@@ -31,7 +31,8 @@ OUTPUT_DIR_HELP = ("Let the recipe (or --config file) also write (and read) unde
                    "(`.`: the working directory, where its relative paths are taken from).")
 INPUT_DIR_HELP = "Let the recipe (or --config file) also read under this directory (repeat for several)."
 ALLOW_OUTSIDE_HELP = ("Let the recipe (or --config file) read and write anywhere (absolute paths, ..) and replace "
-                      "any file: it is then trusted like code.")
+                      "any file: it is then trusted like code; and let training use a save dir that holds another "
+                      "tool's config.yaml, metrics.jsonl or checkpoint*.pt.")
 
 
 @dataclass(frozen=True)
@@ -57,12 +58,12 @@ class Confinement:
             return
         writable = [real(source.parent)] + ([real(self.output_dir)] if self.output_dir else [])
         readable = writable + [real(directory) for directory in self.input_dirs]
-        beside = " or --output-dir" if self.output_dir else ""
+        beside = f" or --output-dir ({writable[1]})" if self.output_dir else ""
 
         def outside(key: str, path: str, verb: str, flag: str) -> NmtError:
-            return NmtError(f"{source}: `{key}: {path}`{through_links(path)} is outside the {what}'s directory"
-                            f"{beside}; a {what} {verb} only there unless you name a directory with `{command} "
-                            f"{flag} DIR` or trust it like code with `--allow-outside`")
+            return NmtError(f"{source}: `{key}: {path}`{where(path)} is outside the {what}'s directory "
+                            f"({writable[0]}){beside}; a {what} {verb} only there unless you name a directory with "
+                            f"`{command} {flag} DIR` or trust it like code with `--allow-outside`")
 
         for key, path in outputs.items():
             if not any(real(path).is_relative_to(root) for root in writable):
@@ -90,7 +91,7 @@ TRAINING_FILES = (CONFIG_FILE, "metrics.jsonl", "checkpoint*.pt")
 MAX_CONFIG_BYTES = 1 << 20
 
 
-def foreign_training_files(directory: str, source: Path) -> list[str]:
+def foreign_training_files(directory: str, source: Path | None = None) -> list[str]:
     """The files of ``directory`` that training would replace or change, where it is not an nmt run's (its
     config.yaml one that nmt's training wrote, and not the YAML file ``source`` itself)."""
     path = Path(directory)
@@ -98,7 +99,7 @@ def foreign_training_files(directory: str, source: Path) -> list[str]:
         return []
     found = sorted({p.name for pattern in TRAINING_FILES for p in path.glob(pattern)})
     config = path / CONFIG_FILE
-    if not found or (is_written_training_config(config) and real(config) != real(source)):
+    if not found or (is_written_training_config(config) and (source is None or real(config) != real(source))):
         return []
     return found
 
@@ -121,10 +122,13 @@ def real(path: str | os.PathLike) -> Path:
     return Path(os.path.realpath(path))
 
 
-def through_links(path: str) -> str:
-    """Where a path leads when a symbolic link on the way takes it elsewhere (places are compared there)."""
+def where(path: str) -> str:
+    """Where a path leads, when that is not what it says: a relative path (from the working directory)
+    or one that a symbolic link on the way takes elsewhere (places are compared there)."""
     target = real(path)
-    return f" (through a symbolic link: {target})" if target != Path(os.path.abspath(path)) else ""
+    if target != Path(os.path.abspath(path)):
+        return f" (through a symbolic link: {target})"
+    return "" if os.path.isabs(path) else f" ({target})"
 
 
 def paths_in(value: Any) -> list[str]:

@@ -30,6 +30,7 @@ from nmt.cli import main
 from nmt.models.registry import build_model, get_arch, resolve_config
 
 TRAIN = ["train", "data", "--arch", "transformer_tiny", "--max-tokens", "1000", "-q"]
+RUN_CONFIG = "arch: transformer_tiny\nmodel: {}\ntrain: {save_dir: run}\n"  # a save dir's, as nmt's training writes it
 GENERATE = ["generate", "data", "--path", "model.pt", "-q"]
 RAW = ["generate", "--path", "model.pt", "-q", "-i"]
 DISK_FULL_RUN = [*TRAIN, "--save-dir", "small/ck", "--max-update", "1"]
@@ -263,9 +264,13 @@ CASES = [
     ("train-finetune-model-missing", [*TRAIN, "--finetune-from-model", "missing.pt", "--save-dir", "t1"],
      "--finetune-from-model not found", NO_SETUP),
     ("train-save-dir-is-a-file", [*TRAIN, "--save-dir", "good.hyp"], "is a file", NO_SETUP),
+    ("train-save-dir-of-another-tool", [*TRAIN, "--save-dir", "theirs"],
+     "--save-dir theirs holds metrics.jsonl, which training would replace, and is not a run of nmt's",
+     setup({"theirs/metrics.jsonl": "another tool's\n"})),
     ("train-earlier-run-without-last", [*TRAIN, "--save-dir", "old-run"],
      "--save-dir old-run holds checkpoints of an earlier run (checkpoint1.pt) but no checkpoint_last.pt: continue it "
-     "with --restore-file old-run/checkpoint1.pt", setup({"old-run/checkpoint1.pt": b"an earlier run's"})),
+     "with --restore-file old-run/checkpoint1.pt", setup({"old-run/checkpoint1.pt": b"an earlier run's",
+                                                         "old-run/config.yaml": RUN_CONFIG})),
     ("archs-vocab-size-zero", ["archs", "--vocab-size", "0"], "--vocab-size", NO_SETUP),
     ("train-negative-seed", [*TRAIN, "--seed", "-1", "--save-dir", "t1"], "--seed must be at least 0, got -1",
      NO_SETUP),
@@ -278,7 +283,8 @@ CASES = [
     ("train-resume-other-vocabulary", ["train", "other-data", "--arch", "transformer_tiny", "--max-tokens", "1000",
                                        "--save-dir", "run", "-q"], "different source vocabularies", NO_SETUP),
     ("train-nothing-loads", [*TRAIN, "--save-dir", "broken-run"], "does not load",
-     setup({"broken-run/checkpoint_last.pt": b"\0" * 100, "broken-run/checkpoint1.pt": b"garbage"})),
+     setup({"broken-run/checkpoint_last.pt": b"\0" * 100, "broken-run/checkpoint1.pt": b"garbage",
+            "broken-run/config.yaml": RUN_CONFIG})),
     ("train-config-missing", [*TRAIN, "--config", "missing.yaml", "--save-dir", "t1"], "not found", NO_SETUP),
     ("train-config-not-yaml", [*TRAIN, "--config", "bad/recipe.yaml", "--save-dir", "t1"], "not valid YAML",
      setup({"bad/recipe.yaml": "train: [unclosed\n"})),
@@ -395,7 +401,7 @@ CASES = [
     ("run-no-stage", ["run", "bad/stages.yaml", "--stages", ","], "names no stage",
      setup({"bad/stages.yaml": "train: {}\n"})),
     ("run-output-climbs-out", ["run", "bad/climbs.yaml", "--stages", "generate"],
-     "`generate: output: ../outside.hyp` is outside the recipe's directory; a recipe writes only there",
+     "outside.hyp) is outside the recipe's directory (",
      setup({"bad/climbs.yaml": "generate: {input: text.en, path: model.pt, output: ../outside.hyp}\n"})),
     ("run-save-dir-elsewhere", ["run", "bad/elsewhere.yaml", "--dry-run"], "`train: save_dir: /nmt-elsewhere/ck` is "
      "outside",
@@ -525,6 +531,7 @@ def test_a_full_disk_under_metrics_jsonl_is_a_warning_and_training_goes_on(world
     (world / "full" / "metrics.jsonl").touch()
     (save_dir / "metrics.jsonl").unlink(missing_ok=True)
     (save_dir / "metrics.jsonl").symlink_to(world / "full" / "metrics.jsonl")
+    (save_dir / "config.yaml").write_text(RUN_CONFIG, encoding="utf-8")  # nmt's run, as training would write it
     code, _, err = run_cli(monkeypatch, capsys, world, [*TRAIN, "--save-dir", str(save_dir), "--max-update", "2",
                                                         "--log-interval", "1"])
     assert code == 0 and "Traceback" not in err, err

@@ -12,6 +12,7 @@ from nmt.backends import int8 as int8_module
 from nmt.backends.int8 import Int8Linear, quantize
 from nmt.backends.kernel_build import built_kernels
 from nmt.data.vocabulary import BOS_ID, EOS_ID, PAD_ID
+from nmt.errors import NmtError
 from nmt.generation.fused_layers import FusedSelfAttention, fuse_int8_layers
 from nmt.models.attention import MultiHeadAttention
 from nmt.models.transformer import Transformer, transformer_tiny
@@ -103,6 +104,15 @@ def test_each_weight_row_is_quantized_with_a_scale_of_its_own(kernels):
     out = quantize(model, kernels)[0](x)
     small = [1, 3]
     assert close(out[:, small], expected[:, small], relative=0.05, absolute=1e-5)
+
+
+def test_a_weight_with_an_inf_or_a_nan_is_refused():
+    """int8 has no value for it, and a NaN's row would otherwise turn into finite outputs."""
+    model = nn.Sequential(nn.Linear(8, 4))
+    with torch.no_grad():
+        model[0].weight[2, 3] = float("nan")
+    with pytest.raises(NmtError, match=r"a weight of \(4, 8\) holds an inf or a NaN"):
+        quantize(model)
 
 
 @pytest.mark.skipif(KERNELS is None, reason="nmt's CPU kernels could not be built here")

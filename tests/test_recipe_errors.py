@@ -239,9 +239,9 @@ def test_a_recipe_run_from_home_does_not_write_there(home, tmp_path, monkeypatch
                                                     "output": ".bashrc"})
     code, out, err = run_cli(monkeypatch, capsys, "run", recipe, "--stages", "generate", "--dry-run")
     assert code == 1 and out == ""
-    assert_one_line_error(err, "`generate: output: .bashrc` is outside the recipe's directory; a recipe writes only "
-                               "there unless you name a directory with `nmt run --output-dir DIR` or trust it like "
-                               "code with `--allow-outside`")
+    assert_one_line_error(err, f"`generate: output: .bashrc` ({home / '.bashrc'}) is outside the recipe's directory "
+                               f"({downloads}); a recipe writes only there unless you name a directory with `nmt run "
+                               "--output-dir DIR` or trust it like code with `--allow-outside`")
     code, _, err = run_cli(monkeypatch, capsys, "run", recipe, "--stages", "generate", "--dry-run", "--output-dir",
                            str(home), "--input-dir", str(tmp_path / "downloads"))
     assert code == 1  # named as a place, but .bashrc is not a file nmt wrote
@@ -299,10 +299,37 @@ def test_a_recipe_reads_only_inside_its_places(home, tmp_path, monkeypatch, caps
                            "output": str(tmp_path / "downloads" / "out.hyp")})
     code, _, err = run_cli(monkeypatch, capsys, "run", recipe, "--stages", "generate", "--dry-run")
     assert code == 1
-    assert_one_line_error(err, f"`generate: input: {home / '.ssh' / 'id_ed25519'}` is outside the recipe's directory; "
-                               "a recipe reads only there unless you name a directory with `nmt run --input-dir DIR`")
+    assert_one_line_error(err, f"`generate: input: {home / '.ssh' / 'id_ed25519'}` is outside the recipe's directory "
+                               f"({tmp_path / 'downloads'}); a recipe reads only there unless you name a directory "
+                               "with `nmt run --input-dir DIR`")
     assert run_cli(monkeypatch, capsys, "run", recipe, "--stages", "generate", "--dry-run", "--input-dir",
                    str(home / ".ssh"))[0] == 0
+
+
+def test_training_from_the_command_line_keeps_another_tool_s_files(home, tmp_path, monkeypatch, capsys):
+    """A --save-dir (or the default ./checkpoints) holding a config.yaml or metrics.jsonl that nmt's
+    training did not write: refused before anything is written, unless --allow-outside."""
+    make_data_dir(tmp_path / "data", {"train": numbers_pairs(40, seed=0)})
+    save_dir = tmp_path / "theirs"
+    save_dir.mkdir()
+    (save_dir / "metrics.jsonl").write_text("another tool's\n", encoding="utf-8")
+    command = ("train", tmp_path / "data", "--arch", "transformer_tiny", "--device", "cpu", "--valid-subset", "none",
+               "--no-check-decoding", "-q", "--max-update")
+    code, _, err = run_cli(monkeypatch, capsys, *command, "1", "--save-dir", save_dir)
+    assert code == 1
+    assert_one_line_error(err, f"--save-dir {save_dir} holds metrics.jsonl, which training would replace, and is not "
+                               "a run of nmt's (no config.yaml that its training wrote): choose another --save-dir, "
+                               "move those files, or give --allow-outside to train into it anyway")
+    assert sorted(path.name for path in save_dir.iterdir()) == ["metrics.jsonl"]
+    (home / "checkpoints").mkdir()  # the default save dir, in the working directory
+    (home / "checkpoints" / "config.yaml").write_text("the user's own\n", encoding="utf-8")
+    assert run_cli(monkeypatch, capsys, *command, "1")[0] == 1
+    assert (home / "checkpoints" / "config.yaml").read_text(encoding="utf-8") == "the user's own\n"
+    code, _, err = run_cli(monkeypatch, capsys, *command, "1", "--save-dir", save_dir, "--allow-outside")
+    assert code == 0, err
+    assert (save_dir / "checkpoint_last.pt").exists()
+    code, _, err = run_cli(monkeypatch, capsys, *command, "2", "--save-dir", save_dir)
+    assert code == 0, err  # nmt's run now: resumed without --allow-outside
 
 
 def test_a_path_that_leaves_through_a_symbolic_link_says_so(home, tmp_path, monkeypatch, capsys):
@@ -336,8 +363,9 @@ def test_a_train_config_writes_only_inside_its_places(home, tmp_path, monkeypatc
                                                 "valid_subset": "none"}}), encoding="utf-8")
     code, _, err = run_cli(monkeypatch, capsys, "train", "--config", config, "-q")
     assert code == 1
-    assert_one_line_error(err, f"`train: save_dir: {home}` is outside the config file's directory; a config file "
-                               "writes only there unless you name a directory with `nmt train --output-dir DIR`")
+    assert_one_line_error(err, f"`train: save_dir: {home}` is outside the config file's directory "
+                               f"({tmp_path / 'downloads'}); a config file writes only there unless you name a "
+                               "directory with `nmt train --output-dir DIR`")
     assert sorted(path.name for path in home.iterdir()) == [".bashrc", ".ssh"]
     inside = tmp_path / "downloads" / "run"
     code, _, err = run_cli(monkeypatch, capsys, "train", "--config", config, "--save-dir", inside, "-q")  # the user's

@@ -153,7 +153,7 @@ def test_info_gives_the_stop_rule_of_a_request_with_the_defaults(checkpoint, tmp
     from nmt.checkpoint.format import load_checkpoint, save_checkpoint
     from nmt.generation.decoding_settings import RECORD_KEY, DecodingSettings
     from nmt.generation.options import SearchOptions
-    from nmt.serving.server import server_info
+    from nmt.serving.server import describe_decoding, server_info
 
     state = load_checkpoint(checkpoint)
     state[RECORD_KEY] = DecodingSettings("none", "finished", "validation check", SearchOptions(lenpen=1.4).checked()
@@ -162,6 +162,10 @@ def test_info_gives_the_stop_rule_of_a_request_with_the_defaults(checkpoint, tmp
     translator = Translator.from_checkpoint(tmp_path / "checked.pt", device="cpu")
     info = server_info(translator, ServeOptions(path=str(tmp_path / "checked.pt")), {})
     assert info["stop"] == "exact" and translator.options(lenpen=1.4)[0].stop == "finished"
+    logged = describe_decoding(translator.decoding)  # the `serving ...` line says the same, and where finished holds
+    assert logged.startswith("quantize none, stop exact (") and logged.endswith(
+        "; requests searching with --beam 4 --lenpen 1.4 --lenpen-style gnmt --max-len-a 1.0 --max-len-b 50 "
+        "--min-len 1 take stop finished")
 
 
 FORKED = "decoding batches in 2 forked worker processes, one thread each"

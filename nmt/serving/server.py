@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import math
 import os
 import resource
@@ -41,7 +42,7 @@ from nmt.checkpoint.names import split_paths
 from nmt.data.vocabulary import EOS_ID
 from nmt.device import use_threads
 from nmt.errors import NmtError, Stopped, install_hint
-from nmt.generation.decoding_settings import stop_for
+from nmt.generation.decoding_settings import DecodingSettings, describe_search, stop_for
 from nmt.generation.inference import translate_ids, uses_shortlist
 from nmt.generation.options import BatchingOptions, SearchOptions
 from nmt.generation.search import HYPOTHESIS_BYTES_PER_TOKEN, SearchStopped, model_positions
@@ -283,6 +284,16 @@ def server_info(translator: Translator, options: ServeOptions, memory: dict[str,
     }
 
 
+def describe_decoding(decoding: DecodingSettings) -> str:
+    """What a request with the defaults decodes with (as /info gives it), and where the check's stop
+    rule holds when that is another search."""
+    stop = stop_for(SearchOptions(), decoding)
+    if stop == decoding.stop:
+        return decoding.describe()
+    return (f"{dataclasses.replace(decoding, stop=stop).describe()}; requests searching with "
+            f"{describe_search(decoding.checked_search())} take stop {decoding.stop}")
+
+
 def serve(options: ServeOptions) -> None:
     """Check the options, load the model once, bind, and serve until interrupted."""
     try:
@@ -348,7 +359,7 @@ def serve_app(app, translator: Translator, options: ServeOptions) -> None:
     server = server_stopping_in_two_steps(uvicorn.Server)(config)
     with server.noting_early_signals():
         logger.info("serving %s on http://%s:%d (POST /translate, GET /health, GET /info); %s", translator.path,
-                    shown, port, translator.decoding.describe())
+                    shown, port, describe_decoding(translator.decoding))
         server.run(sockets=[sock])
     if server.stop_signal:  # uvicorn raised it again after stopping; here when the signal was ignored (nohup, `&`)
         raise Stopped(server.stop_signal)

@@ -26,7 +26,7 @@ from typing import Any, Literal, Mapping
 
 import yaml
 
-from nmt.confinement import Confinement, path_values
+from nmt.confinement import Confinement, foreign_training_files, path_values
 from nmt.device_options import DeviceOptions
 from nmt.errors import NmtError
 from nmt.files import atomic_write
@@ -229,13 +229,20 @@ def load_train_config(cli_values: Mapping[str, Any] | None = None, config_file: 
     """Merge the command line's given options over the recipe over the defaults.
 
     A ``model`` mapping (``--set``) is merged key by key over the recipe's ``model:``. With a
-    ``confinement`` (`nmt train --config` gives one; a program's own file needs none), the paths the
-    recipe gives (not those the command line overrides) stay within it.
+    ``confinement`` (`nmt train` gives one; a program's own file needs none), the paths the
+    recipe gives (not those the command line overrides) stay within it, and a save dir from the
+    command line (or the default) is refused where it holds files of training's names that are not
+    an nmt run's, which training would replace (unless ``--allow-outside``).
     """
     recipe = train_values(read_document(config_file, "config file"), config_file) if config_file is not None else {}
     config = build(TrainConfig, merge(recipe, cli_values or {}), "train", str(config_file or "the command line"))
+    from_file = {key for key in recipe if key not in (cli_values or {})}
+    if confinement is not None and not confinement.allow_outside and "save_dir" not in from_file and \
+            (foreign := foreign_training_files(config.save_dir)):
+        raise NmtError(f"--save-dir {config.save_dir} holds {', '.join(foreign[:3])}, which training would replace, "
+                       "and is not a run of nmt's (no config.yaml that its training wrote): choose another "
+                       "--save-dir, move those files, or give --allow-outside to train into it anyway")
     if config_file is not None and confinement is not None:
-        from_file = {key for key in recipe if key not in (cli_values or {})}
         paths = {key: value for key, value in path_values(config).items() if key in from_file and value is not None}
         outputs = {f"train: {key}": paths.pop(key) for key in ("save_dir", "tensorboard_dir") if key in paths}
         confinement.check(Path(config_file), outputs, {f"train: {key}": value for key, value in paths.items()},

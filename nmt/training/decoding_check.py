@@ -97,7 +97,7 @@ def check_decoding(checkpoint: dict[str, Any] | str | Path, sources: Sequence[np
     vocabs = Vocabularies.from_state(checkpoint["vocab"])
     precision = resolve_precision("auto", device)[0]
     decoded_references = [vocabs.target.decode(reference) for reference in references]
-    models: dict[str, nn.Module] = {}  # by quantize: fp32 serves the reference and fp32 finished
+    models: dict[str, nn.Module] = {}  # by quantize: the float model serves the reference and the others without int8
 
     def bleu(setting: DecodingSettings) -> float:
         if setting.quantize not in models:
