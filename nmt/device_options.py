@@ -45,10 +45,10 @@ class InferenceDeviceOptions(DeviceOptions):
     """Device and precision for translating, and CPU int8 quantization."""
 
     quantize: Literal["auto", "none", "int8"] = field(default="auto", metadata={
-        "help": "int8: dynamic quantization of every nn.Linear layer, the output projection included (CPU only; "
-                f"computes in fp32). auto: int8 on CPU where the checkpoint's validation check kept BLEU (within "
-                f"{BLEU_TOLERANCE}; `nmt average` and training's end record it) and --precision is auto or fp32, "
-                "else none.",
+        "help": "int8: every nn.Linear layer, the output projection included, in int8 (a scale per weight row, "
+                "and per row of activations, quantized as they come; CPU only; computes in fp32). auto: int8 on CPU "
+                f"where the checkpoint's validation check kept BLEU (within {BLEU_TOLERANCE}; `nmt average` and "
+                "training's end record it) and --precision is auto or fp32, else none.",
         "panel": PANEL})
     backend: Literal["auto", "torch"] = field(default="auto", metadata={
         "help": "What decoding computes with. auto: nmt's C kernels on a CPU where they can be built (faster: "

@@ -152,7 +152,7 @@ def test_explicit_settings_override_the_record():
     assert resolve({"a.pt": FAST}, quantize="none", stop="exact") == ("none", "exact", "asked for")
     assert resolve({"a.pt": FAST}, quantize="none")[:2] == ("none", "finished")
     assert resolve({"a.pt": FAST}, stop="exact")[:2] == ("int8", "exact")
-    assert resolve({"a.pt": FAST}, stop="exact")[2].startswith("auto: --stop exact asked for; validation check")
+    assert resolve({"a.pt": FAST}, stop="exact")[2].startswith("--stop exact asked for; auto: validation check")
 
 
 def test_int8_only_on_the_cpu_and_without_an_explicit_low_precision():
@@ -332,7 +332,7 @@ def test_the_api_takes_the_records_stop_rule_for_the_search_its_check_ran(traine
 def test_auto_with_an_explicit_bf16_keeps_bf16(trained, tmp_path):
     path = with_record(trained[0] / BEST, tmp_path / "fast.pt", FAST)
     settings = decoding_settings(InferenceDeviceOptions(device="cpu", precision="bf16"), SearchOptions(), str(path))
-    assert settings == DecodingSettings("none", "finished", f"auto: --precision bf16 asked for; {FAST.reason}")
+    assert settings == DecodingSettings("none", "finished", f"--precision bf16 asked for; auto: {FAST.reason}")
     assert inference_device(InferenceDeviceOptions(device="cpu", precision="bf16", quantize=settings.quantize))[1] \
         == "bf16"
 
@@ -407,9 +407,11 @@ def test_a_search_the_check_did_not_run_is_exact_and_the_reason_says_so(trained,
     path = with_record(trained[0] / BEST, tmp_path / "fast.pt", FAST)
     settings = decoding_settings(InferenceDeviceOptions(device="cpu"), SearchOptions(lenpen=1.0), str(path))
     assert (settings.quantize, settings.stop) == ("int8", "exact")
-    assert settings.reason.endswith("stop exact: the check searched with --beam 4 --lenpen 0.6 --lenpen-style gnmt "
-                                    "--max-len-a 1.0 --max-len-b 50 --min-len 1, not this search (`nmt average` and "
-                                    "`nmt train` name it: --check-beam, --check-lenpen, ...)")
+    assert settings.reason.endswith("; stop exact: this search has --lenpen 1.0 (the check's: 0.6); with the "
+                                    "check's, stop finished (or have `nmt average` check this search: --check-beam, "
+                                    "--check-lenpen, ...)")
+    settings = decoding_settings(InferenceDeviceOptions(device="cpu"), SearchOptions(lenpen=1.0, beam=5), str(path))
+    assert "this search has --beam 5 (the check's: 4), --lenpen 1.0 (the check's: 0.6);" in settings.reason
 
 
 def test_the_records_stop_rule_holds_for_the_search_its_check_named():

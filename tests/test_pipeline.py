@@ -78,7 +78,7 @@ def test_the_generate_stage_takes_the_choice_of_the_check_of_its_search(pipeline
     record = DecodingSettings.from_dict(load_checkpoint(report.model)[RECORD_KEY])
     assert record.search == generate.search.checked()
     settings = decoding_settings(generate.compute, generate.search, generate.path)
-    assert settings.stop == record.stop and "not this search" not in settings.reason
+    assert settings.stop == record.stop and "stop exact: this search has" not in settings.reason
 
 
 def test_the_decoding_check_judges_the_generate_stages_search(tmp_path):

@@ -86,8 +86,9 @@ def resolve_decoding(quantize: str, stop: str, precision: str, device_type: str,
         where = "the checkpoint" if len(records) == 1 else ", ".join(missing)
         return DecodingSettings("none" if quantize == "auto" else quantize, "exact" if stop == "auto" else stop,
                                 f"auto: {NO_RECORD.format(where)}")
-    notes = [f"--{name} {value} asked for" for name, value in (("quantize", quantize), ("stop", stop))
+    asked = [f"--{name} {value} asked for" for name, value in (("quantize", quantize), ("stop", stop))
              if value != "auto"]
+    notes = []
     if quantize == "auto":
         quantize = "int8" if all(record.quantize == "int8" for record in records.values()) else "none"
         if quantize == "int8" and device_type != "cpu":
@@ -95,7 +96,7 @@ def resolve_decoding(quantize: str, stop: str, precision: str, device_type: str,
             notes.append(f"int8 is for CPU decoding, not {device_type}")
         elif quantize == "int8" and precision not in ("auto", "fp32"):
             quantize = "none"
-            notes.append(f"--precision {precision} asked for")
+            asked.append(f"--precision {precision} asked for")
     searches = [record.checked_search() for record in records.values()]
     if stop == "auto":
         stop = min((record.stop for record in records.values()), key=STOP_RULES.index)
@@ -103,7 +104,8 @@ def resolve_decoding(quantize: str, stop: str, precision: str, device_type: str,
             stop = "exact"
             notes.append("stop exact: the models' checks ran different searches")
     checks = [record.reason if len(records) == 1 else f"{path}: {record.reason}" for path, record in records.items()]
-    return DecodingSettings(quantize, stop, "auto: " + "; ".join(notes + checks), next(iter(records.values())).search)
+    reason = "; ".join(asked + ["auto: " + "; ".join(notes + checks)])
+    return DecodingSettings(quantize, stop, reason, next(iter(records.values())).search)
 
 
 def read_records(path: str | list[str]) -> dict[str, DecodingSettings | None]:
@@ -131,9 +133,12 @@ def decoding_settings(compute: InferenceDeviceOptions, search: SearchOptions | N
     stop = stop_for(search, settings)
     if stop == settings.stop:
         return settings
-    return dataclasses.replace(settings, stop=stop, reason=f"{settings.reason}; stop exact: the check searched with "
-                               f"{describe_search(settings.checked_search())}, not this search (`nmt average` and "
-                               "`nmt train` name it: --check-beam, --check-lenpen, ...)")
+    checked, this = settings.checked_search(), search.checked()
+    differ = ", ".join(f"--{name.replace('_', '-')} {this.get(name)} (the check's: {value})"
+                       for name, value in checked.items() if this.get(name) != value)
+    return dataclasses.replace(settings, stop=stop, reason=f"{settings.reason}; stop exact: this search has {differ}; "
+                               f"with the check's, stop {settings.stop} (or have `nmt average` check this search: "
+                               "--check-beam, --check-lenpen, ...)")
 
 
 def stop_for(search: SearchOptions, settings: DecodingSettings | None) -> str:
