@@ -265,7 +265,7 @@ CASES = [
      "--finetune-from-model not found", NO_SETUP),
     ("train-save-dir-is-a-file", [*TRAIN, "--save-dir", "good.hyp"], "is a file", NO_SETUP),
     ("train-save-dir-of-another-tool", [*TRAIN, "--save-dir", "theirs"],
-     "--save-dir theirs holds metrics.jsonl, which training would replace, and is not a run of nmt's",
+     "--save-dir theirs holds metrics.jsonl, which training would replace or append to, and is not a run of nmt's",
      setup({"theirs/metrics.jsonl": "another tool's\n"})),
     ("train-earlier-run-without-last", [*TRAIN, "--save-dir", "old-run"],
      "--save-dir old-run holds checkpoints of an earlier run (checkpoint1.pt) but no checkpoint_last.pt: continue it "

@@ -412,6 +412,11 @@ def test_a_search_the_check_did_not_run_is_exact_and_the_reason_says_so(trained,
                                     "--check-lenpen, ...)")
     settings = decoding_settings(InferenceDeviceOptions(device="cpu"), SearchOptions(lenpen=1.0, beam=5), str(path))
     assert "this search has --beam 5 (the check's: 4), --lenpen 1.0 (the check's: 0.6);" in settings.reason
+    other_version = with_record(trained[0] / BEST, tmp_path / "other.pt", dataclasses.replace(
+        FAST, search={**SearchOptions().checked(), "some_later_option": 2}))
+    settings = decoding_settings(InferenceDeviceOptions(device="cpu"), SearchOptions(), str(other_version))
+    assert settings.stop == "exact"
+    assert "stop exact: the check ran another version's search (--beam 4 " in settings.reason
 
 
 def test_the_records_stop_rule_holds_for_the_search_its_check_named():

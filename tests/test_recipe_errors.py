@@ -317,13 +317,15 @@ def test_training_from_the_command_line_keeps_another_tool_s_files(home, tmp_pat
                "--no-check-decoding", "-q", "--max-update")
     code, _, err = run_cli(monkeypatch, capsys, *command, "1", "--save-dir", save_dir)
     assert code == 1
-    assert_one_line_error(err, f"--save-dir {save_dir} holds metrics.jsonl, which training would replace, and is not "
-                               "a run of nmt's (no config.yaml that its training wrote): choose another --save-dir, "
-                               "move those files, or give --allow-outside to train into it anyway")
+    assert_one_line_error(err, f"--save-dir {save_dir} holds metrics.jsonl, which training would replace or append "
+                               "to, and is not a run of nmt's (no config.yaml that its training wrote): choose another "
+                               "--save-dir, move those files, or give --allow-outside to train into it anyway")
     assert sorted(path.name for path in save_dir.iterdir()) == ["metrics.jsonl"]
     (home / "checkpoints").mkdir()  # the default save dir, in the working directory
     (home / "checkpoints" / "config.yaml").write_text("the user's own\n", encoding="utf-8")
-    assert run_cli(monkeypatch, capsys, *command, "1")[0] == 1
+    code, _, err = run_cli(monkeypatch, capsys, *command, "1")
+    assert code == 1
+    assert_one_line_error(err, "--save-dir checkpoints (the default) holds config.yaml, which training would replace")
     assert (home / "checkpoints" / "config.yaml").read_text(encoding="utf-8") == "the user's own\n"
     code, _, err = run_cli(monkeypatch, capsys, *command, "1", "--save-dir", save_dir, "--allow-outside")
     assert code == 0, err

@@ -134,11 +134,14 @@ def decoding_settings(compute: InferenceDeviceOptions, search: SearchOptions | N
     if stop == settings.stop:
         return settings
     checked, this = settings.checked_search(), search.checked()
-    differ = ", ".join(f"--{name.replace('_', '-')} {this.get(name)} (the check's: {value})"
-                       for name, value in checked.items() if this.get(name) != value)
-    return dataclasses.replace(settings, stop=stop, reason=f"{settings.reason}; stop exact: this search has {differ}; "
-                               f"with the check's, stop {settings.stop} (or have `nmt average` check this search: "
-                               "--check-beam, --check-lenpen, ...)")
+    if checked.keys() != this.keys():  # another version's record: no search of this one matches it
+        why = f"the check ran another version's search ({describe_search(checked)})"
+    else:
+        differ = ", ".join(f"--{name.replace('_', '-')} {this[name]} (the check's: {value})"
+                           for name, value in checked.items() if this[name] != value)
+        why = f"this search has {differ}; with the check's, stop {settings.stop}"
+    return dataclasses.replace(settings, stop=stop, reason=f"{settings.reason}; stop exact: {why} (or have `nmt "
+                               "average` check this search: --check-beam, --check-lenpen, ...)")
 
 
 def stop_for(search: SearchOptions, settings: DecodingSettings | None) -> str:

@@ -238,10 +238,12 @@ def load_train_config(cli_values: Mapping[str, Any] | None = None, config_file: 
     config = build(TrainConfig, merge(recipe, cli_values or {}), "train", str(config_file or "the command line"))
     from_file = {key for key in recipe if key not in (cli_values or {})}
     if confinement is not None and not confinement.allow_outside and "save_dir" not in from_file and \
-            (foreign := foreign_training_files(config.save_dir)):
-        raise NmtError(f"--save-dir {config.save_dir} holds {', '.join(foreign[:3])}, which training would replace, "
-                       "and is not a run of nmt's (no config.yaml that its training wrote): choose another "
-                       "--save-dir, move those files, or give --allow-outside to train into it anyway")
+            (foreign := foreign_training_files(config.save_dir, Path(config_file) if config_file else None)):
+        default = "" if "save_dir" in (cli_values or {}) else " (the default)"
+        files = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
+        raise NmtError(f"--save-dir {config.save_dir}{default} holds {files}, which training would replace or "
+                       "append to, and is not a run of nmt's (no config.yaml that its training wrote): choose "
+                       "another --save-dir, move those files, or give --allow-outside to train into it anyway")
     if config_file is not None and confinement is not None:
         paths = {key: value for key, value in path_values(config).items() if key in from_file and value is not None}
         outputs = {f"train: {key}": paths.pop(key) for key in ("save_dir", "tensorboard_dir") if key in paths}
