@@ -145,6 +145,7 @@ def test_health_and_info(server):
     assert info["languages"] == {"source": "en", "target": "de"} and info["precision"] == resolved_precision
     assert info["defaults"]["beam"] == 4 and info["limits"]["max_sentences"] == 8
     assert (info["quantize"], info["stop"], info["defaults"]["stop"]) == ("none", "exact", "auto")  # no check recorded
+    assert info["check"] is None
 
 
 def test_info_gives_the_stop_rule_of_a_request_with_the_defaults(checkpoint, tmp_path):
@@ -162,6 +163,7 @@ def test_info_gives_the_stop_rule_of_a_request_with_the_defaults(checkpoint, tmp
     translator = Translator.from_checkpoint(tmp_path / "checked.pt", device="cpu")
     info = server_info(translator, ServeOptions(path=str(tmp_path / "checked.pt")), {})
     assert info["stop"] == "exact" and translator.options(lenpen=1.4)[0].stop == "finished"
+    assert info["check"] == {"stop": "finished", "search": SearchOptions(lenpen=1.4).checked()}  # what a client sends
     logged = describe_decoding(translator.decoding)  # the `serving ...` line says the same, and where finished holds
     assert logged.startswith("quantize none, stop exact (") and logged.endswith(
         "; requests searching with --beam 4 --lenpen 1.4 --lenpen-style gnmt --max-len-a 1.0 --max-len-b 50 "

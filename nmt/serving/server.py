@@ -273,6 +273,9 @@ def server_info(translator: Translator, options: ServeOptions, memory: dict[str,
                   "shortlist": uses_shortlist(SearchOptions(), vocabs.shortlist, translator.device.type)},
         "device": str(translator.device), "precision": translator.precision, "quantize": translator.decoding.quantize,
         "stop": stop_for(SearchOptions(), translator.decoding),  # a request's with the defaults
+        # the search the checkpoint's validation check ran, whose requests take its stop rule; null: none named
+        "check": None if translator.decoding.search is None else {"stop": translator.decoding.stop,
+                                                                  "search": translator.decoding.search},
         "limits": {"max_sentences": options.max_sentences, "max_characters": options.max_characters,
                    "max_body_bytes": body_limit(options), "max_beam": options.max_beam,
                    "max_bans": options.max_bans, "max_constraints": options.max_constraints,
