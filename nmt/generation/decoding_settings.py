@@ -128,8 +128,12 @@ def decoding_settings(compute: InferenceDeviceOptions, search: SearchOptions | N
     records = read_records(path) if "auto" in (compute.quantize, stop) else {}
     device_type = resolve_device(compute.device).type
     settings = resolve_decoding(compute.quantize, stop, compute.precision, device_type, records)
-    if search is None:
-        return settings
+    return settings if search is None else for_search(settings, search)
+
+
+def for_search(settings: DecodingSettings, search: SearchOptions) -> DecodingSettings:
+    """``settings`` as ``search`` takes them: the record's stop rule where its check ran this search,
+    else exact, with the reason naming the options in which the two differ."""
     stop = stop_for(search, settings)
     if stop == settings.stop:
         return settings

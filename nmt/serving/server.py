@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import math
 import os
 import resource
@@ -42,7 +41,7 @@ from nmt.checkpoint.names import split_paths
 from nmt.data.vocabulary import EOS_ID
 from nmt.device import use_threads
 from nmt.errors import NmtError, Stopped, install_hint
-from nmt.generation.decoding_settings import DecodingSettings, describe_search, stop_for
+from nmt.generation.decoding_settings import DecodingSettings, for_search, stop_for
 from nmt.generation.inference import translate_ids, uses_shortlist
 from nmt.generation.options import BatchingOptions, SearchOptions
 from nmt.generation.search import HYPOTHESIS_BYTES_PER_TOKEN, SearchStopped, model_positions
@@ -288,13 +287,9 @@ def server_info(translator: Translator, options: ServeOptions, memory: dict[str,
 
 
 def describe_decoding(decoding: DecodingSettings) -> str:
-    """What a request with the defaults decodes with (as /info gives it), and where the check's stop
-    rule holds when that is another search."""
-    stop = stop_for(SearchOptions(), decoding)
-    if stop == decoding.stop:
-        return decoding.describe()
-    return (f"{dataclasses.replace(decoding, stop=stop).describe()}; requests searching with "
-            f"{describe_search(decoding.checked_search())} take stop {decoding.stop}")
+    """What a request with the defaults decodes with (as /info gives it), and why: where that is not
+    the search the check ran, the options in which the two differ."""
+    return for_search(decoding, SearchOptions()).describe()
 
 
 def serve(options: ServeOptions) -> None:
