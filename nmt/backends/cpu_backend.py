@@ -3,8 +3,7 @@
 One-query attention is a few dozen multiply-adds per (row, head); torch's kernel pays a fixed cost
 for each, and beam search with torch's operations copies the self-attention cache every step to
 follow the surviving beams. Here the cache is never moved (indexed_cache.py: the kernels read it
-through a table of each row's ancestors), the encoder's keys and values stay in place as sentences
-leave (their row numbers change instead), each sentence's queries attend to its own source in one
+through a table of each row's ancestors), each sentence's queries attend to its own source in one
 kernel call, the int8 output projection multiplies each sentence's rows by its own candidates'
 weights, and the log-softmax under a shortlist and beam search's top-k are one pass each
 (docs/performance.md has the measurements). What the kernels do not take falls to
@@ -12,8 +11,6 @@ weights, and the log-softmax under a shortlist and beam search's top-k are one p
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -36,13 +33,13 @@ class CpuKernelsBackend(TorchBackend):
         return f"nmt's C kernels ({self.kernels.describe()})"
 
     def attention(self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None = None,
-                  is_causal: bool = False, rows: Tensor | None = None, dropout: float = 0.0) -> Tensor:
+                  is_causal: bool = False, dropout: float = 0.0) -> Tensor:
         """Under a padding mask (stored, 1, 1, S) (the encoder's, and the cross-attention's, where each
         sentence's queries are grouped: beams x new positions), one kernel call."""
         if is_causal or dropout or mask is None or mask.dtype != torch.bool or \
                 mask.shape != (key.size(0), 1, 1, key.size(2)):
-            return super().attention(query, key, value, mask, is_causal, rows, dropout)
-        out = self.kernels.grouped_attention(key, value, mask.view(key.size(0), -1), query.transpose(1, 2), rows)
+            return super().attention(query, key, value, mask, is_causal, dropout)
+        out = self.kernels.grouped_attention(key, value, mask.view(key.size(0), -1), query.transpose(1, 2))
         return out.transpose(1, 2)
 
     def new_cache(self, layers: int) -> IndexedDecoderCache:
@@ -56,9 +53,6 @@ class CpuKernelsBackend(TorchBackend):
         bf16 = self.int8 or dtype == torch.bfloat16  # as new_cache chooses
         return IndexedDecoderCache.row_bytes(layers, width, positions, 2 if bf16 else 4)
 
-    def encoder_output_copies(self) -> int:
-        return 1  # never copied: see select_sentences
-
     def cached_attention(self, query: Tensor, keys: Tensor, values: Tensor, cache: IndexedKeyValueCache) -> Tensor:
         """A decoding step (one new position) in the kernel; several new positions (a cache filled with a
         prefix at once) over the keys and values gathered from the cache."""
@@ -68,13 +62,6 @@ class CpuKernelsBackend(TorchBackend):
             return cache.attend(query)
         keys, values = cache.keys_values()
         return attend_new_positions(query, keys, values, cache.length - new)
-
-    def select_sentences(self, encoder_out: Any, indices: Tensor) -> Any:
-        """Only the sentences' row numbers change: the encoder's keys and values stay where they are,
-        read through ``rows`` (see attention)."""
-        rows = indices if encoder_out.rows is None else encoder_out.rows.index_select(0, indices)
-        output = None if encoder_out.output is None else encoder_out.output.select(indices)
-        return encoder_out._replace(rows=rows, output=output)
 
     def column_projection(self, output: nn.Module | Tensor, columns: Tensor) -> ColumnProjection | Int8Columns:
         """An int8 layer on a CPU with AVX512-VNNI: the kernel multiplies each sentence's rows by its

@@ -2,8 +2,8 @@
 
 The model (nmt/models/transformer.py) and beam search (nmt/generation/search.py) call a backend
 for everything that a faster implementation may do differently: attention (each sentence's queries
-over its own keys, and the decoder's over its cache), the cache and its reordering, which encoder
-rows the sentences still searched read, the output projection onto each sentence's candidates, the
+over its own keys, and the decoder's over its cache), the cache and its reordering, the encoder
+output of the sentences still searched, the output projection onto each sentence's candidates, the
 log-softmax and the top-k. :class:`TorchBackend` is that interface and its plain implementation:
 the one training uses (its model never gets another), and decoding on a GPU, or on a CPU where
 nmt's C kernels are turned off or cannot be built. nmt/backends/cpu_backend.py is the other.
@@ -42,12 +42,10 @@ class TorchBackend:
         return "PyTorch's operations"
 
     def attention(self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None = None,
-                  is_causal: bool = False, rows: Tensor | None = None, dropout: float = 0.0) -> Tensor:
+                  is_causal: bool = False, dropout: float = 0.0) -> Tensor:
         """softmax(q k^T / sqrt(d)) v for queries (B, heads, T, head_dim) over keys and values
-        (stored, heads, S, head_dim); ``mask`` is boolean, broadcastable to (stored, heads, T, S), True
-        where attention is allowed. ``rows``: query i's row of ``key``, ``value`` and ``mask`` (beam
-        search leaves them in place as sentences leave; None: row i)."""
-        key, value, mask = select_rows(rows, key, value, mask)
+        (B, heads, S, head_dim); ``mask`` is boolean, broadcastable to (B, heads, T, S), True where
+        attention is allowed."""
         return scaled_dot_product(query, key, value, mask, is_causal, dropout)
 
     def encode(self, encode_sentences: Callable[[Tensor], Encoded], src_tokens: Tensor) -> Encoded:
@@ -83,11 +81,6 @@ class TorchBackend:
         itemsize = 4 if device_type == "cpu" else dtype.itemsize
         return DecoderCache.row_bytes(layers, width, positions, itemsize, reserved=device_type == "cpu")
 
-    def encoder_output_copies(self) -> int:
-        """How many copies of a batch's encoder output decoding may hold at once: two, as select_sentences
-        copies the rows of the sentences that stay while the old ones are still held."""
-        return 2
-
     def cached_attention(self, query: Tensor, keys: Tensor, values: Tensor, cache: KeyValueCache) -> Tensor:
         """Self-attention of new positions (queries, keys and values: rows, heads, new, head_dim) over
         every position so far, their own included (causally), after appending theirs to ``cache``
@@ -100,7 +93,7 @@ class TorchBackend:
         """The encoder output (nmt.models.transformer.EncoderOut) of some sentences: row i becomes old
         row ``indices[i]`` (search: as sentences leave the batch). Copied here, once, rather than read
         through row numbers at every step."""
-        states, padding_mask, memory, output, _ = encoder_out
+        states, padding_mask, memory, output = encoder_out
         return encoder_out._replace(states=states.index_select(0, indices),
                                     padding_mask=padding_mask.index_select(0, indices),
                                     memory=tuple((k.index_select(0, indices), v.index_select(0, indices))
@@ -187,14 +180,6 @@ class ColumnProjection:
     def select(self, sentences: Tensor) -> ColumnProjection:
         """The projection for some sentences only (beam search: when sentences leave the batch)."""
         return ColumnProjection(self.project, self.where[sentences])
-
-
-def select_rows(rows: Tensor | None, key: Tensor, value: Tensor, mask: Tensor | None
-                ) -> tuple[Tensor, Tensor, Tensor | None]:
-    """``key``, ``value`` and ``mask`` at ``rows`` (see TorchBackend.attention), as they are without."""
-    if rows is None:
-        return key, value, mask
-    return key.index_select(0, rows), value.index_select(0, rows), None if mask is None else mask.index_select(0, rows)
 
 
 def attend_new_positions(query: Tensor, keys: Tensor, values: Tensor, past: int) -> Tensor:

@@ -43,15 +43,13 @@ class MultiHeadAttention(nn.Module):
         return (self.split_heads(self.q_proj(x)), *self.project_kv(x))
 
     def forward(self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None = None,
-                is_causal: bool = False, rows: Tensor | None = None, backend: TorchBackend = TORCH) -> Tensor:
+                is_causal: bool = False, backend: TorchBackend = TORCH) -> Tensor:
         """query (B, T, D); key/value already projected and split: (B, H, S, D/H).
 
-        ``mask`` is boolean, broadcastable to (B, H, T, S), True where attention is allowed. ``rows``:
-        query i's row of ``key``, ``value`` and ``mask`` (beam search may leave them in place as
-        sentences leave; None: row i)."""
+        ``mask`` is boolean, broadcastable to (B, H, T, S), True where attention is allowed."""
         q = self.split_heads(self.q_proj(query))
         dropout = self.dropout if self.training else 0.0
-        return self.merge_heads(backend.attention(q, key, value, mask, is_causal, rows, dropout))
+        return self.merge_heads(backend.attention(q, key, value, mask, is_causal, dropout))
 
     def attend_cached(self, x: Tensor, cache: Any, backend: TorchBackend) -> Tensor:
         """Self-attention of new positions ``x`` (B, new, D) over those in ``cache`` (one layer's of

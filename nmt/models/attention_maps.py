@@ -17,7 +17,6 @@ from typing import Iterator
 import torch
 from torch import Tensor, nn
 
-from nmt.backends.torch_backend import select_rows
 from nmt.errors import NmtError
 from nmt.models.attention import MultiHeadAttention
 
@@ -44,10 +43,9 @@ def attention_probabilities(q: Tensor, k: Tensor, mask: Tensor | None = None, is
 
 def explicit_attention(module: MultiHeadAttention, query: Tensor, key: Tensor, value: Tensor,
                        mask: Tensor | None = None, is_causal: bool = False,
-                       rows: Tensor | None = None, backend: object = None) -> tuple[Tensor, Tensor]:
-    """What ``module(query, key, value, mask, is_causal, rows, backend)`` computes (in eval mode), and its
+                       backend: object = None) -> tuple[Tensor, Tensor]:
+    """What ``module(query, key, value, mask, is_causal, backend)`` computes (in eval mode), and its
     weights; every backend computes the same attention, so ``backend`` changes nothing here."""
-    key, value, mask = select_rows(rows, key, value, mask)
     weights = attention_probabilities(module.split_heads(module.q_proj(query)), key, mask, is_causal)
     out = weights.to(value.dtype) @ value
     batch, _, length, _ = out.shape
@@ -66,8 +64,7 @@ def layer_index(layer: int | None, count: int, option: str) -> int:
 def _recorder(into: list[Tensor]):
     def hook(module: MultiHeadAttention, args: tuple, kwargs: dict, output: Tensor) -> None:
         query, key, value = (list(args) + [kwargs.get(name) for name in ("query", "key", "value")])[:3]
-        key, _, mask = select_rows(kwargs.get("rows"), key, value, kwargs.get("mask"))
-        weights = attention_probabilities(module.split_heads(module.q_proj(query)), key, mask,
+        weights = attention_probabilities(module.split_heads(module.q_proj(query)), key, kwargs.get("mask"),
                                           kwargs.get("is_causal", False))
         into.append(weights.detach())
 

@@ -61,12 +61,9 @@ class EncoderOut(NamedTuple):
     padding_mask: Tensor  # (B, S), True at padding
     memory: tuple[tuple[Tensor, Tensor], ...]  # per decoder layer: keys, values (B, heads, S, D/heads)
     output: Callable[[Tensor], Tensor] | None = None  # the projection onto each sentence's columns; None: all
-    # The sentences still searched, as rows of the above where the backend leaves them in place as
-    # sentences leave (see reorder_encoder_out); None: row i is sentence i.
-    rows: Tensor | None = None
 
     def sentences(self) -> int:
-        return self.states.size(0) if self.rows is None else self.rows.numel()
+        return self.padding_mask.size(0)
 
 
 def sinusoidal_positions(length: int, dim: int) -> Tensor:
@@ -159,9 +156,8 @@ class DecoderLayer(nn.Module):
         self.ffn_block = Residual(c.d_model, c.dropout, c.normalize_before)
 
     def forward(self, x: Tensor, memory: tuple[Tensor, Tensor], memory_mask: Tensor, cache: Any,
-                rows: Tensor | None, backend: TorchBackend) -> Tensor:
-        """``cache``: this layer's of ``backend.new_cache`` (None: ``x`` is the whole target prefix);
-        ``rows``: see EncoderOut (the sentences' rows of ``memory`` and ``memory_mask``)."""
+                backend: TorchBackend) -> Tensor:
+        """``cache``: this layer's of ``backend.new_cache`` (None: ``x`` is the whole target prefix)."""
         def self_attend(h: Tensor) -> Tensor:
             if cache is None:
                 return self.self_attn(h, *self.self_attn.project_kv(h), is_causal=True, backend=backend)
@@ -171,9 +167,9 @@ class DecoderLayer(nn.Module):
             # Rows come in groups, one group per source sentence (its beams): each group's queries
             # attend to its source's keys together, which are stored once, not once per beam.
             count, new, dim = h.shape
-            sentences = memory[0].size(0) if rows is None else rows.numel()
+            sentences = memory[0].size(0)
             grouped = h.reshape(sentences, count // sentences * new, dim)
-            out = self.cross_attn(grouped, *memory, mask=memory_mask, rows=rows, backend=backend)
+            out = self.cross_attn(grouped, *memory, mask=memory_mask, backend=backend)
             return out.view(count, new, dim)
 
         x = self.self_block(x, self_attend)
@@ -276,7 +272,7 @@ class Transformer(nn.Module):
         memory_mask = ~encoder_out.padding_mask[:, None, None, :]
         for i, layer in enumerate(self.decoder_layers):
             x = layer(x, encoder_out.memory[i], memory_mask, cache.layers[i] if cache is not None else None,
-                      encoder_out.rows, self.backend)
+                      self.backend)
         x = self.decoder_norm(x)
         if features_only:
             return x
@@ -294,8 +290,7 @@ class Transformer(nn.Module):
         return self.backend.new_cache(len(self.decoder_layers))
 
     def reorder_encoder_out(self, encoder_out: EncoderOut, indices: Tensor) -> EncoderOut:
-        """Rows for other sentences (beam search: when sentences leave the batch): copied, or, where the
-        backend reads the encoder's keys and values through row numbers, those changed."""
+        """Rows for other sentences (beam search: when sentences leave the batch), copied once here."""
         return self.backend.select_sentences(encoder_out, indices)
 
 
