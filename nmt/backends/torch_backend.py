@@ -30,8 +30,8 @@ ENCODE_CHUNK = 256  # source tokens (padding included) encoded at once when deco
 BLOCK = 64  # vocabulary entries per block in select_top: 3.4x faster than one top-k over all (600 rows x 8,000)
 NEG_INF = float("-inf")
 
-# The encoder's states, the padding mask and each decoder layer's cross-attention keys and values.
-Encoded = tuple[Tensor, Tensor, tuple[tuple[Tensor, Tensor], ...]]
+# The padding mask and each decoder layer's cross-attention keys and values.
+Encoded = tuple[Tensor, tuple[tuple[Tensor, Tensor], ...]]
 
 
 class TorchBackend:
@@ -60,15 +60,15 @@ class TorchBackend:
             return encode_sentences(src_tokens)
 
         def encode_in_fp32(sentences: Tensor) -> Encoded:
-            states, padding_mask, memory = encode_sentences(sentences)
-            return states, padding_mask, tuple((k.float().contiguous(), v.float().contiguous()) for k, v in memory)
+            padding_mask, memory = encode_sentences(sentences)
+            return padding_mask, tuple((k.float().contiguous(), v.float().contiguous()) for k, v in memory)
 
         if not torch.is_inference_mode_enabled() or src_tokens.numel() <= ENCODE_CHUNK:
             return encode_in_fp32(src_tokens)
         chunks = [encode_in_fp32(chunk) for chunk in src_tokens.split(max(1, ENCODE_CHUNK // src_tokens.size(1)))]
-        memory = tuple(tuple(torch.cat([chunk[2][layer][i] for chunk in chunks]) for i in (0, 1))
-                       for layer in range(len(chunks[0][2])))
-        return torch.cat([chunk[0] for chunk in chunks]), torch.cat([chunk[1] for chunk in chunks]), memory
+        memory = tuple(tuple(torch.cat([chunk[1][layer][i] for chunk in chunks]) for i in (0, 1))
+                       for layer in range(len(chunks[0][1])))
+        return torch.cat([chunk[0] for chunk in chunks]), memory
 
     def new_cache(self, layers: int) -> DecoderCache:
         """An empty self-attention cache for ``layers`` decoder layers."""
@@ -93,9 +93,8 @@ class TorchBackend:
         """The encoder output (nmt.models.transformer.EncoderOut) of some sentences: row i becomes old
         row ``indices[i]`` (search: as sentences leave the batch). Copied here, once, rather than read
         through row numbers at every step."""
-        states, padding_mask, memory, output = encoder_out
-        return encoder_out._replace(states=states.index_select(0, indices),
-                                    padding_mask=padding_mask.index_select(0, indices),
+        padding_mask, memory, output = encoder_out
+        return encoder_out._replace(padding_mask=padding_mask.index_select(0, indices),
                                     memory=tuple((k.index_select(0, indices), v.index_select(0, indices))
                                                  for k, v in memory),
                                     output=None if output is None else output.select(indices))

@@ -57,7 +57,6 @@ class EncoderOut(NamedTuple):
     """What the decoder reads of the source. Each decoder layer's cross-attention keys and values
     are projected here, once per sentence, not once per decoding step or per beam reorder."""
 
-    states: Tensor  # (B, S, D)
     padding_mask: Tensor  # (B, S), True at padding
     memory: tuple[tuple[Tensor, Tensor], ...]  # per decoder layer: keys, values (B, heads, S, D/heads)
     output: Callable[[Tensor], Tensor] | None = None  # the projection onto each sentence's columns; None: all
@@ -238,22 +237,21 @@ class Transformer(nn.Module):
         """The encoder's output for decoding, as the backend computes it (TorchBackend.encode). With
         ``columns`` (sentences, width: vocabulary ids), ``decode`` gives logits for each sentence's
         entries only."""
-        states, padding_mask, memory = self.backend.encode(self.encode_sentences, src_tokens)
+        padding_mask, memory = self.backend.encode(self.encode_sentences, src_tokens)
         if columns is None:
-            return EncoderOut(states, padding_mask, memory)
+            return EncoderOut(padding_mask, memory)
         output = self.output_layer if self.output_layer is not None else self.output_weight()
-        return EncoderOut(states, padding_mask, memory, self.backend.column_projection(output, columns))
+        return EncoderOut(padding_mask, memory, self.backend.column_projection(output, columns))
 
     def encode_sentences(self, src_tokens: Tensor) -> Encoded:
-        """The encoder's states, the padding mask and each decoder layer's cross-attention keys and values."""
+        """The padding mask and each decoder layer's cross-attention keys and values (of the encoder's states)."""
         padding_mask = src_tokens.eq(self.pad_id)
         key_mask = ~padding_mask[:, None, None, :]
         x = self._embed(self.src_embed, src_tokens)
         for layer in self.encoder_layers:
             x = layer(x, key_mask, self.backend)
         states = self.encoder_norm(x)
-        memory = tuple(layer.cross_attn.project_kv(states) for layer in self.decoder_layers)
-        return states, padding_mask, memory
+        return padding_mask, tuple(layer.cross_attn.project_kv(states) for layer in self.decoder_layers)
 
     def decode(self, prev_output_tokens: Tensor, encoder_out: EncoderOut, cache: Any = None,
                features_only: bool = False) -> Tensor:

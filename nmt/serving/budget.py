@@ -11,7 +11,7 @@ leaves the batch when its sentence is done):
 
 Per sentence, padded to the longest source of the batch:
 
-- ``encoder_output``: its encoder states and cross-attention keys and values (fp32 on CPU), twice
+- ``encoder_output``: its cross-attention keys and values (fp32 on CPU), twice
   (as sentences leave, TorchBackend.select_sentences copies the rows of those that stay while the
   old ones are still held), and one step's cross-attention scores for its beams;
 - ``encoding``: while encoding, one layer's activations and attention scores;
@@ -101,9 +101,8 @@ class SearchMemory:
     def sentence_terms(self, longest_source: int, beam: int, controls: ControlShape = NO_CONTROLS) -> dict[str, int]:
         """One sentence of the batch, beside its rows: the encoder output and its cross-attention, and its
         controls padded to ``controls``."""
-        states = self.dtype.itemsize
         return {
-            "encoder_output": sum((ENCODER_OUTPUT_COPIES * (states + 2 * shape.decoder_layers * FLOAT) * shape.d_model
+            "encoder_output": sum((ENCODER_OUTPUT_COPIES * 2 * shape.decoder_layers * FLOAT * shape.d_model
                                    + beam * shape.heads * FLOAT) * longest_source for shape in self.shapes),
             "encoding": sum((6 * shape.d_model + shape.ffn_dim + shape.heads * longest_source) * longest_source * FLOAT
                             for shape in self.shapes),
