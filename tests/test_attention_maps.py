@@ -37,8 +37,8 @@ def test_explicit_attention_equals_sdpa(masking):
         kwargs["mask"] = allowed[:, None, None, :]
     elif masking == "causal":
         kwargs["is_causal"] = True
-    out, weights = explicit_attention(attention, query, key, value, **kwargs)
-    torch.testing.assert_close(out, attention(query, key, value, **kwargs), rtol=1e-5, atol=1e-5)
+    out, weights = explicit_attention(attention, query, (key, value), **kwargs)
+    torch.testing.assert_close(out, attention(query, (key, value), **kwargs), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(weights.sum(-1), torch.ones(3, 4, 5))
     if masking == "padding":
         assert weights[0, :, :, 4:].abs().max() == 0

@@ -41,13 +41,13 @@ def test_a_row_holds_bos_and_its_output_in_its_layers_cache_and_the_spare():
 
 
 def test_a_sentence_holds_its_encoder_output_and_its_beams_cross_attention_scores():
-    """Per sentence, padded to the batch's longest source: the encoder states and every layer's
+    """Per sentence, padded to the batch's longest source: every layer's
     cross-attention keys and values (twice: copied when sentences leave), one encoder layer's
     activations and attention scores while encoding, and beam x heads cross-attention scores."""
     memory = SearchMemory(tiny_model(50, **SMALL), "fp32", "cpu")
-    kept = 2 * (4 + 2 * 2 * 4) * 32 * 10
+    kept = 2 * (2 * 2 * 4) * 32 * 10
     encoding = (6 * 32 + 64 + 4 * 10) * 10 * 4
-    assert memory.sentence(10, 4) == kept + 4 * 4 * 4 * 10 + encoding == 25_280
+    assert memory.sentence(10, 4) == kept + 4 * 4 * 4 * 10 + encoding == 22_720
     assert memory.sentence(10, 5) - memory.sentence(10, 4) == 4 * 4 * 10  # one more beam: its heads' scores
 
 
@@ -60,12 +60,12 @@ def test_a_sentences_controls_count_their_ids_and_each_steps_work_on_them():
     assert memory.sentence_terms(10, 4)["controls"] == 0
     bans = ControlShape(bans=2, ban_pieces=3)
     assert memory.sentence(10, 4, bans) - memory.sentence(10, 4) == 3 * 2 * 3 * 8 + 2 * 4 * 2 * 3 * (8 + 2) == 624
-    assert memory.batch([16, 15], 4, 10, bans) == 190_112 + 2 * 624
+    assert memory.batch([16, 15], 4, 10, bans) == 184_992 + 2 * 624
 
 
 def test_a_batch_counts_each_sentences_rows_to_its_own_longest_output():
     memory = SearchMemory(tiny_model(50, **SMALL), "fp32", "cpu")
-    assert memory.batch([16, 15], 4, 10) == 4 * 17_888 + 4 * 17_000 + 2 * 25_280 == 190_112
+    assert memory.batch([16, 15], 4, 10) == 4 * 17_888 + 4 * 17_000 + 2 * 22_720 == 184_992
 
 
 def test_an_ensemble_holds_every_models_caches_and_logits():
@@ -76,8 +76,8 @@ def test_an_ensemble_holds_every_models_caches_and_logits():
         (2 + 1) * 11 * 2 * 32 * 4 + (10 * 32 + 2 * 64 + 4 * 11) * 4 + \
         (1 + 1) * 11 * 2 * 16 * 4 + (10 * 16 + 2 * 48 + 2 * 11) * 4
     assert memory.sentence(5, 2) == \
-        2 * (4 + 2 * 2 * 4) * 32 * 5 + 2 * 4 * 4 * 5 + (6 * 32 + 64 + 4 * 5) * 5 * 4 + \
-        2 * (4 + 2 * 1 * 4) * 16 * 5 + 2 * 2 * 4 * 5 + (6 * 16 + 48 + 2 * 5) * 5 * 4
+        2 * (2 * 2 * 4) * 32 * 5 + 2 * 4 * 4 * 5 + (6 * 32 + 64 + 4 * 5) * 5 * 4 + \
+        2 * (2 * 1 * 4) * 16 * 5 + 2 * 2 * 4 * 5 + (6 * 16 + 48 + 2 * 5) * 5 * 4
 
 
 class PeakMemory(TorchDispatchMode):

@@ -44,10 +44,10 @@ def test_every_exported_kernel_is_typed_from_its_c_prototype():
                           "attention_avx512", "int8_vnni", "pack_int8_weight", "int8_linear",
                           "int8_quantize_rows", "int8_scale_outputs"}
     grouped = found["grouped_attention"]
-    assert [p.name for p in grouped.parameters] == ["keys", "values", "allowed", "sentences", "group", "heads",
+    assert [p.name for p in grouped.parameters] == ["keys", "values", "allowed", "rows", "sentences", "group", "heads",
                                                     "length", "head_dim", "query", "out", "scores"]
-    assert grouped.parameters[2].dtypes == (torch.bool, torch.uint8) and grouped.parameters[3].dtypes == ()
-    assert not grouped.parameters[0].nullable and found["log_softmax_rows"].parameters[3].nullable
+    assert grouped.parameters[2].dtypes == (torch.bool, torch.uint8) and grouped.parameters[3].nullable
+    assert not grouped.parameters[0].nullable and grouped.parameters[4].dtypes == ()
     assert found["self_attention_bf16"].parameters[0].dtypes == (torch.bfloat16,)
     assert found["attention_avx512"].parameters == () and found["attention_avx512"].returns is ctypes.c_int
 
@@ -182,6 +182,22 @@ def test_grouped_attention_of_a_sentence_is_the_same_with_any_padding_after_it(h
                                       for t in (keys, values))
         allowed = torch.arange(7 + padding)[None, :] < 7
         assert torch.equal(KERNELS.grouped_attention(padded_keys, padded_values, allowed, query), alone), padding
+
+
+@needs_kernels
+def test_grouped_attention_reads_each_sentence_from_its_row():
+    """Beam search leaves the encoder's keys and values in place as sentences leave: row numbers say
+    where each remaining sentence's are; the mask is the remaining sentences' own."""
+    g = torch.Generator().manual_seed(1)
+    keys, values = (torch.randn(4, 2, 7, 16, generator=g) for _ in range(2))
+    allowed = torch.rand(4, 7, generator=g) > 0.3
+    allowed[:, 0] = True
+    rows = torch.tensor([3, 1, 3])
+    query = torch.randn(3, 2, 2, 16, generator=g)
+    expected = KERNELS.grouped_attention(keys[rows], values[rows], allowed[rows], query)
+    assert torch.equal(KERNELS.grouped_attention(keys, values, allowed[rows], query, rows), expected)
+    with pytest.raises(ValueError, match="rows"):
+        KERNELS.grouped_attention(keys, values, allowed[rows], query, torch.tensor([0, 4, 1]))
 
 
 @needs_kernels

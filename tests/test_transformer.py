@@ -442,17 +442,24 @@ def test_the_next_batch_reuses_the_cache_buffers_and_live_caches_never_share():
 
 
 @needs_kernels
-def test_the_kernels_decode_the_sentences_left_after_reorders_as_torch_does():
-    """Reordered twice (sentences 2 and 1 remain), the C cross-attention reads each remaining sentence's
-    own source, as torch's attention does."""
+def test_decoding_on_cpu_leaves_the_encoder_output_in_place_as_sentences_leave():
+    """With nmt's C kernels, reordering renumbers rows (no copy of the keys and values) and decodes as
+    the copies do; torch's attention reads the same rows."""
     model = make_model(5, backend="kernels")
     src = torch.tensor([[5, 6, 7, EOS_ID], [8, 9, EOS_ID, PAD_ID], [10, EOS_ID, PAD_ID, PAD_ID]])
     with torch.inference_mode():
-        kept = model.reorder_encoder_out(model.reorder_encoder_out(model.encode(src), torch.tensor([2, 0, 1])),
-                                         torch.tensor([0, 2]))
-        assert kept.sentences() == 2
+        encoder_out = model.encode(src)
+        kept = model.reorder_encoder_out(model.reorder_encoder_out(encoder_out, torch.tensor([2, 0, 1])),
+                                         torch.tensor([0, 2]))  # sentences 2 and 1 remain
+        assert kept.sentences() == 2 and all(layer.keys is keys and layer.rows.tolist() == [2, 1]
+                                             for layer, (keys, _) in zip(kept.memory, encoder_out.memory))
+        copied = encoder_out._replace(padding_mask=encoder_out.padding_mask[[2, 1]],
+                                      memory=tuple((k[[2, 1]], v[[2, 1]]) for k, v in encoder_out.memory))
         prev = torch.tensor([[BOS_ID]] * 2)
-        with_kernels = model.decode(prev, kept, model.new_cache())
-        model.backend = TORCH
-        alone = model.decode(prev, model.encode(src[[2, 1]]), model.new_cache())
-        torch.testing.assert_close(with_kernels, alone, rtol=1e-5, atol=1e-5)
+        expected = model.decode(prev, copied, model.new_cache())
+        assert torch.equal(model.decode(prev, kept, model.new_cache()), expected)
+        prev = torch.tensor([[BOS_ID, 5]] * 2)  # without a cache: the whole prefix at once
+        torch.testing.assert_close(model.decode(prev, kept), model.decode(prev, copied))
+        query = torch.randn(2, 4, 3, 16)  # without a mask the kernel is not called: torch's attention on the rows
+        torch.testing.assert_close(model.backend.attention(query, kept.memory[0]),
+                                   TORCH.attention(query, copied.memory[0]))

@@ -3,7 +3,8 @@
 One-query attention is a few dozen multiply-adds per (row, head); torch's kernel pays a fixed cost
 for each, and beam search with torch's operations copies the self-attention cache every step to
 follow the surviving beams. Here the cache is never moved (indexed_cache.py: the kernels read it
-through a table of each row's ancestors), each sentence's queries attend to its own source in one
+through a table of each row's ancestors), the encoder's keys and values stay in place as sentences
+leave (KeptRows: their row numbers change instead), each sentence's queries attend to its own source in one
 kernel call, the int8 output projection multiplies each sentence's rows by its own candidates'
 weights, and the log-softmax under a shortlist and beam search's top-k are one pass each
 (docs/performance.md has the measurements). What the kernels do not take falls to
@@ -12,6 +13,8 @@ weights, and the log-softmax under a shortlist and beam search's top-k are one p
 
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 import torch
 from torch import Tensor, nn
 
@@ -19,6 +22,25 @@ from nmt.backends.indexed_cache import BufferPool, IndexedDecoderCache, IndexedK
 from nmt.backends.int8 import Int8Linear
 from nmt.backends.kernels import Kernels
 from nmt.backends.torch_backend import ColumnProjection, TorchBackend, attend_new_positions
+
+
+class KeptRows(NamedTuple):
+    """One decoder layer's cross-attention keys and values (stored, heads, S, head_dim), left where they
+    are as sentences leave: sentence i's are row ``rows[i]`` (None: row i)."""
+
+    keys: Tensor
+    values: Tensor
+    rows: Tensor | None = None
+
+    @classmethod
+    def of(cls, keys_values: Any) -> KeptRows:
+        return keys_values if isinstance(keys_values, KeptRows) else cls(*keys_values)
+
+    def pair(self) -> tuple[Tensor, Tensor]:
+        """Each sentence's keys and values, copied into rows of their own (TorchBackend's form)."""
+        if self.rows is None:
+            return self.keys, self.values
+        return self.keys.index_select(0, self.rows), self.values.index_select(0, self.rows)
 
 
 class CpuKernelsBackend(TorchBackend):
@@ -32,14 +54,16 @@ class CpuKernelsBackend(TorchBackend):
     def describe(self) -> str:
         return f"nmt's C kernels ({self.kernels.describe()})"
 
-    def attention(self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None = None,
-                  is_causal: bool = False, dropout: float = 0.0) -> Tensor:
-        """Under a padding mask (stored, 1, 1, S) (the encoder's, and the cross-attention's, where each
+    def attention(self, query: Tensor, keys_values: Any, mask: Tensor | None = None, is_causal: bool = False,
+                  dropout: float = 0.0) -> Tensor:
+        """Under a padding mask (B, 1, 1, S) (the encoder's, and the cross-attention's, where each
         sentence's queries are grouped: beams x new positions), one kernel call."""
-        if is_causal or dropout or mask is None or mask.dtype != torch.bool or \
-                mask.shape != (key.size(0), 1, 1, key.size(2)):
-            return super().attention(query, key, value, mask, is_causal, dropout)
-        out = self.kernels.grouped_attention(key, value, mask.view(key.size(0), -1), query.transpose(1, 2))
+        kept = KeptRows.of(keys_values)
+        sentences, length = query.size(0), kept.keys.size(2)
+        if is_causal or dropout or mask is None or mask.dtype != torch.bool or mask.shape != (sentences, 1, 1, length):
+            return super().attention(query, kept.pair(), mask, is_causal, dropout)
+        out = self.kernels.grouped_attention(kept.keys, kept.values, mask.view(sentences, length),
+                                             query.transpose(1, 2), kept.rows)
         return out.transpose(1, 2)
 
     def new_cache(self, layers: int) -> IndexedDecoderCache:
@@ -53,6 +77,9 @@ class CpuKernelsBackend(TorchBackend):
         bf16 = self.int8 or dtype == torch.bfloat16  # as new_cache chooses
         return IndexedDecoderCache.row_bytes(layers, width, positions, 2 if bf16 else 4)
 
+    def encoder_output_copies(self) -> int:
+        return 1  # never copied: see select_sentences
+
     def cached_attention(self, query: Tensor, keys: Tensor, values: Tensor, cache: IndexedKeyValueCache) -> Tensor:
         """A decoding step (one new position) in the kernel; several new positions (a cache filled with a
         prefix at once) over the keys and values gathered from the cache."""
@@ -62,6 +89,17 @@ class CpuKernelsBackend(TorchBackend):
             return cache.attend(query)
         keys, values = cache.keys_values()
         return attend_new_positions(query, keys, values, cache.length - new)
+
+    def select_sentences(self, encoder_out: Any, indices: Tensor) -> Any:
+        """The padding mask and the output projection are taken for the sentences left; their keys and values
+        stay where they are, read through row numbers (KeptRows)."""
+        memory = []
+        for layer in encoder_out.memory:
+            kept = KeptRows.of(layer)
+            memory.append(kept._replace(rows=indices if kept.rows is None else kept.rows.index_select(0, indices)))
+        output = None if encoder_out.output is None else encoder_out.output.select(indices)
+        return encoder_out._replace(padding_mask=encoder_out.padding_mask.index_select(0, indices),
+                                    memory=tuple(memory), output=output)
 
     def column_projection(self, output: nn.Module | Tensor, columns: Tensor) -> ColumnProjection | Int8Columns:
         """An int8 layer on a CPU with AVX512-VNNI: the kernel multiplies each sentence's rows by its

@@ -312,15 +312,16 @@ static inline __attribute__((always_inline)) void self_attention64(
 }
 
 /* grouped_attention_of for head_dim 64: 16 positions' sums at once. */
-static void grouped_attention64(const float *keys, const float *values, const uint8_t *allowed, int64_t sentences,
-                                int64_t group, int64_t heads, int64_t length, const float *query,
+static void grouped_attention64(const float *keys, const float *values, const uint8_t *allowed, const int64_t *rows,
+                                int64_t sentences, int64_t group, int64_t heads, int64_t length, const float *query,
                                 float *out, float *scores) {
     const __m512 scale = _mm512_set1_ps(0.125f);  /* 1/sqrt(64) */
     for (int64_t s = 0; s < sentences; ++s) {
+        const int64_t stored = rows ? rows[s] : s;
         const uint8_t *mask = allowed + s * length;
         for (int64_t h = 0; h < heads; ++h) {
-            const float *k = keys + (s * heads + h) * length * 64;
-            const float *v = values + (s * heads + h) * length * 64;
+            const float *k = keys + (stored * heads + h) * length * 64;
+            const float *v = values + (stored * heads + h) * length * 64;
             for (int64_t g = 0; g < group; ++g) {
                 const int64_t at = ((s * group + g) * heads + h) * 64;
                 __m512 q[4], o[4], kv[4], sums[16];
@@ -376,14 +377,16 @@ void self_attention_bf16(const uint16_t *cache, const int64_t *starts, const int
 }
 
 /* Attention of `group` queries per sentence (its beams) to that sentence's keys and values.
- * keys, values: (sentences, heads, length, head_dim); allowed: (sentences, length), 0 at padding;
- * query, out: (sentences, group, heads, head_dim); scores: room for length floats. */
+ * keys, values: (stored, heads, length, head_dim); allowed: (sentences, length), 0 at padding;
+ * query, out: (sentences, group, heads, head_dim); sentence s reads stored row rows[s] (rows NULL:
+ * row s); scores: room for length floats. */
 static inline void grouped_attention_of(const float *keys, const float *values, const uint8_t *allowed,
-                                        int64_t sentences, int64_t group, int64_t heads,
+                                        const int64_t *rows, int64_t sentences, int64_t group, int64_t heads,
                                         int64_t length, int64_t head_dim, const float *query, float *out,
                                         float *scores) {
     const float scale = 1.f / sqrtf((float)head_dim);
     for (int64_t s = 0; s < sentences; ++s) {
+        const int64_t stored = rows ? rows[s] : s;
         const uint8_t *mask = allowed + s * length;
         /* Up to the sentence's last allowed position: its padding after that, which depends on the
          * batch, must not move positions between the loops below nor change the length of the
@@ -391,8 +394,8 @@ static inline void grouped_attention_of(const float *keys, const float *values, 
         int64_t used = length;
         while (used > 0 && !mask[used - 1]) --used;
         for (int64_t h = 0; h < heads; ++h) {
-            const float *k = keys + (s * heads + h) * length * head_dim;
-            const float *v = values + (s * heads + h) * length * head_dim;
+            const float *k = keys + (stored * heads + h) * length * head_dim;
+            const float *v = values + (stored * heads + h) * length * head_dim;
             for (int64_t g = 0; g < group; ++g) {
                 const int64_t at = ((s * group + g) * heads + h) * head_dim;
                 const float *q = query + at;
@@ -426,16 +429,16 @@ static inline void grouped_attention_of(const float *keys, const float *values, 
 }
 
 void grouped_attention(const float *keys, const float *values, const uint8_t *allowed,
-                       int64_t sentences, int64_t group, int64_t heads, int64_t length,
+                       const int64_t *NULLABLE rows, int64_t sentences, int64_t group, int64_t heads, int64_t length,
                        int64_t head_dim, const float *query, float *out, float *scores) {
     if (head_dim == 64)
 #if ATTENTION_AVX512
-        grouped_attention64(keys, values, allowed, sentences, group, heads, length, query, out, scores);
+        grouped_attention64(keys, values, allowed, rows, sentences, group, heads, length, query, out, scores);
 #else
-        grouped_attention_of(keys, values, allowed, sentences, group, heads, length, 64, query, out, scores);
+        grouped_attention_of(keys, values, allowed, rows, sentences, group, heads, length, 64, query, out, scores);
 #endif
     else
-        grouped_attention_of(keys, values, allowed, sentences, group, heads, length, head_dim, query, out,
+        grouped_attention_of(keys, values, allowed, rows, sentences, group, heads, length, head_dim, query, out,
                              scores);
 }
 

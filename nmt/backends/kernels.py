@@ -162,18 +162,25 @@ class Kernels:
         self.call(name, cache, starts, history, length, rows, heads, head_dim, query32, out, scores)
         return out.to(query.dtype)
 
-    def grouped_attention(self, keys: Tensor, values: Tensor, allowed: Tensor, query: Tensor) -> Tensor:
+    def grouped_attention(self, keys: Tensor, values: Tensor, allowed: Tensor, query: Tensor,
+                          rows: Tensor | None = None) -> Tensor:
         """Queries (sentences, group, heads, head_dim), each group to its sentence's keys and values
-        (sentences, heads, length, head_dim) where ``allowed`` (sentences, length) is True."""
+        (stored, heads, length, head_dim) where ``allowed`` (sentences, length) is True: sentence s's are
+        row ``rows[s]`` (without ``rows``, row s)."""
         sentences, group, heads, head_dim = query.shape
-        length = keys.size(2)
-        check_shapes("grouped_attention", keys=(keys, (sentences, heads, length, head_dim)),
-                     values=(values, keys.shape), allowed=(allowed, (sentences, length)))
+        stored, _, length, _ = keys.shape
+        check_shapes("grouped_attention", keys=(keys, (stored, heads, length, head_dim)), values=(values, keys.shape),
+                     allowed=(allowed, (sentences, length)),
+                     rows=(rows, (sentences,)) if rows is not None else (keys, keys.shape))
+        if rows is None and sentences != stored or rows is not None and rows.numel() and \
+                not 0 <= int(rows.min()) <= int(rows.max()) < stored:
+            raise ValueError(f"grouped_attention: rows for {sentences} sentences of {stored} stored")
         keys, values = keys.float().contiguous(), values.float().contiguous()  # as encode gives them: no copy
         query32 = query.float().contiguous()
         out = torch.empty_like(query32)
         scores = self.scratch("scores", length, torch.float32)
-        self.call("grouped_attention", keys, values, allowed.to(torch.bool).contiguous(), sentences, group,
+        rows = None if rows is None else rows.to(torch.int64).contiguous()
+        self.call("grouped_attention", keys, values, allowed.to(torch.bool).contiguous(), rows, sentences, group,
                   heads, length, head_dim, query32, out, scores)
         return out.to(query.dtype)
 

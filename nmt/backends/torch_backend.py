@@ -41,11 +41,12 @@ class TorchBackend:
     def describe(self) -> str:
         return "PyTorch's operations"
 
-    def attention(self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None = None,
-                  is_causal: bool = False, dropout: float = 0.0) -> Tensor:
-        """softmax(q k^T / sqrt(d)) v for queries (B, heads, T, head_dim) over keys and values
-        (B, heads, S, head_dim); ``mask`` is boolean, broadcastable to (B, heads, T, S), True where
-        attention is allowed."""
+    def attention(self, query: Tensor, keys_values: Any, mask: Tensor | None = None, is_causal: bool = False,
+                  dropout: float = 0.0) -> Tensor:
+        """softmax(q k^T / sqrt(d)) v for queries (B, heads, T, head_dim) over keys and values (B, heads,
+        S, head_dim): a pair here (another backend's select_sentences may keep them otherwise); ``mask`` is
+        boolean, broadcastable to (B, heads, T, S), True where attention is allowed."""
+        key, value = keys_values
         return scaled_dot_product(query, key, value, mask, is_causal, dropout)
 
     def encode(self, encode_sentences: Callable[[Tensor], Encoded], src_tokens: Tensor) -> Encoded:
@@ -69,6 +70,11 @@ class TorchBackend:
         memory = tuple(tuple(torch.cat([chunk[1][layer][i] for chunk in chunks]) for i in (0, 1))
                        for layer in range(len(chunks[0][1])))
         return torch.cat([chunk[0] for chunk in chunks]), memory
+
+    def encoder_output_copies(self) -> int:
+        """How many copies of a batch's encoder output decoding may hold at once: two, as select_sentences
+        copies the rows of the sentences that stay while the old ones are still held."""
+        return 2
 
     def new_cache(self, layers: int) -> DecoderCache:
         """An empty self-attention cache for ``layers`` decoder layers."""

@@ -42,14 +42,16 @@ class MultiHeadAttention(nn.Module):
         """Self-attention's queries, keys and values (B, heads, T, D/heads)."""
         return (self.split_heads(self.q_proj(x)), *self.project_kv(x))
 
-    def forward(self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None = None,
-                is_causal: bool = False, backend: TorchBackend = TORCH) -> Tensor:
-        """query (B, T, D); key/value already projected and split: (B, H, S, D/H).
+    def forward(self, query: Tensor, keys_values: Any, mask: Tensor | None = None, is_causal: bool = False,
+                backend: TorchBackend = TORCH) -> Tensor:
+        """query (B, T, D); ``keys_values``: the keys and values, already projected and split ((B, H, S,
+        D/H) each), as the backend keeps them: a pair (in decoding's cross-attention, what the backend's
+        select_sentences made of one).
 
         ``mask`` is boolean, broadcastable to (B, H, T, S), True where attention is allowed."""
         q = self.split_heads(self.q_proj(query))
         dropout = self.dropout if self.training else 0.0
-        return self.merge_heads(backend.attention(q, key, value, mask, is_causal, dropout))
+        return self.merge_heads(backend.attention(q, keys_values, mask, is_causal, dropout))
 
     def attend_cached(self, x: Tensor, cache: Any, backend: TorchBackend) -> Tensor:
         """Self-attention of new positions ``x`` (B, new, D) over those in ``cache`` (one layer's of

@@ -41,11 +41,13 @@ def attention_probabilities(q: Tensor, k: Tensor, mask: Tensor | None = None, is
     return scores.softmax(dim=-1)
 
 
-def explicit_attention(module: MultiHeadAttention, query: Tensor, key: Tensor, value: Tensor,
+def explicit_attention(module: MultiHeadAttention, query: Tensor, keys_values: tuple[Tensor, Tensor],
                        mask: Tensor | None = None, is_causal: bool = False,
                        backend: object = None) -> tuple[Tensor, Tensor]:
-    """What ``module(query, key, value, mask, is_causal, backend)`` computes (in eval mode), and its
-    weights; every backend computes the same attention, so ``backend`` changes nothing here."""
+    """What ``module(query, keys_values, mask, is_causal, backend)`` computes (in eval mode), and its
+    weights; every backend computes the same attention, so ``backend`` changes nothing here (the keys and
+    values are a pair: attention maps come from a teacher-forced pass, whose encoder output is never reordered)."""
+    key, value = keys_values
     weights = attention_probabilities(module.split_heads(module.q_proj(query)), key, mask, is_causal)
     out = weights.to(value.dtype) @ value
     batch, _, length, _ = out.shape
@@ -63,7 +65,7 @@ def layer_index(layer: int | None, count: int, option: str) -> int:
 
 def _recorder(into: list[Tensor]):
     def hook(module: MultiHeadAttention, args: tuple, kwargs: dict, output: Tensor) -> None:
-        query, key, value = (list(args) + [kwargs.get(name) for name in ("query", "key", "value")])[:3]
+        query, (key, _) = (list(args) + [kwargs.get(name) for name in ("query", "keys_values")])[:2]
         weights = attention_probabilities(module.split_heads(module.q_proj(query)), key, kwargs.get("mask"),
                                           kwargs.get("is_causal", False))
         into.append(weights.detach())

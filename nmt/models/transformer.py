@@ -58,7 +58,8 @@ class EncoderOut(NamedTuple):
     are projected here, once per sentence, not once per decoding step or per beam reorder."""
 
     padding_mask: Tensor  # (B, S), True at padding
-    memory: tuple[tuple[Tensor, Tensor], ...]  # per decoder layer: keys, values (B, heads, S, D/heads)
+    # Per decoder layer: keys, values (B, heads, S, D/heads), as the backend keeps them (TorchBackend.attention).
+    memory: tuple[Any, ...]
     output: Callable[[Tensor], Tensor] | None = None  # the projection onto each sentence's columns; None: all
 
     def sentences(self) -> int:
@@ -139,7 +140,7 @@ class EncoderLayer(nn.Module):
 
     def forward(self, x: Tensor, key_mask: Tensor, backend: TorchBackend) -> Tensor:
         def attend(h: Tensor) -> Tensor:
-            return self.self_attn(h, *self.self_attn.project_kv(h), mask=key_mask, backend=backend)
+            return self.self_attn(h, self.self_attn.project_kv(h), mask=key_mask, backend=backend)
 
         return self.ffn_block(self.attn_block(x, attend), self.ffn)
 
@@ -154,21 +155,22 @@ class DecoderLayer(nn.Module):
         self.cross_block = Residual(c.d_model, c.dropout, c.normalize_before)
         self.ffn_block = Residual(c.d_model, c.dropout, c.normalize_before)
 
-    def forward(self, x: Tensor, memory: tuple[Tensor, Tensor], memory_mask: Tensor, cache: Any,
+    def forward(self, x: Tensor, memory: Any, memory_mask: Tensor, cache: Any,
                 backend: TorchBackend) -> Tensor:
-        """``cache``: this layer's of ``backend.new_cache`` (None: ``x`` is the whole target prefix)."""
+        """``memory``: this layer's of EncoderOut; ``cache``: this layer's of ``backend.new_cache`` (None:
+        ``x`` is the whole target prefix)."""
         def self_attend(h: Tensor) -> Tensor:
             if cache is None:
-                return self.self_attn(h, *self.self_attn.project_kv(h), is_causal=True, backend=backend)
+                return self.self_attn(h, self.self_attn.project_kv(h), is_causal=True, backend=backend)
             return self.self_attn.attend_cached(h, cache, backend)
 
         def cross_attend(h: Tensor) -> Tensor:
             # Rows come in groups, one group per source sentence (its beams): each group's queries
             # attend to its source's keys together, which are stored once, not once per beam.
             count, new, dim = h.shape
-            sentences = memory[0].size(0)
+            sentences = memory_mask.size(0)
             grouped = h.reshape(sentences, count // sentences * new, dim)
-            out = self.cross_attn(grouped, *memory, mask=memory_mask, backend=backend)
+            out = self.cross_attn(grouped, memory, mask=memory_mask, backend=backend)
             return out.view(count, new, dim)
 
         x = self.self_block(x, self_attend)
@@ -288,7 +290,7 @@ class Transformer(nn.Module):
         return self.backend.new_cache(len(self.decoder_layers))
 
     def reorder_encoder_out(self, encoder_out: EncoderOut, indices: Tensor) -> EncoderOut:
-        """Rows for other sentences (beam search: when sentences leave the batch), copied once here."""
+        """Rows for other sentences (beam search: when sentences leave the batch): TorchBackend.select_sentences."""
         return self.backend.select_sentences(encoder_out, indices)
 
 

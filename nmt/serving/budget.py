@@ -11,9 +11,9 @@ leaves the batch when its sentence is done):
 
 Per sentence, padded to the longest source of the batch:
 
-- ``encoder_output``: its cross-attention keys and values (fp32 on CPU), twice
-  (as sentences leave, TorchBackend.select_sentences copies the rows of those that stay while the
-  old ones are still held), and one step's cross-attention scores for its beams;
+- ``encoder_output``: its cross-attention keys and values (fp32 on CPU), as many times as the
+  backend may hold them at once (TorchBackend.encoder_output_copies), and one step's
+  cross-attention scores for its beams;
 - ``encoding``: while encoding, one layer's activations and attention scores;
 - ``controls``: a sentence's prefix, constraints and bans (nmt/generation/constraints.py), padded to
   the largest of its batch (ControlShape): their token tensors (constraints with their KMP tables;
@@ -37,7 +37,6 @@ from nmt.generation.constraints import SentenceControls
 from nmt.generation.search import row_bytes as search_row_bytes
 
 FLOAT, LONG = 4, 8
-ENCODER_OUTPUT_COPIES = 2  # see encoder_output above
 
 
 @dataclass(frozen=True)
@@ -101,8 +100,9 @@ class SearchMemory:
     def sentence_terms(self, longest_source: int, beam: int, controls: ControlShape = NO_CONTROLS) -> dict[str, int]:
         """One sentence of the batch, beside its rows: the encoder output and its cross-attention, and its
         controls padded to ``controls``."""
+        copies = self.backend.encoder_output_copies()
         return {
-            "encoder_output": sum((ENCODER_OUTPUT_COPIES * 2 * shape.decoder_layers * FLOAT * shape.d_model
+            "encoder_output": sum((copies * 2 * shape.decoder_layers * FLOAT * shape.d_model
                                    + beam * shape.heads * FLOAT) * longest_source for shape in self.shapes),
             "encoding": sum((6 * shape.d_model + shape.ffn_dim + shape.heads * longest_source) * longest_source * FLOAT
                             for shape in self.shapes),
