@@ -161,7 +161,8 @@ def plan_recipe(path: str | Path, stages: tuple[str, ...] = STAGES, confinement:
             raise NmtError(f"{where}: --stages {','.join(missing)}: the recipe has no "
                            f"{' or '.join(f'`{stage}:`' for stage in missing)} section")
     outputs = output_paths(plan)
-    confinement.check(Path(path), outputs, input_paths(plan, set(outputs)), file_outputs(plan),
+    shared_data = "data" if document.get("data") is not None else "preprocess: destdir"
+    confinement.check(Path(path), outputs, input_paths(plan, set(outputs), shared_data), file_outputs(plan),
                       save_dir=outputs.get("train: save_dir"))
     return plan
 
@@ -178,14 +179,17 @@ def output_paths(plan: Plan) -> dict[str, str]:
     return outputs
 
 
-def input_paths(plan: Plan, outputs: set[str]) -> dict[str, object]:
-    """What the stages to run read, by recipe key: their path options that are not outputs."""
+def input_paths(plan: Plan, outputs: set[str], shared_data: str = "data") -> dict[str, object]:
+    """What the stages to run read, by recipe key: their path options that are not outputs. The data
+    directory that a stage takes from the recipe is named by the key that gave it (``shared_data``)."""
     inputs = {}
     for stage in plan.stages:
         options = getattr(plan, stage)
         if options is not None:
-            inputs.update({f"{stage}: {key}": value for key, value in path_values(options).items()
-                           if f"{stage}: {key}" not in outputs and value is not None})
+            for key, value in path_values(options).items():
+                name = shared_data if key == "data" and value == plan.data else f"{stage}: {key}"
+                if name not in outputs and value is not None:
+                    inputs[name] = value
     return inputs
 
 

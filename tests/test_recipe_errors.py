@@ -334,6 +334,20 @@ def test_training_from_the_command_line_keeps_another_tool_s_files(home, tmp_pat
     assert code == 0, err  # nmt's run now: resumed without --allow-outside
 
 
+@pytest.mark.parametrize("given", ["data", "preprocess: destdir"])
+def test_a_shared_data_directory_outside_is_named_by_the_key_that_gave_it(given, home, tmp_path, monkeypatch, capsys):
+    """Not as a stage's key (`train: data`), which the user never wrote."""
+    outside = str(home / "corpus")
+    document = {"data": outside} if given == "data" else \
+        {"preprocess": {"source_lang": "en", "target_lang": "de", "trainpref": "train", "destdir": outside}}
+    recipe = tmp_path / "downloads" / "r.yaml"
+    train = {"max_epoch": 1, "save_dir": str(recipe.parent / "checkpoints")}
+    recipe.write_text(yaml.safe_dump({**document, "train": train}), encoding="utf-8")
+    code, _, err = run_cli(monkeypatch, capsys, "run", recipe, "--stages", "train", "--dry-run")
+    assert code == 1
+    assert_one_line_error(err, f"`{given}: {outside}` is outside the recipe's directory")
+
+
 def test_a_path_that_leaves_through_a_symbolic_link_says_so(home, tmp_path, monkeypatch, capsys):
     """`data` beside the recipe, but a link to elsewhere: the message names where it leads."""
     (tmp_path / "elsewhere").mkdir()
