@@ -78,10 +78,8 @@ class Confinement:
                                f"own outputs: remove it, choose another path, or trust the {what} like code with "
                                "`--allow-outside`")
         if save_dir is not None and (foreign := foreign_training_files(save_dir, source)):
-            raise NmtError(f"{source}: `train: save_dir: {save_dir}` holds {', '.join(foreign[:3])}, which training "
-                           f"would replace, and is not a run of nmt's (no config.yaml that its training wrote); a "
-                           f"{what} trains only into a new directory or one of nmt's runs: choose another save_dir, "
-                           f"move those files, or trust the {what} like code with `--allow-outside`")
+            raise foreign_save_dir(f"{source}: `train: save_dir: {save_dir}`", foreign, "choose another save_dir",
+                                   f"trust the {what} like code with `--allow-outside`")
 
 
 # What training writes in its save dir (nmt.training): its config, replaced at each start; its metrics,
@@ -89,6 +87,13 @@ class Confinement:
 CONFIG_FILE = "config.yaml"
 TRAINING_FILES = (CONFIG_FILE, "metrics.jsonl", "checkpoint*.pt")
 MAX_CONFIG_BYTES = 1 << 20
+
+
+def foreign_save_dir(named: str, foreign: list[str], choose: str, trust: str) -> NmtError:
+    """The refusal of a save dir (``named`` as the user gave it) holding ``foreign`` files of training's names."""
+    files = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
+    return NmtError(f"{named} holds {files}, which training would replace or append to, and is not a run of nmt's "
+                    f"(no config.yaml that its training wrote): {choose}, move those files, or {trust}")
 
 
 def foreign_training_files(directory: str, source: Path | None = None) -> list[str]:

@@ -276,9 +276,9 @@ def test_a_recipe_trains_only_into_a_new_directory_or_one_of_nmt_s_runs(recipe, 
     code, _, err = run_cli(monkeypatch, capsys, "run", path, "--stages", "preprocess,train", "--dry-run")
     assert code == 1
     assert_one_line_error(err, f"`train: save_dir: {save_dir}` holds config.yaml, which training would "
-                               "replace, and is not a run of nmt's (no config.yaml that its training wrote); a recipe "
-                               "trains only into a new directory or one of nmt's runs: choose another save_dir, move "
-                               "those files, or trust the recipe like code with `--allow-outside`")
+                               "replace or append to, and is not a run of nmt's (no config.yaml that its training "
+                               "wrote): choose another save_dir, move those files, or trust the recipe like code "
+                               "with `--allow-outside`")
     assert (save_dir / "config.yaml").read_text(encoding="utf-8") == "the user's own\n"
     (save_dir / "config.yaml").unlink()
     (save_dir / "checkpoint3.pt").write_bytes(b"another tool's")
@@ -400,9 +400,9 @@ def test_a_train_config_trains_only_into_a_new_directory_or_one_of_nmt_s_runs(tm
                                                 "valid_subset": "none"}}), encoding="utf-8")
     code, _, err = run_cli(monkeypatch, capsys, "train", "--config", config, "-q")
     assert code == 1
-    assert_one_line_error(err, f"`train: save_dir: {save_dir}` holds metrics.jsonl, which training would replace, "
-                               "and is not a run of nmt's (no config.yaml that its training wrote); a config file "
-                               "trains only into a new directory or one of nmt's runs")
+    assert_one_line_error(err, f"`train: save_dir: {save_dir}` holds metrics.jsonl, which training would replace "
+                               "or append to, and is not a run of nmt's (no config.yaml that its training wrote): "
+                               "choose another save_dir, move those files, or trust the config file like code")
     assert sorted(path.name for path in save_dir.iterdir()) == ["metrics.jsonl"]
     assert (save_dir / "metrics.jsonl").read_text(encoding="utf-8") == "the user's log\n"
     (save_dir / "config.yaml").unlink(missing_ok=True)
@@ -421,6 +421,6 @@ def test_a_config_file_is_never_taken_for_the_config_its_training_writes(tmp_pat
     config.write_text(mine, encoding="utf-8")
     code, _, err = run_cli(monkeypatch, capsys, "train", str(tmp_path / "data"), "--config", config, "-q")
     assert code == 1
-    assert_one_line_error(err, f"`train: save_dir: {project}` holds config.yaml, which training would replace, "
-                               "and is not a run of nmt's")
+    assert_one_line_error(err, f"`train: save_dir: {project}` holds config.yaml, which training would replace "
+                               "or append to, and is not a run of nmt's")
     assert config.read_text(encoding="utf-8") == mine

@@ -26,7 +26,7 @@ from typing import Any, Literal, Mapping
 
 import yaml
 
-from nmt.confinement import Confinement, foreign_training_files, path_values
+from nmt.confinement import Confinement, foreign_save_dir, foreign_training_files, path_values
 from nmt.device_options import DeviceOptions
 from nmt.errors import NmtError
 from nmt.files import atomic_write
@@ -240,10 +240,8 @@ def load_train_config(cli_values: Mapping[str, Any] | None = None, config_file: 
     if confinement is not None and not confinement.allow_outside and "save_dir" not in from_file and \
             (foreign := foreign_training_files(config.save_dir, Path(config_file) if config_file else None)):
         default = "" if "save_dir" in (cli_values or {}) else " (the default)"
-        files = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
-        raise NmtError(f"--save-dir {config.save_dir}{default} holds {files}, which training would replace or "
-                       "append to, and is not a run of nmt's (no config.yaml that its training wrote): choose "
-                       "another --save-dir, move those files, or give --allow-outside to train into it anyway")
+        raise foreign_save_dir(f"--save-dir {config.save_dir}{default}", foreign, "choose another --save-dir",
+                               "give --allow-outside to train into it anyway")
     if config_file is not None and confinement is not None:
         paths = {key: value for key, value in path_values(config).items() if key in from_file and value is not None}
         outputs = {f"train: {key}": paths.pop(key) for key in ("save_dir", "tensorboard_dir") if key in paths}
