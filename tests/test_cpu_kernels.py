@@ -293,12 +293,15 @@ def decoding_backend_lines(caplog) -> list[str]:
 def test_the_backend_is_chosen_once_and_said_in_one_line(fresh_library, monkeypatch, caplog):
     caplog.set_level(logging.DEBUG, logger="nmt")  # -v; generate's last line names the backend
     assert isinstance(choose_backend(torch.device("cpu"), "int8"), CpuKernelsBackend)
-    assert decoding_backend_lines(caplog) == [f"decoding backend: nmt's C kernels ({KERNELS.describe()})"]
+    why = "built for this CPU; --backend torch or NMT_CPU_KERNELS=0 for PyTorch's operations"
+    assert decoding_backend_lines(caplog) == [f"decoding backend: nmt's C kernels ({KERNELS.describe()}) ({why})"]
+    assert "int8" not in choose_backend(torch.device("cpu")).describe()  # nothing quantized: no int8 said
+    caplog.clear()
     assert choose_backend(torch.device("cpu"), backend="torch") is TORCH
     monkeypatch.setenv("NMT_CPU_KERNELS", "0")
     assert choose_backend(torch.device("cpu")) is TORCH
     assert choose_backend(torch.device("cuda")) is TORCH  # only chosen here, never run
-    assert decoding_backend_lines(caplog)[1:] == ["decoding backend: PyTorch's operations (--backend torch)",
+    assert decoding_backend_lines(caplog) == ["decoding backend: PyTorch's operations (--backend torch)",
                                                   "decoding backend: PyTorch's operations (NMT_CPU_KERNELS=0)",
                                                   "decoding backend: PyTorch's operations (on cuda)"]
 

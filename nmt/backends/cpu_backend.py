@@ -52,7 +52,7 @@ class CpuKernelsBackend(TorchBackend):
         self.buffers = BufferPool()  # this backend's caches hand their buffers on to the next batch's
 
     def describe(self) -> str:
-        return f"nmt's C kernels ({self.kernels.describe()})"
+        return f"nmt's C kernels ({self.kernels.describe(int8=self.int8)})"
 
     def attention(self, query: Tensor, keys_values: Any, mask: Tensor | None = None, is_causal: bool = False,
                   dropout: float = 0.0) -> Tensor:

@@ -86,10 +86,13 @@ class Kernels:
         self.attention_avx512 = bool(self.call("attention_avx512"))
         self.int8_vnni = bool(self.call("int8_vnni"))  # the int8 kernels' VNNI instructions
 
-    def describe(self) -> str:
-        """Which of their instruction sets this build has, for the log line that names the backend."""
+    def describe(self, int8: bool = True) -> str:
+        """Which of their instruction sets this build has (``int8``: its int8 products' too), for the log
+        line that names the backend."""
         attention = "AVX-512 attention" if self.attention_avx512 else "attention in plain loops"
-        return f"{attention}, {'AVX512-VNNI int8' if self.int8_vnni else 'no AVX512-VNNI'}"
+        if not int8:
+            return attention
+        return f"{attention}, {'AVX512-VNNI int8' if self.int8_vnni else 'int8 without AVX512-VNNI'}"
 
     def call(self, name: str, *args: Any) -> Any:
         """The kernel ``name`` on ``args``, in its prototype's order: a tensor (or None, where NULLABLE)

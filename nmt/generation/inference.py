@@ -70,6 +70,7 @@ def choose_backend(device: torch.device, quantize: str = "none", backend: str = 
         kernels, why = built_kernels()
         if kernels is not None:
             chosen = CpuKernelsBackend(kernels, int8=quantize == "int8")
+            why = "built for this CPU; --backend torch or NMT_CPU_KERNELS=0 for PyTorch's operations"
     # At debug level: an error that follows (a bad input) stays the command's one line; `nmt generate`'s
     # last line names the backend that decoded.
     logger.debug("decoding backend: %s%s", chosen.describe(), f" ({why})" if why else "")
