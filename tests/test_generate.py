@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import logging
 import multiprocessing
 import os
 import shutil
@@ -31,6 +32,7 @@ from nmt.generation.inference import TranslationRequest, prepare_model, translat
 from nmt.generation.options import BatchingOptions, GenerateOptions, SearchOptions, check_workers, choose_workers
 from nmt.generation.translator import Translator
 from nmt.generation.workers import KeptWorkers, forks_workers, map_in_workers
+from nmt.log import logger
 from nmt.models.registry import build_model, get_arch, resolve_config
 from nmt.models.transformer import FeedForward
 from nmt.options import build
@@ -148,9 +150,11 @@ def test_workers_run_batches_at_the_same_time_with_their_share_of_the_threads(ch
 
 
 def test_cpu_decoding_runs_one_worker_per_thread_by_default_sharing_the_token_budget(checkpoint, data_dir,
-                                                                                       monkeypatch):
+                                                                                       monkeypatch, caplog):
     """Two threads: two workers, each a process of its own on Linux (one thread each), each batch
-    with half the token budget."""
+    with half the token budget; -v says so."""
+    monkeypatch.setattr(logger, "propagate", True)  # the CLI's logging set-up turns it off; caplog listens at root
+    caplog.set_level(logging.DEBUG, logger="nmt")
     model, _ = prepare_model(checkpoint, torch.device("cpu"))
     split = DataDir.open(data_dir).split("test")
     sources = [split.source[i] for i in range(len(split))]
@@ -178,6 +182,10 @@ def test_cpu_decoding_runs_one_worker_per_thread_by_default_sharing_the_token_bu
         assert all((pid != os.getpid()) == forked for (pid, _), _ in batches)
         share = 8 * longest // (2 * threads)  # --max-tokens counts source tokens x beam, shared by the workers
         assert max(tokens for _, tokens in batches) <= share < 2 * max(tokens for _, tokens in batches)
+        said = [record.getMessage() for record in caplog.records if record.getMessage().startswith("decoding workers")]
+        assert said[-1] == ("decoding workers: one, 2 intra-op thread(s)" if threads == 1 else
+                            f"decoding workers: 2 {'forked processes' if forked else 'threads of this process'}, "
+                            "1 intra-op thread(s) each")
 
 
 def test_several_workers_take_the_longest_batches_first(checkpoint, monkeypatch):

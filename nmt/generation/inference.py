@@ -46,7 +46,7 @@ from nmt.generation.ensemble import Ensemble
 from nmt.generation.fused_layers import fuse_int8_layers
 from nmt.generation.options import BatchingOptions, SearchOptions, check_workers, choose_workers
 from nmt.generation.search import Hypothesis, SearchStopped, beam_search, max_lengths, model_positions
-from nmt.generation.workers import KeptWorkers, forks_workers, map_in_workers
+from nmt.generation.workers import KeptWorkers, forks_workers, map_in_workers, threads_per_worker
 from nmt.log import logger
 from nmt.switches import turned_off
 
@@ -202,10 +202,14 @@ def translate_ids(model: nn.Module, sources: list[np.ndarray], request: Translat
             if processes and request.kept_workers is not None:
                 kept = held.enter_context(request.kept_workers.use((model, shortlist), search_items, workers,
                                                                    may_fork=request.fork_workers))
+            forked = kept is not None or processes and request.fork_workers
+            logger.debug("decoding workers: %s", f"one, {torch.get_num_threads()} intra-op thread(s)" if workers == 1
+                         else f"{workers} {'forked processes' if forked else 'threads of this process'}, "
+                              f"{threads_per_worker(workers)} intra-op thread(s) each")
             if kept is not None:
                 hypotheses = kept.map(items)
             else:
-                hypotheses = map_in_workers(search_items, items, workers, processes=processes and request.fork_workers)
+                hypotheses = map_in_workers(search_items, items, workers, processes=forked)
             held.enter_context(contextlib.closing(hypotheses))  # an error cancels the batches not started, now
             place_batches(work.results, batches, hypotheses, progress, work.task)
     if controls is not None:
