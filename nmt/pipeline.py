@@ -33,7 +33,7 @@ from nmt.files import refuse_overwriting
 from nmt.generation.options import GenerateOptions
 from nmt.log import logger
 from nmt.options import build, check_keys, flat_values
-from nmt.recipe import STAGES, checked_search, data_dir, read_document, section, train_values
+from nmt.recipe import STAGES, checked_search, data_dir, data_key, read_document, section, train_values
 from nmt.scoring import ScoreOptions
 from nmt.training.config import TrainConfig
 from nmt.written import record_written
@@ -161,8 +161,7 @@ def plan_recipe(path: str | Path, stages: tuple[str, ...] = STAGES, confinement:
             raise NmtError(f"{where}: --stages {','.join(missing)}: the recipe has no "
                            f"{' or '.join(f'`{stage}:`' for stage in missing)} section")
     outputs = output_paths(plan)
-    shared_data = "data" if document.get("data") is not None else "preprocess: destdir"
-    confinement.check(Path(path), outputs, input_paths(plan, set(outputs), shared_data), file_outputs(plan),
+    confinement.check(Path(path), outputs, input_paths(plan, set(outputs), data_key(document)), file_outputs(plan),
                       save_dir=outputs.get("train: save_dir"))
     return plan
 

@@ -55,6 +55,11 @@ def data_dir(document: dict[str, Any]) -> str | None:
     return None if preprocess.get("destdir") is None else str(preprocess["destdir"])
 
 
+def data_key(document: dict[str, Any]) -> str:
+    """The key that gives the shared data directory (data_dir), to name it as the user wrote it."""
+    return "data" if document.get("data") is not None else "preprocess: destdir"
+
+
 def checked_search(document: dict[str, Any], path: str | Path) -> dict[str, Any]:
     """The generate stage's search as the decoding check's options (check_beam, ...), so that the
     check at training's end or after averaging judges the search that generate runs, whose --stop

@@ -389,6 +389,26 @@ def test_a_train_config_writes_only_inside_its_places(home, tmp_path, monkeypatc
     assert (inside / "checkpoint_last.pt").exists()
 
 
+@pytest.mark.parametrize("key", ["data", "train: data", "train: restore_file"])
+def test_a_train_config_reads_only_inside_its_places(key, home, tmp_path, monkeypatch, capsys):
+    """Its inputs too, each named by the key that gave it: else it trains on, or starts from, what the user has."""
+    secret = home / ".ssh" / "id_ed25519"
+    data = {"data": str(tmp_path / "downloads" / "data")}
+    train = {"save_dir": str(tmp_path / "downloads" / "run"), "max_update": 1, "device": "cpu"}
+    if key == "data":
+        data["data"] = str(secret)
+    else:
+        train[key.removeprefix("train: ")] = str(secret)
+    config = tmp_path / "downloads" / "train.yaml"
+    config.write_text(yaml.safe_dump({**data, "arch": "transformer_tiny", "train": train}), encoding="utf-8")
+    code, _, err = run_cli(monkeypatch, capsys, "train", "--config", config, "-q")
+    assert code == 1
+    assert_one_line_error(err, f"`{key}: {secret}` is outside the config file's directory ({tmp_path / 'downloads'}); "
+                               "a config file reads only there unless you name a directory with `nmt train "
+                               "--input-dir DIR`")
+    assert not (tmp_path / "downloads" / "run").exists()
+
+
 def test_a_train_config_trains_only_into_a_new_directory_or_one_of_nmt_s_runs(tmp_path, monkeypatch, capsys):
     make_data_dir(tmp_path / "data", {"train": numbers_pairs(40, seed=0)})
     save_dir = tmp_path / "run"

@@ -32,7 +32,7 @@ from nmt.errors import NmtError
 from nmt.files import atomic_write
 from nmt.generation.options import CheckSearchOptions
 from nmt.options import build, check_values, flag, flat_values, merge
-from nmt.recipe import read_document, train_values
+from nmt.recipe import data_key, read_document, section, train_values
 from nmt.scoring import AUTO, LOWERCASE_HELP, TOKENIZE_HELP, BleuTokenizer
 
 BATCHING, OPTIM, DEVICES, CHECKPOINTS, STOPPING, REPORTING = (
@@ -234,7 +234,8 @@ def load_train_config(cli_values: Mapping[str, Any] | None = None, config_file: 
     command line (or the default) is refused where it holds files of training's names that are not
     an nmt run's, which training would replace (unless ``--allow-outside``).
     """
-    recipe = train_values(read_document(config_file, "config file"), config_file) if config_file is not None else {}
+    document = read_document(config_file, "config file") if config_file is not None else {}
+    recipe = train_values(document, config_file) if config_file is not None else {}
     config = build(TrainConfig, merge(recipe, cli_values or {}), "train", str(config_file or "the command line"))
     from_file = {key for key in recipe if key not in (cli_values or {})}
     if confinement is not None and not confinement.allow_outside and "save_dir" not in from_file and \
@@ -245,7 +246,10 @@ def load_train_config(cli_values: Mapping[str, Any] | None = None, config_file: 
     if config_file is not None and confinement is not None:
         paths = {key: value for key, value in path_values(config).items() if key in from_file and value is not None}
         outputs = {f"train: {key}": paths.pop(key) for key in ("save_dir", "tensorboard_dir") if key in paths}
-        confinement.check(Path(config_file), outputs, {f"train: {key}": value for key, value in paths.items()},
+        shared_data = "data" in paths and "data" not in (section(document, "train") or {})
+        inputs = {data_key(document) if key == "data" and shared_data else f"train: {key}": value
+                  for key, value in paths.items()}
+        confinement.check(Path(config_file), outputs, inputs,
                           what="config file", command="nmt train", save_dir=outputs.get("train: save_dir"))
     return config
 
