@@ -161,7 +161,7 @@ def plan_recipe(path: str | Path, stages: tuple[str, ...] = STAGES, confinement:
             raise NmtError(f"{where}: --stages {','.join(missing)}: the recipe has no "
                            f"{' or '.join(f'`{stage}:`' for stage in missing)} section")
     outputs = output_paths(plan)
-    confinement.check(Path(path), outputs, input_paths(plan, set(outputs), data_key(document)), file_outputs(plan),
+    confinement.check(Path(path), outputs, input_paths(plan, set(outputs), document), file_outputs(plan),
                       save_dir=outputs.get("train: save_dir"))
     return plan
 
@@ -178,15 +178,15 @@ def output_paths(plan: Plan) -> dict[str, str]:
     return outputs
 
 
-def input_paths(plan: Plan, outputs: set[str], shared_data: str = "data") -> dict[str, object]:
-    """What the stages to run read, by recipe key: their path options that are not outputs. The data
-    directory that a stage takes from the recipe is named by the key that gave it (``shared_data``)."""
+def input_paths(plan: Plan, outputs: set[str], document: dict[str, Any]) -> dict[str, object]:
+    """What the stages to run read, by the recipe (``document``) key that gave each: their path options
+    that are not outputs."""
     inputs = {}
     for stage in plan.stages:
         options = getattr(plan, stage)
         if options is not None:
             for key, value in path_values(options).items():
-                name = shared_data if key == "data" and value == plan.data else f"{stage}: {key}"
+                name = data_key(document, stage) if key == "data" else f"{stage}: {key}"
                 if name not in outputs and value is not None:
                     inputs[name] = value
     return inputs

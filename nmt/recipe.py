@@ -55,8 +55,11 @@ def data_dir(document: dict[str, Any]) -> str | None:
     return None if preprocess.get("destdir") is None else str(preprocess["destdir"])
 
 
-def data_key(document: dict[str, Any]) -> str:
-    """The key that gives the shared data directory (data_dir), to name it as the user wrote it."""
+def data_key(document: dict[str, Any], stage: str) -> str:
+    """The key that gives ``stage`` its data directory, to name it as the user wrote it: the stage's own
+    `data:`, else the shared one (data_dir's)."""
+    if (section(document, stage) or {}).get("data") is not None:
+        return f"{stage}: data"
     return "data" if document.get("data") is not None else "preprocess: destdir"
 
 

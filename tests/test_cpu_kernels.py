@@ -185,15 +185,16 @@ def test_grouped_attention_of_a_sentence_is_the_same_with_any_padding_after_it(h
 
 
 @needs_kernels
-def test_grouped_attention_reads_each_sentence_from_its_row():
+@pytest.mark.parametrize("head_dim", [16, 64])  # the plain loops, and AVX-512's where built with it
+def test_grouped_attention_reads_each_sentence_from_its_row(head_dim):
     """Beam search leaves the encoder's keys and values in place as sentences leave: row numbers say
     where each remaining sentence's are; the mask is the remaining sentences' own."""
     g = torch.Generator().manual_seed(1)
-    keys, values = (torch.randn(4, 2, 7, 16, generator=g) for _ in range(2))
+    keys, values = (torch.randn(4, 2, 7, head_dim, generator=g) for _ in range(2))
     allowed = torch.rand(4, 7, generator=g) > 0.3
     allowed[:, 0] = True
     rows = torch.tensor([3, 1, 3])
-    query = torch.randn(3, 2, 2, 16, generator=g)
+    query = torch.randn(3, 2, 2, head_dim, generator=g)
     expected = KERNELS.grouped_attention(keys[rows], values[rows], allowed[rows], query)
     assert torch.equal(KERNELS.grouped_attention(keys, values, allowed[rows], query, rows), expected)
     with pytest.raises(ValueError, match="rows"):

@@ -203,8 +203,9 @@ def translate_ids(model: nn.Module, sources: list[np.ndarray], request: Translat
                 kept = held.enter_context(request.kept_workers.use((model, shortlist), search_items, workers,
                                                                    may_fork=request.fork_workers))
             forked = kept is not None or processes and request.fork_workers
-            logger.debug("decoding workers: %s", f"one, {torch.get_num_threads()} intra-op thread(s)" if workers == 1
-                         else f"{workers} {'forked processes' if forked else 'threads of this process'}, "
+            running = kept.workers if kept is not None else workers  # a kept pool may have more than asked
+            logger.debug("decoding workers: %s", f"one, {torch.get_num_threads()} intra-op thread(s)" if running == 1
+                         else f"{running} {'forked processes' if forked else 'threads of this process'}, "
                               f"{threads_per_worker(workers)} intra-op thread(s) each")
             if kept is not None:
                 hypotheses = kept.map(items)

@@ -32,7 +32,7 @@ from nmt.errors import NmtError
 from nmt.files import atomic_write
 from nmt.generation.options import CheckSearchOptions
 from nmt.options import build, check_values, flag, flat_values, merge
-from nmt.recipe import data_key, read_document, section, train_values
+from nmt.recipe import data_key, read_document, train_values
 from nmt.scoring import AUTO, LOWERCASE_HELP, TOKENIZE_HELP, BleuTokenizer
 
 BATCHING, OPTIM, DEVICES, CHECKPOINTS, STOPPING, REPORTING = (
@@ -246,8 +246,7 @@ def load_train_config(cli_values: Mapping[str, Any] | None = None, config_file: 
     if config_file is not None and confinement is not None:
         paths = {key: value for key, value in path_values(config).items() if key in from_file and value is not None}
         outputs = {f"train: {key}": paths.pop(key) for key in ("save_dir", "tensorboard_dir") if key in paths}
-        shared_data = "data" in paths and "data" not in (section(document, "train") or {})
-        inputs = {data_key(document) if key == "data" and shared_data else f"train: {key}": value
+        inputs = {data_key(document, "train") if key == "data" else f"train: {key}": value
                   for key, value in paths.items()}
         confinement.check(Path(config_file), outputs, inputs,
                           what="config file", command="nmt train", save_dir=outputs.get("train: save_dir"))
