@@ -154,7 +154,7 @@ def test_info_gives_the_stop_rule_of_a_request_with_the_defaults(checkpoint, tmp
     from nmt.checkpoint.format import load_checkpoint, save_checkpoint
     from nmt.generation.decoding_settings import RECORD_KEY, DecodingSettings
     from nmt.generation.options import SearchOptions
-    from nmt.serving.server import describe_decoding, server_info
+    from nmt.serving.server import for_default_request, server_info
 
     state = load_checkpoint(checkpoint)
     state[RECORD_KEY] = DecodingSettings("none", "finished", "validation check", SearchOptions(lenpen=1.4).checked()
@@ -164,7 +164,8 @@ def test_info_gives_the_stop_rule_of_a_request_with_the_defaults(checkpoint, tmp
     info = server_info(translator, ServeOptions(path=str(tmp_path / "checked.pt")), {})
     assert info["stop"] == "exact" and translator.options(lenpen=1.4)[0].stop == "finished"
     assert info["check"] == {"stop": "finished", "search": SearchOptions(lenpen=1.4).checked()}  # what a client sends
-    logged = describe_decoding(translator.decoding)  # the `serving ...` line says the same, and where finished holds
+    # the `serving ...` line says the same, and where finished holds
+    logged = for_default_request(translator.decoding).describe()
     assert logged.startswith("quantize none, stop exact (") and \
         "; stop exact: this search has --lenpen 0.6 (the check's: 1.4); with the check's, stop finished" in logged
 

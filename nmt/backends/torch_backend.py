@@ -71,11 +71,6 @@ class TorchBackend:
                        for layer in range(len(chunks[0][1])))
         return torch.cat([chunk[0] for chunk in chunks]), memory
 
-    def encoder_output_copies(self) -> int:
-        """How many copies of a batch's encoder output decoding may hold at once: two, as select_sentences
-        copies the rows of the sentences that stay while the old ones are still held."""
-        return 2
-
     def new_cache(self, layers: int) -> DecoderCache:
         """An empty self-attention cache for ``layers`` decoder layers."""
         return DecoderCache(layers)
@@ -86,6 +81,11 @@ class TorchBackend:
         batch memory estimate: nmt/serving/budget.py). fp32 on CPU (see KeyValueCache.dtype)."""
         itemsize = 4 if device_type == "cpu" else dtype.itemsize
         return DecoderCache.row_bytes(layers, width, positions, itemsize, reserved=device_type == "cpu")
+
+    def encoder_output_copies(self) -> int:
+        """How many copies of a batch's encoder output decoding may hold at once: two, as select_sentences
+        copies the rows of the sentences that stay while the old ones are still held."""
+        return 2
 
     def cached_attention(self, query: Tensor, keys: Tensor, values: Tensor, cache: KeyValueCache) -> Tensor:
         """Self-attention of new positions (queries, keys and values: rows, heads, new, head_dim) over

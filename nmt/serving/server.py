@@ -41,7 +41,7 @@ from nmt.checkpoint.names import split_paths
 from nmt.data.vocabulary import EOS_ID
 from nmt.device import use_threads
 from nmt.errors import NmtError, Stopped, install_hint
-from nmt.generation.decoding_settings import DecodingSettings, for_search, stop_for
+from nmt.generation.decoding_settings import DecodingSettings, for_search
 from nmt.generation.inference import translate_ids, uses_shortlist
 from nmt.generation.options import BatchingOptions, SearchOptions
 from nmt.generation.search import HYPOTHESIS_BYTES_PER_TOKEN, SearchStopped, model_positions
@@ -271,7 +271,7 @@ def server_info(translator: Translator, options: ServeOptions, memory: dict[str,
         "vocab": {"source": len(vocabs.source), "target": len(vocabs.target), "joint": vocabs.joint,
                   "shortlist": uses_shortlist(SearchOptions(), vocabs.shortlist, translator.device.type)},
         "device": str(translator.device), "precision": translator.precision, "quantize": translator.decoding.quantize,
-        "stop": stop_for(SearchOptions(), translator.decoding),  # a request's with the defaults
+        "stop": for_default_request(translator.decoding).stop,
         # the search the checkpoint's validation check ran, whose requests take its stop rule; null: none named
         "check": None if translator.decoding.search is None else {"stop": translator.decoding.stop,
                                                                   "search": translator.decoding.search},
@@ -286,10 +286,10 @@ def server_info(translator: Translator, options: ServeOptions, memory: dict[str,
     }
 
 
-def describe_decoding(decoding: DecodingSettings) -> str:
-    """What a request with the defaults decodes with (as /info gives it), and why: where that is not
-    the search the check ran, the options in which the two differ."""
-    return for_search(decoding, SearchOptions()).describe()
+def for_default_request(decoding: DecodingSettings) -> DecodingSettings:
+    """What a request with the defaults decodes with (/info's stop and the start-up line), and why: where
+    that is not the search the check ran, the options in which the two differ."""
+    return for_search(decoding, SearchOptions())
 
 
 def serve(options: ServeOptions) -> None:
@@ -357,7 +357,7 @@ def serve_app(app, translator: Translator, options: ServeOptions) -> None:
     server = server_stopping_in_two_steps(uvicorn.Server)(config)
     with server.noting_early_signals():
         logger.info("serving %s on http://%s:%d (POST /translate, GET /health, GET /info); %s", translator.path,
-                    shown, port, describe_decoding(translator.decoding))
+                    shown, port, for_default_request(translator.decoding).describe())
         server.run(sockets=[sock])
     if server.stop_signal:  # uvicorn raised it again after stopping; here when the signal was ignored (nohup, `&`)
         raise Stopped(server.stop_signal)
