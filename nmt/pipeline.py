@@ -22,7 +22,7 @@ from typing import Any, Callable
 import yaml
 from rich.table import Table
 
-from nmt.checkpoint.names import BEST
+from nmt.checkpoint.names import BEST, member_dirs, member_files
 from nmt.checkpoint.options import AverageOptions
 from nmt.confinement import Confinement, path_values
 from nmt.data.corpus import SPLIT_KINDS, SplitFiles, find_splits, split_prefixes, text_file_names
@@ -45,11 +45,12 @@ class Plan:
 
     stages: tuple[str, ...]
     data: str | None = None  # the data directory the stages share
-    checkpoint: str | None = None  # the model that generate uses: checkpoint_best.pt or the average
+    checkpoint: str | None = None  # the model(s) generate uses (a.pt:b.pt): checkpoint_best.pt or the average(s)
     preprocess: PreprocessOptions | None = None
     train: TrainConfig | None = None
     model: Any = None  # the arch's config with the recipe's `model:` overrides, when there is a train stage
     average: AverageOptions | None = None
+    averages: list[AverageOptions] = field(default_factory=list)  # one per model trained (train: models)
     generate: GenerateOptions | None = None
     score: ScoreOptions | None = None
 
@@ -105,21 +106,26 @@ def plan_recipe(path: str | Path, stages: tuple[str, ...] = STAGES, confinement:
         if (needs := train.needs_validation()) and not validates(train, plan.preprocess):
             raise NmtError(f"{where}: `train:` gives {needs}, which needs validation: give `preprocess: validpref`")
     save_dir = Path(train.save_dir)
-    model_path = save_dir / BEST
+    model_paths = [directory / BEST for directory in member_dirs(save_dir, train.models)]
     if (values := section(document, "average")) is not None:
         plan.average = build(AverageOptions, {"inputs": [str(save_dir)], "output": str(save_dir / "averaged.pt"),
                                               **checked_search(document, path), **values}, "average", where)
         if len(plan.average.selection()) != 1:
             raise NmtError(f"{where}: the `average:` section needs num_epoch_checkpoints, num_update_checkpoints or "
                            "epoch_share (exactly one)")
-        model_path = Path(plan.average.output)
-        if plan.train is not None and plan.average.inputs == [str(save_dir)]:  # averaging this run's checkpoints
-            check_checkpoints_kept(plan.train, plan.average, where)
-            if "check_decoding" not in (section(document, "train") or {}):  # averaging checks what generate uses
-                plan.train = dataclasses.replace(plan.train, check_decoding=False)
-    plan.checkpoint = str(model_path)
+        plan.averages = [plan.average]
+        if plan.average.inputs == [str(save_dir)]:  # averaging this run's checkpoints: each model's
+            plan.averages = [dataclasses.replace(plan.average, inputs=[str(directory)], output=str(output))
+                             for directory, output in zip(member_dirs(save_dir, train.models),
+                                                          member_files(plan.average.output, train.models))]
+            if plan.train is not None:
+                check_checkpoints_kept(plan.train, plan.average, where)
+                if "check_decoding" not in (section(document, "train") or {}):  # averaging checks what generate uses
+                    plan.train = dataclasses.replace(plan.train, check_decoding=False)
+        model_paths = [Path(options.output) for options in plan.averages]
+    plan.checkpoint = ":".join(str(path) for path in model_paths)
     if (values := section(document, "generate")) is not None:
-        defaults = {"path": str(model_path)} if "input" in values else {"path": str(model_path), "data": plan.data}
+        defaults = {"path": plan.checkpoint} if "input" in values else {"path": plan.checkpoint, "data": plan.data}
         plan.generate = build(GenerateOptions, {**defaults, **values}, "generate", where)
         if "path" not in values and plan.average is None and plan.train is not None \
                 and not validates(plan.train, plan.preprocess):
@@ -128,10 +134,10 @@ def plan_recipe(path: str | Path, stages: tuple[str, ...] = STAGES, confinement:
         if "path" not in values and "generate" in stages and plan.average is not None \
                 and "train" in stages and "average" not in stages:
             raise NmtError(f"{where}: --stages trains but does not average: `generate:` would translate with "
-                           f"{model_path}, made before this training; add the average stage")
-        if "path" not in values and "generate" in stages and not {"train", "average"} & set(stages) \
-                and not model_path.exists():
-            raise NmtError(f"{where}: `generate:` translates with {model_path}, which is not there: run the "
+                           f"{plan.checkpoint}, made before this training; add the average stage")
+        missing = [path for path in model_paths if not path.exists()]
+        if "path" not in values and "generate" in stages and not {"train", "average"} & set(stages) and missing:
+            raise NmtError(f"{where}: `generate:` translates with {missing[0]}, which is not there: run the "
                            f"{'average' if plan.average is not None else 'train'} stage first")
         if "output" not in values:
             plan.generate = dataclasses.replace(plan.generate, output=str(save_dir / f"{plan.generate.split}.hyp"))
@@ -175,6 +181,10 @@ def output_paths(plan: Plan) -> dict[str, str]:
         if stage in plan.stages and options is not None:
             outputs.update({f"{stage}: {key}": getattr(options, key) for key in keys
                             if getattr(options, key) is not None})
+    if "average" in plan.stages and len(plan.averages) > 1:
+        del outputs["average: output"]
+        outputs.update({f"average: output (model {index})": options.output
+                        for index, options in enumerate(plan.averages, 1)})
     return outputs
 
 
@@ -195,8 +205,8 @@ def input_paths(plan: Plan, outputs: set[str], document: dict[str, Any]) -> dict
 def file_outputs(plan: Plan) -> list[str]:
     """The files the stages to run write whole (not directories): what may replace only their own earlier runs."""
     files = []
-    if "average" in plan.stages and plan.average is not None:
-        files.append(plan.average.output)
+    if "average" in plan.stages:
+        files += [options.output for options in plan.averages]
     if "generate" in plan.stages and plan.generate is not None:
         files += [path for path in (plan.generate.output, plan.generate.print_attention) if path is not None]
     return files
@@ -299,28 +309,33 @@ def run_plan(plan: Plan) -> PipelineReport:
         return f"{datadir.path} ({', '.join(datadir.splits)})"
 
     def run_train() -> str:
-        from nmt.training.trainer import train
+        from nmt.training.trainer import train_models
 
-        summary = train(plan.train)
-        return (f"{summary.updates} updates, {summary.epoch} epochs, best valid loss "
-                f"{summary.best_valid_loss:.3f} ({summary.stop_reason})" if summary.best_valid_loss is not None
-                else f"{summary.updates} updates ({summary.stop_reason})")
+        summaries = train_models(plan.train)
+        results = [f"{summary.updates} updates, {summary.epoch} epochs, best valid loss "
+                   f"{summary.best_valid_loss:.3f} ({summary.stop_reason})" if summary.best_valid_loss is not None
+                   else f"{summary.updates} updates ({summary.stop_reason})" for summary in summaries]
+        return results[0] if len(results) == 1 else \
+            "; ".join(f"model {index}: {result}" for index, result in enumerate(results, 1))
 
     def run_average() -> str:
         from nmt.checkpoint.averaging import average
         from nmt.training.decoding_check import check_averaged
 
-        options = plan.average
-        used = average(options.inputs, options.output, **options.selection())
-        check_averaged(options.output, used, options.check_search.search())
-        record_written(options.output)  # after the check, which writes its record into the checkpoint
-        return f"{options.output} (from {len(used)} checkpoints)"
+        results = []
+        for options in plan.averages:
+            used = average(options.inputs, options.output, **options.selection())
+            check_averaged(options.output, used, options.check_search.search())
+            record_written(options.output)  # after the check, which writes its record into the checkpoint
+            results.append(f"{options.output} (from {len(used)} checkpoints)")
+        return "; ".join(results)
 
     def run_generate() -> str:
         from nmt.generation.generate import generate
 
         if plan.average is not None and "average" not in plan.stages:
-            warn_if_older_than_its_checkpoints(Path(plan.average.output), plan.average.inputs)
+            for options in plan.averages:
+                warn_if_older_than_its_checkpoints(Path(options.output), options.inputs)
         generate(plan.generate)
         for output in (plan.generate.output, plan.generate.print_attention):
             if output is not None:

@@ -100,6 +100,34 @@ def test_the_decoding_check_judges_the_generate_stages_search(tmp_path):
         plan_recipe(path)
 
 
+@pytest.mark.slow
+def test_models_trained_side_by_side_are_averaged_each_and_decoded_as_an_ensemble(tmp_path):
+    raw = write_demo_corpus(tmp_path / "raw", train_size=60, valid_size=20, test_size=5, seed=3)
+    recipe, path = tiny_recipe(tmp_path, raw), tmp_path / "recipe.yaml"
+    recipe["train"].update(models=2, threads=2)
+    path.write_text(yaml.safe_dump(recipe), encoding="utf-8")
+    members = [tmp_path / "checkpoints" / "model1", tmp_path / "checkpoints" / "model2"]
+    averages = [member / "averaged.pt" for member in members]
+    plan = plan_recipe(path)
+    assert [options.inputs for options in plan.averages] == [[str(member)] for member in members]
+    assert plan.generate.path == [f"{averages[0]}:{averages[1]}"]
+    with pytest.MonkeyPatch.context() as patch:  # so that the 20-sentence validation split is still checked
+        patch.setattr(decoding_check, "MIN_CHECK_SENTENCES", 20)
+        report = run_recipe(path)
+    assert report.results["train"].startswith("model 1: 12 updates") and "; model 2: 12 updates" in \
+        report.results["train"]
+    for member, average in zip(members, averages):
+        averaged = load_checkpoint(average)
+        assert [Path(name).parent for name in averaged["averaged_from"]] == [member, member]
+        assert RECORD_KEY in averaged  # each model's decoding check
+    assert not (tmp_path / "checkpoints" / "averaged.pt").exists()
+    assert len(report.translations.read_text(encoding="utf-8").splitlines()) == 5
+    ensemble = run_nmt("generate", tmp_path / "data-bin", "--path", f"{averages[0]}:{averages[1]}",
+                       "--split", "test", "--beam", 2, "--max-len-b", 8, "--quiet")
+    assert ensemble.returncode == 0, ensemble.stderr
+    assert report.translations.read_text(encoding="utf-8") == ensemble.stdout
+
+
 def test_training_leaves_the_decoding_check_to_an_average_stage(tmp_path):
     raw = write_demo_corpus(tmp_path / "raw", train_size=20, valid_size=5, test_size=5, seed=3)
     recipe, path = tiny_recipe(tmp_path, raw), tmp_path / "recipe.yaml"

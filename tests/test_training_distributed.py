@@ -13,6 +13,7 @@ import time
 
 import numpy as np
 import pytest
+import torch
 import yaml
 from conftest import interrupted_at, tiny_config
 
@@ -21,7 +22,7 @@ from nmt.data.dataset import DataDir
 from nmt.errors import NmtError
 from nmt.log import logger, setup_logging
 from nmt.training.distributed import spawn
-from nmt.training.trainer import train
+from nmt.training.trainer import train, train_models
 
 pytestmark = pytest.mark.slow  # training in other processes
 
@@ -134,11 +135,50 @@ def die_without_result(delay: float) -> str:
 
 
 def test_a_worker_crashing_after_its_result_leaves_the_others_to_finish():
-    assert spawn(finish_then_crash_on_exit, 2.0, 2) == "rank 0"
+    assert spawn(finish_then_crash_on_exit, [2.0, 2.0])[0] == "rank 0"
 
 
 def test_a_worker_dying_without_a_result_ends_the_others_at_once():
     started = time.monotonic()
     with pytest.raises(NmtError, match="killed before it finished"):
-        spawn(die_without_result, 60.0, 2)
+        spawn(die_without_result, [60.0, 60.0])
     assert time.monotonic() - started < 30  # rank 0 was not left to sleep its 60 s
+
+
+def test_models_train_side_by_side_each_as_its_seed_would_alone(tiny_data_dir, tmp_path):
+    """--models 2: two processes, each the run --seed 1 / 2 would be in its own save dir, on half the threads."""
+    options = {"max_update": 3, "valid_subset": "none", "threads": 2}
+    summaries = train_models(tiny_config(tiny_data_dir, tmp_path / "pair", models=2, **options))
+    members = [tmp_path / "pair" / "model1", tmp_path / "pair" / "model2"]
+    assert [summary.save_dir for summary in summaries] == [str(member) for member in members]
+    assert [summary.updates for summary in summaries] == [3, 3]
+    recorded = [yaml.safe_load((member / "config.yaml").read_text())["train"] for member in members]
+    assert [(entry["seed"], entry["models"], entry["threads"]) for entry in recorded] == [(1, 1, 1), (2, 1, 1)]
+    alone = train(tiny_config(tiny_data_dir, tmp_path / "alone", seed=2, **{**options, "threads": 1}))
+    assert alone.updates == 3
+    first, second, by_itself = (load_checkpoint(directory / "checkpoint_last.pt")["model"]
+                                for directory in (*members, tmp_path / "alone"))
+    assert all(torch.equal(second[name], by_itself[name]) for name in second)
+    assert not all(torch.equal(first[name], second[name]) for name in first)  # another seed, another model
+
+
+def test_a_model_that_fails_is_named_and_the_others_are_ended():
+    started = time.monotonic()
+    with pytest.raises(NmtError, match="^model 2: a training worker was killed"):
+        spawn(die_without_result_as, [(0, 60.0), (1, 60.0)], group=False)
+    assert time.monotonic() - started < 30
+
+
+def die_without_result_as(rank_and_delay: tuple[int, float]) -> str:
+    rank, delay = rank_and_delay
+    if rank == 1:
+        os._exit(137)
+    time.sleep(delay)
+    return "model 1"
+
+
+def test_models_are_their_own_processes(tiny_data_dir, tmp_path):
+    with pytest.raises(NmtError, match="--models trains each model in a process of its own"):
+        tiny_config(tiny_data_dir, tmp_path, models=2, nproc=2)
+    with pytest.raises(NmtError, match="train_models"):
+        train(tiny_config(tiny_data_dir, tmp_path, models=2))

@@ -52,6 +52,17 @@ def split_paths(path: str) -> list[str]:
     return paths
 
 
+def member_dirs(save_dir: str | Path, models: int) -> list[Path]:
+    """Where each of ``--models N`` models trained side by side keeps its checkpoints: the save dir
+    itself for one model, else SAVE_DIR/model1 ... SAVE_DIR/modelN."""
+    return [Path(save_dir)] if models == 1 else [Path(save_dir) / f"model{index}" for index in range(1, models + 1)]
+
+
+def member_files(path: str | Path, models: int) -> list[Path]:
+    """A file made from each of ``models`` models (an average): DIR/NAME for one, DIR/modelK/NAME for several."""
+    return [directory / Path(path).name for directory in member_dirs(Path(path).parent, models)]
+
+
 def refuse_duplicates(paths: list[str] | list[Path], why: str = "") -> None:
     """One checkpoint given twice (by any spelling of its path) is a one-line error; ``why`` follows."""
     seen: dict[Path, str | Path] = {}

@@ -103,6 +103,12 @@ class TrainConfig:
         "panel": OPTIM, "min": 0.0})
     seed: int = field(default=1, metadata={
         "help": "Random seed: initialisation, batch order, dropout.", "panel": OPTIM, "min": 0})
+    models: int = field(default=1, metadata={
+        "help": "Train N models side by side, to decode as an ensemble: seeds --seed, --seed + 1, ..., each in "
+                "SAVE_DIR/model1 ... SAVE_DIR/modelN, in a process of its own with its share of the threads and "
+                "the whole --max-time. A recipe's average stage then averages each model's checkpoints and "
+                "generate decodes the averages together (docs/results.md: what two models gain on Multi30k).",
+        "panel": OPTIM, "min": 1})
 
     # Devices.
     compute: DeviceOptions = field(default_factory=DeviceOptions, metadata={"help": "Device options.",
@@ -175,6 +181,9 @@ class TrainConfig:
             raise NmtError(f"{flag(needs)} needs validation, and --valid-subset is none")
         if self.max_tokens is None and self.max_sentences is None:
             raise NmtError("give --max-tokens or --max-sentences")
+        if self.models > 1 and self.nproc > 1:
+            raise NmtError("--models trains each model in a process of its own: leave out --nproc (or train the "
+                           "models one after another, with --seed and --save-dir)")
         if self.cpu_processes is not None and self.nproc > 1:
             raise NmtError("give --nproc (processes, one per GPU) or --cpu-processes (processes on a CPU), not both")
         self.max_time_seconds  # noqa: B018  (parses, or raises a clear error)

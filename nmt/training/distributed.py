@@ -190,17 +190,20 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _worker(rank: int, target: Callable[[Any], Any], argument: Any, world_size: int, port: int,
+def _worker(rank: int, target: Callable[[Any], Any], arguments: list, group: bool, port: int,
             log_settings: tuple[int, int, str], results: str) -> None:
-    """One spawned process: the torchrun environment, the parent's logging, then ``target``."""
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
-                      LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    """One spawned process: the torchrun environment (when the processes form a group), the parent's
+    logging, then ``target(arguments[rank])``."""
+    world_size = len(arguments)
+    if group:
+        os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
+                          LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     if "OMP_NUM_THREADS" not in os.environ:  # the cores shared, as --threads is (train_process)
         use_threads(os.cpu_count() or 1, world_size)
     verbose, level, log_format = log_settings
     setup_logging(verbose, level > logging.INFO, log_format)
     try:
-        outcome = ("ok", target(argument))
+        outcome = ("ok", target(arguments[rank]))
     except NmtError as exc:
         outcome = ("error", str(exc))
     except Stopped as exc:  # stopped by a signal, after saving (what was saved: the message)
@@ -238,16 +241,26 @@ def gave_up(rank: int, process: mp.Process, results: str) -> bool:
     return outcome is None or outcome[0] == "error"
 
 
-def spawn(target: Callable[[Any], Any], argument: Any, nproc: int) -> Any:
-    """Run ``target(argument)`` in ``nproc`` local processes of one process group; rank 0's result.
+def whose(rank: int, group: bool) -> str:
+    """How a worker's error begins: rank 0's is the run's own; a model's is named by its number."""
+    if not group:
+        return f"model {rank + 1}: "
+    return "" if rank == 0 else f"worker {rank}: "
 
-    An NmtError in a worker becomes an NmtError here. Ctrl-C or SIGTERM is passed on to the
-    workers, which finish their update, save checkpoint_last.pt and stop; this process waits for
-    them. A second signal ends them at once.
+
+def spawn(target: Callable[[Any], Any], arguments: list, group: bool = True) -> list:
+    """Run ``target(arguments[rank])`` in one local process per argument; their results, by rank.
+
+    ``group``: the processes form one process group (--nproc), where rank 0's result is the run's
+    and a worker that wrote its result may die on the way out; else each does work of its own
+    (--models) and every one must finish. An NmtError in a worker becomes an NmtError here. Ctrl-C
+    or SIGTERM is passed on to the workers, which finish their update, save checkpoint_last.pt and
+    stop; this process waits for them. A second signal ends them at once.
     """
+    nproc = len(arguments)
     log_settings = (state["verbose"], logger.level, state["format"])
     with tempfile.TemporaryDirectory(prefix="nmt-spawn-") as results:
-        context = mp.start_processes(_worker, args=(target, argument, nproc, free_port(), log_settings, results),
+        context = mp.start_processes(_worker, args=(target, arguments, group, free_port(), log_settings, results),
                                      nprocs=nproc, join=False, start_method="spawn")
         processes = context.processes
         stop = StopRequest(second_aborts=True)
@@ -274,12 +287,13 @@ def spawn(target: Callable[[Any], Any], argument: Any, nproc: int) -> Any:
     errors = [(rank, message) for rank, (kind, message) in sorted(outcomes.items()) if kind == "error"]
     if errors:
         rank, message = errors[0]
-        raise NmtError(message if rank == 0 else f"worker {rank}: {message}")
+        raise NmtError(f"{whose(rank, group)}{message}")
     interrupted = [outcomes[rank][1] for rank in sorted(outcomes) if outcomes[rank][0] == "interrupted"]
     if stop.requested or interrupted:
         signum, message = interrupted[0] if interrupted else (signal.SIGINT, "")
         raise Stopped(stop.signum or signum, message)
-    if 0 not in outcomes:
-        raise NmtError("a training worker was killed before it finished (out of memory?); "
+    needed = [0] if group else range(nproc)
+    if missing := [rank for rank in needed if rank not in outcomes]:
+        raise NmtError(f"{whose(missing[0], group)}a training worker was killed before it finished (out of memory?); "
                        "re-run the command to resume from checkpoint_last.pt")
-    return outcomes[0][1]
+    return [outcomes[rank][1] for rank in sorted(outcomes)]
