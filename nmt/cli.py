@@ -119,7 +119,7 @@ def train(given: dict, config: Annotated[Optional[Path], typer.Option(
           output_dir: OutputDir = None, input_dir: InputDirs = None, allow_outside: AllowOutside = False) -> None:
     """Train a model on a preprocessed data directory; re-running the same command resumes. Several GPUs:
     --nproc N; several machines: torchrun --nnodes M --nproc-per-node N --rdzv-endpoint HOST:PORT -m nmt train"""
-    from nmt.training.trainer import train_models
+    from nmt.training.side_by_side import train_models
 
     confinement = Confinement.from_command_line(allow_outside, output_dir, input_dir)
     train_models(load_train_config(given, config, confinement))

@@ -128,6 +128,23 @@ def test_models_trained_side_by_side_are_averaged_each_and_decoded_as_an_ensembl
     assert report.translations.read_text(encoding="utf-8") == ensemble.stdout
 
 
+@pytest.mark.slow
+def test_models_the_time_does_not_afford_are_left_out_by_every_later_stage(tmp_path):
+    raw = write_demo_corpus(tmp_path / "raw", train_size=60, valid_size=20, test_size=5, seed=3)
+    recipe, path = tiny_recipe(tmp_path, raw), tmp_path / "recipe.yaml"
+    recipe["train"].update(models=2, min_model_updates=10 ** 9)  # no machine makes that many in 5 minutes
+    path.write_text(yaml.safe_dump(recipe), encoding="utf-8")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(decoding_check, "MIN_CHECK_SENTENCES", 20)
+        report = run_recipe(path)
+    only = tmp_path / "checkpoints" / "model1"
+    assert report.results["train"].startswith("12 updates") and not (tmp_path / "checkpoints" / "model2").exists()
+    assert report.model == only / "averaged.pt" and (only / "averaged.pt").is_file()
+    later = plan_recipe(path, ("average", "generate", "score"))  # a later run finds the one model there is
+    assert [options.inputs for options in later.averages] == [[str(only)]]
+    assert later.generate.path == [str(only / "averaged.pt")]
+
+
 def test_training_leaves_the_decoding_check_to_an_average_stage(tmp_path):
     raw = write_demo_corpus(tmp_path / "raw", train_size=20, valid_size=5, test_size=5, seed=3)
     recipe, path = tiny_recipe(tmp_path, raw), tmp_path / "recipe.yaml"

@@ -22,7 +22,8 @@ from nmt.data.dataset import DataDir
 from nmt.errors import NmtError
 from nmt.log import logger, setup_logging
 from nmt.training.distributed import spawn
-from nmt.training.trainer import train, train_models
+from nmt.training.side_by_side import affordable_models, train_models
+from nmt.training.trainer import train
 
 pytestmark = pytest.mark.slow  # training in other processes
 
@@ -182,3 +183,16 @@ def test_models_are_their_own_processes(tiny_data_dir, tmp_path):
         tiny_config(tiny_data_dir, tmp_path, models=2, nproc=2)
     with pytest.raises(NmtError, match="train_models"):
         train(tiny_config(tiny_data_dir, tmp_path, models=2))
+
+
+def test_min_model_updates_trains_the_models_the_time_affords(tiny_data_dir, tmp_path, messages):
+    options = {"max_time": "10m", "valid_subset": "none", "threads": 2}
+    assert affordable_models(tiny_config(tiny_data_dir, tmp_path, models=2, min_model_updates=10, **options), 2) == 2
+    assert "2 models side by side would make about" in messages[-1]
+    assert "at least --min-model-updates 10" in messages[-1]
+    too_many = tiny_config(tiny_data_dir, tmp_path, models=3, min_model_updates=10 ** 9, **options)
+    assert affordable_models(too_many, 2) == 1
+    assert "fewer than --min-model-updates" in messages[-3] and "training 1 model of --models 3" in messages[-1]
+    assert not any(tmp_path.iterdir())  # the timing saved nothing
+    with pytest.raises(NmtError, match="--min-model-updates judges the updates --max-time affords"):
+        tiny_config(tiny_data_dir, tmp_path, models=2, min_model_updates=10, max_update=5)

@@ -25,7 +25,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from nmt.checkpoint.format import check_compatible, load_checkpoint, model_state
-from nmt.checkpoint.names import BEST, LAST, member_dirs
+from nmt.checkpoint.names import BEST, LAST
 from nmt.data.vocabulary import PAD_ID
 from nmt.device import autocast, resolve_device, resolve_precision, using_threads
 from nmt.errors import NmtError, Stopped
@@ -45,7 +45,6 @@ from nmt.training.distributed import (
     processes_for_this_machine,
     shutdown_distributed,
     spawn,
-    warn_if_more_than_cores,
 )
 from nmt.training.inputs import TrainingData, check_inputs
 from nmt.training.iterator import EpochIterator, Update
@@ -84,38 +83,6 @@ class Job:
     config: TrainConfig
     device: torch.device
     data: TrainingData | None = None
-
-
-def train_models(config: TrainConfig) -> list[TrainSummary]:
-    """``--models N``: N models side by side, one process each, alike but for the seed (--seed + k)
-    and the save dir (SAVE_DIR/model1 ...), sharing the threads; one model trains as ``train`` does.
-
-    Each process follows its own budget (--max-time is each one's); the first model's progress is
-    logged, the others' warnings and errors only.
-    """
-    if config.models == 1:
-        return [train(config)]
-    if launched_by_torchrun():
-        raise NmtError("--models trains each model in a process of its own: leave it out under torchrun")
-    threads = config.compute.threads or torch.get_num_threads()
-    if resolve_device(config.compute.device).type == "cpu":
-        warn_if_more_than_cores(config.models, "--models")
-    compute = dataclasses.replace(config.compute, threads=max(1, threads // config.models))
-    members = [(index, dataclasses.replace(config, models=1, seed=config.seed + index, save_dir=str(directory),
-                                           compute=compute))
-               for index, directory in enumerate(member_dirs(config.save_dir, config.models))]
-    logger.info("training %d models side by side (seeds %s), each in %s with %d thread(s); the log follows model 1",
-                config.models, ", ".join(str(member.seed) for _, member in members),
-                " and ".join(member.save_dir for _, member in members), compute.threads)
-    return spawn(train_member, members, group=False)
-
-
-def train_member(member: tuple[int, TrainConfig]) -> TrainSummary:
-    """One of ``--models N``, in its own process."""
-    index, config = member
-    if index > 0:
-        logger.setLevel(logging.WARNING)
-    return train(config)
 
 
 def train(config: TrainConfig) -> TrainSummary:
