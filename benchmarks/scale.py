@@ -115,13 +115,13 @@ def startup(data_dir: str, max_tokens: int) -> dict[str, float]:
         device = torch.device("cpu")  # the same again (check_inputs), and the model and optimizer
         trainer = Trainer(config, DistributedContext(), check_inputs(config, device), device)
         built = time.perf_counter()
-        updates = iter(EpochIterator(trainer.data.train_set, trainer.data.batches, seed=config.seed, epoch=1,
-                                     prefetch=0))
+        split = trainer.data.for_epoch(1)
+        updates = iter(EpochIterator(split.dataset, split.batches, seed=config.seed, epoch=1, prefetch=0))
         first = next(updates)
         composed = time.perf_counter()
         trainer.train_step(first)
         done = time.perf_counter()
-    return {"pairs": len(trainer.data.train_set), "batches": len(trainer.data.batches),
+    return {"pairs": len(split.dataset), "batches": len(split.batches),
             "open_and_batch_list": data_ready - started, "epoch_batches": composed - built,
             "first_update": done - composed, "total": done - data_ready,  # the trainer: open -> first update
             "baseline_mb": baseline, "data_peak_mb": data_peak,

@@ -66,7 +66,8 @@ def measure_speed(config: TrainConfig, warmup: int, updates: int, threads: int |
     setup_logging(quiet=True)
     device = resolve_device(config.compute.device)
     trainer = Trainer(config, DistributedContext(), check_inputs(config, device), device)
-    epoch = iter(EpochIterator(trainer.data.train_set, trainer.data.batches, seed=config.seed, epoch=1,
+    split = trainer.data.for_epoch(1)
+    epoch = iter(EpochIterator(split.dataset, split.batches, seed=config.seed, epoch=1,
                                update_freq=config.update_freq, prefetch=config.prefetch,
                                pin_memory=trainer.device.type == "cuda"))
     shapes, first_update = LinearShapes(trainer.model), None
