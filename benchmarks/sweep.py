@@ -36,9 +36,9 @@ from nmt.device import describe_cpu, resolve_device, resolve_precision
 from nmt.errors import NmtError
 from nmt.generation.generate import generate
 from nmt.log import setup_logging
-from nmt.pipeline import Plan, plan_recipe, reference_file
+from nmt.pipeline import Plan, plan_recipe, planned_members, reference_file
 from nmt.scoring import score_files
-from nmt.training.trainer import train
+from nmt.training.side_by_side import train_models
 
 TRUSTED = Confinement(allow_outside=True)  # the project's own recipes, their paths taken from the checkout's root
 COLUMNS = ("date", "mode", "name", "overrides", "arch", "precision", "updates", "epochs", "train_minutes",
@@ -74,9 +74,10 @@ def plan_variant(document: dict[str, Any], save_dir: Path | None) -> Plan:
     return plan_recipe(save_dir / "recipe.yaml", confinement=TRUSTED)
 
 
-def decode(plan: Plan, checkpoint: Path, split: str, beam: int, lenpen: float) -> tuple[float, float]:
+def decode(plan: Plan, checkpoint: str, split: str, beam: int, lenpen: float) -> tuple[float, float]:
     """Cased sacreBLEU and chrF of ``checkpoint`` on ``split``, decoded with the recipe's other settings."""
-    output = Path(checkpoint).with_suffix(f".{split}-b{beam}-a{lenpen}.hyp")
+    first, *others = checkpoint.split(":")  # an ensemble's output goes beside its first model, named apart
+    output = Path(first).with_suffix(f".{'ensemble-' if others else ''}{split}-b{beam}-a{lenpen}.hyp")
     search = dataclasses.replace(plan.generate.search, beam=beam, lenpen=lenpen)
     options = dataclasses.replace(plan.generate, path=[str(checkpoint)], data=plan.data, split=split, search=search,
                                   output=str(output), score_reference=False)
@@ -85,10 +86,16 @@ def decode(plan: Plan, checkpoint: Path, split: str, beam: int, lenpen: float) -
     return round(bleu.score, 2), round(chrf.score, 2)
 
 
-def averaged(plan: Plan, count: int | None) -> tuple[Path, int]:
-    """The last ``count`` epoch checkpoints of the run averaged (0: checkpoint_best.pt; None: those the
-    recipe's `average:` picks, a share of the epochs say), and how many."""
-    save_dir = Path(plan.train.save_dir)
+def averaged(plan: Plan, count: int | None) -> tuple[str, int]:
+    """The last ``count`` epoch checkpoints of each model of the run averaged (0: checkpoint_best.pt;
+    None: those the recipe's `average:` picks, a share of the epochs say), and how many: one model's
+    path, or the models' ``a.pt:b.pt`` (an ensemble) for a run of `train: models`."""
+    found = [averaged_one(plan, save_dir, count)
+             for save_dir in planned_members(Path(plan.train.save_dir), plan.train.models, training=False)]
+    return ":".join(str(path) for path, _ in found), found[0][1]
+
+
+def averaged_one(plan: Plan, save_dir: Path, count: int | None) -> tuple[Path, int]:
     if count == 0 or count is None and plan.average is None:
         return save_dir / "checkpoint_best.pt", 0
     if count is None:
@@ -151,9 +158,13 @@ def main() -> None:
         if plan.preprocess is not None:
             from nmt.data.preprocess import preprocess
             preprocess(plan.preprocess, show_progress=False)
-        summary = train(plan.train)
-        row.update(updates=summary.updates, epochs=summary.epoch, train_minutes=round(summary.seconds / 60, 1),
-                   best_val_loss=round(summary.best_valid_loss, 4) if summary.best_valid_loss else "")
+        summaries = train_models(plan.train)  # models side by side: each one's figures, joined by "/"
+        row.update({key: "/".join(str(value) for value in values) for key, values in (
+            ("updates", [summary.updates for summary in summaries]),
+            ("epochs", [summary.epoch for summary in summaries]),
+            ("train_minutes", [round(summary.seconds / 60, 1) for summary in summaries]),
+            ("best_val_loss", [round(summary.best_valid_loss, 4) if summary.best_valid_loss else ""
+                               for summary in summaries]))})
     windows = numbers(args.average, int) or [None]  # None: the recipe's own window
     beams = numbers(args.beam, int) or [plan.generate.search.beam]
     lenpens = numbers(args.lenpen, float) or [plan.generate.search.lenpen]
