@@ -63,6 +63,9 @@ class Plan:
                 resolved[stage] = flat_values(options)
                 if stage == "train":
                     resolved[stage]["model"] = dataclasses.asdict(self.model)
+                if stage == "average" and len(self.averages) > 1:  # what runs: each model's average
+                    resolved[stage]["inputs"] = [each.inputs for each in self.averages]
+                    resolved[stage]["output"] = [each.output for each in self.averages]
         return yaml.safe_dump(resolved, sort_keys=False, allow_unicode=True)
 
 
@@ -117,7 +120,8 @@ def plan_recipe(path: str | Path, stages: tuple[str, ...] = STAGES, confinement:
         plan.averages = [plan.average]
         if plan.average.inputs == [str(save_dir)]:  # averaging this run's checkpoints: each model's
             plan.averages = [dataclasses.replace(plan.average, inputs=[str(directory)], output=str(output))
-                             for directory, output in zip(members, member_files(plan.average.output, train.models))]
+                             for directory, output in zip(members, member_files(plan.average.output, members,
+                                                                                 train.models))]
             if plan.train is not None:
                 check_checkpoints_kept(plan.train, plan.average, where)
                 if "check_decoding" not in (section(document, "train") or {}):  # averaging checks what generate uses

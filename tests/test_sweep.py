@@ -25,11 +25,12 @@ def test_a_variant_of_two_models_is_trained_side_by_side_and_decoded_as_an_ensem
     recipe["train"].update(save_interval_updates=0, keep_last_epochs=2, max_epoch=2, max_update=0)
     (tmp_path / "recipe.yaml").write_text(yaml.safe_dump(recipe), encoding="utf-8")
     table = tmp_path / "sweep.csv"
-    done = subprocess.run([sys.executable, SCRIPT, "train", "recipe.yaml", "--name", "pair", "--set", "train.models=2",
-                           "--csv", table], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    command = [sys.executable, SCRIPT, "train", "recipe.yaml", "--name", "pair", "--set", "train.models=2", "--set",
+               "train.threads=2", "--csv", table]
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     rows = list(csv.DictReader(table.open()))
-    assert len(rows) == 1 and rows[0]["overrides"] == "train.models=2"
+    assert len(rows) == 1 and rows[0]["overrides"] == "train.models=2 train.threads=2"
     assert rows[0]["epochs"] == "2/2" and rows[0]["split"] == "valid" and float(rows[0]["bleu"]) >= 0
     members = [tmp_path / "runs" / "sweep" / "pair" / f"model{index}" for index in (1, 2)]
     assert all((member / "sweep-average1.pt").is_file() for member in members)

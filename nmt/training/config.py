@@ -187,8 +187,9 @@ class TrainConfig:
         if self.models > 1 and self.nproc > 1:
             raise NmtError("--models trains each model in a process of its own: leave out --nproc (or train the "
                            "models one after another, with --seed and --save-dir)")
-        if self.min_model_updates and self.max_time is None:
-            raise NmtError("--min-model-updates judges the updates --max-time affords: give --max-time")
+        if self.min_model_updates and (self.models == 1 or self.max_time is None):
+            raise NmtError("--min-model-updates judges how many of --models N models the updates --max-time affords: "
+                           "give --models (at least 2) and --max-time")
         if self.cpu_processes is not None and self.nproc > 1:
             raise NmtError("give --nproc (processes, one per GPU) or --cpu-processes (processes on a CPU), not both")
         self.max_time_seconds  # noqa: B018  (parses, or raises a clear error)

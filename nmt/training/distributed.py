@@ -195,6 +195,8 @@ def _worker(rank: int, target: Callable[[Any], Any], arguments: list, group: boo
     """One spawned process: the torchrun environment (when the processes form a group), the parent's
     logging, then ``target(arguments[rank])``."""
     world_size = len(arguments)
+    if not group:  # a terminal's Ctrl-C reaches the parent alone, which passes it on once (a second would abort)
+        os.setpgrp()
     if group:
         os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
                           LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -251,11 +253,12 @@ def whose(rank: int, group: bool) -> str:
 def spawn(target: Callable[[Any], Any], arguments: list, group: bool = True) -> list:
     """Run ``target(arguments[rank])`` in one local process per argument; their results, by rank.
 
-    ``group``: the processes form one process group (--nproc), where rank 0's result is the run's
-    and a worker that wrote its result may die on the way out; else each does work of its own
-    (--models) and every one must finish. An NmtError in a worker becomes an NmtError here. Ctrl-C
-    or SIGTERM is passed on to the workers, which finish their update, save checkpoint_last.pt and
-    stop; this process waits for them. A second signal ends them at once.
+    ``group``: the processes form one process group (--nproc), where rank 0's result is the run's,
+    a worker that wrote its result may die on the way out, and one that fails ends the others (they
+    would wait for it forever); else each does work of its own (--models): every one must finish, and
+    one that fails stops the others as SIGTERM does. An NmtError in a worker becomes an NmtError here.
+    Ctrl-C or SIGTERM is passed on to the workers, which finish their update, save checkpoint_last.pt
+    and stop; this process waits for them. A second signal ends them at once.
     """
     nproc = len(arguments)
     log_settings = (state["verbose"], logger.level, state["format"])
@@ -264,20 +267,24 @@ def spawn(target: Callable[[Any], Any], arguments: list, group: bool = True) -> 
                                      nprocs=nproc, join=False, start_method="spawn")
         processes = context.processes
         stop = StopRequest(second_aborts=True)
-        forwarded = False
+        forwarded, failed = False, None  # failed: the first worker that gave up
         try:
             with stop:
                 while any(process.is_alive() for process in processes):
-                    if stop.requested and not forwarded:
+                    if failed is None:
+                        failed = next((rank for rank, process in enumerate(processes)
+                                       if gave_up(rank, process, results)), None)
+                    if failed is not None and group:
+                        break  # the others would wait for it forever; its reason is in its result file
+                    if (stop.requested or failed is not None) and not forwarded:
                         forwarded = True
-                        logger.warning("waiting for the %d workers to finish their update and save", nproc)
+                        logger.warning("%swaiting for the %d workers to finish their update and save",
+                                       "a worker failed: " if failed is not None else "", nproc)
                         for process in processes:
                             if process.is_alive():
-                                os.kill(process.pid, stop.signum)
+                                os.kill(process.pid, stop.signum or signal.SIGTERM)
                     # only the live ones: an exited worker's sentinel stays ready and would make this spin
                     multiprocessing.connection.wait([p.sentinel for p in processes if p.is_alive()], timeout=0.2)
-                    if any(gave_up(rank, process, results) for rank, process in enumerate(processes)):
-                        break  # the others would wait for it forever; its reason is in its result file
         finally:  # after a give-up or a second signal, the workers left are ended at once
             for process in processes:
                 if process.is_alive():
@@ -288,12 +295,13 @@ def spawn(target: Callable[[Any], Any], arguments: list, group: bool = True) -> 
     if errors:
         rank, message = errors[0]
         raise NmtError(f"{whose(rank, group)}{message}")
+    needed = [0] if group else sorted(range(nproc), key=lambda rank: rank != failed)  # the one that failed first
+    missing = [rank for rank in needed if rank not in outcomes]
+    if missing and not stop.requested:
+        raise NmtError(f"{whose(missing[0], group)}a training worker was killed before it finished (out of memory?); "
+                       "re-run the command to resume from checkpoint_last.pt")
     interrupted = [outcomes[rank][1] for rank in sorted(outcomes) if outcomes[rank][0] == "interrupted"]
     if stop.requested or interrupted:
         signum, message = interrupted[0] if interrupted else (signal.SIGINT, "")
         raise Stopped(stop.signum or signum, message)
-    needed = [0] if group else range(nproc)
-    if missing := [rank for rank in needed if rank not in outcomes]:
-        raise NmtError(f"{whose(missing[0], group)}a training worker was killed before it finished (out of memory?); "
-                       "re-run the command to resume from checkpoint_last.pt")
     return [outcomes[rank][1] for rank in sorted(outcomes)]

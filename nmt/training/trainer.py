@@ -85,6 +85,15 @@ class Job:
     data: TrainingData | None = None
 
 
+def check_directories(config: TrainConfig) -> None:
+    """A data directory is given, and the checkpoints do not go into it (`nmt preprocess` replaces it whole)."""
+    if not config.data:
+        raise NmtError("give the data directory (DATA_DIR, or `data:` in the recipe)")
+    if Path(config.save_dir).resolve() == Path(config.data).resolve():
+        raise NmtError(f"--save-dir {config.save_dir} is the data directory: give the checkpoints a directory of "
+                       "their own (`nmt preprocess` replaces its directory whole)")
+
+
 def train(config: TrainConfig) -> TrainSummary:
     """Train as the config says, in this process, in ``nproc`` spawned ones, or as a torchrun rank.
 
@@ -92,11 +101,7 @@ def train(config: TrainConfig) -> TrainSummary:
     """
     if config.models > 1:
         raise NmtError(f"train() trains one model: train_models() trains --models {config.models}")
-    if not config.data:
-        raise NmtError("give the data directory (DATA_DIR, or `data:` in the recipe)")
-    if Path(config.save_dir).resolve() == Path(config.data).resolve():
-        raise NmtError(f"--save-dir {config.save_dir} is the data directory: give the checkpoints a directory of "
-                       "their own (`nmt preprocess` replaces its directory whole)")
+    check_directories(config)
     device = resolve_device(config.compute.device)
     model_config = resolve_config(get_arch(config.arch).config, config.model)
     config = processes_for_this_machine(config, device, getattr(model_config, "max_positions", 0))
