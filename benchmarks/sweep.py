@@ -31,12 +31,13 @@ from typing import Any
 import yaml
 
 from nmt.checkpoint.averaging import average
+from nmt.checkpoint.names import member_dirs
 from nmt.confinement import Confinement
 from nmt.device import describe_cpu, resolve_device, resolve_precision
 from nmt.errors import NmtError
 from nmt.generation.generate import generate
 from nmt.log import setup_logging
-from nmt.pipeline import Plan, plan_recipe, planned_members, reference_file
+from nmt.pipeline import Plan, plan_recipe, reference_file
 from nmt.scoring import score_files
 from nmt.training.side_by_side import train_models
 
@@ -91,7 +92,7 @@ def averaged(plan: Plan, count: int | None) -> tuple[str, int]:
     None: those the recipe's `average:` picks, a share of the epochs say), and how many: one model's
     path, or the models' ``a.pt:b.pt`` (an ensemble) for a run of `train: models`."""
     found = [averaged_one(plan, save_dir, count)
-             for save_dir in planned_members(Path(plan.train.save_dir), plan.train.models, training=False)]
+             for save_dir in member_dirs(plan.train.save_dir, plan.train.models)]
     return ":".join(str(path) for path, _ in found), found[0][1]
 
 

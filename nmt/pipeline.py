@@ -109,7 +109,7 @@ def plan_recipe(path: str | Path, stages: tuple[str, ...] = STAGES, confinement:
         if (needs := train.needs_validation()) and not validates(train, plan.preprocess):
             raise NmtError(f"{where}: `train:` gives {needs}, which needs validation: give `preprocess: validpref`")
     save_dir = Path(train.save_dir)
-    members = planned_members(save_dir, train.models, "train" in stages and plan.train is not None)
+    members = member_dirs(save_dir, train.models)
     model_paths = [directory / BEST for directory in members]
     if (values := section(document, "average")) is not None:
         plan.average = build(AverageOptions, {"inputs": [str(save_dir)], "output": str(save_dir / "averaged.pt"),
@@ -120,8 +120,7 @@ def plan_recipe(path: str | Path, stages: tuple[str, ...] = STAGES, confinement:
         plan.averages = [plan.average]
         if plan.average.inputs == [str(save_dir)]:  # averaging this run's checkpoints: each model's
             plan.averages = [dataclasses.replace(plan.average, inputs=[str(directory)], output=str(output))
-                             for directory, output in zip(members, member_files(plan.average.output, members,
-                                                                                 train.models))]
+                             for directory, output in zip(members, member_files(plan.average.output, train.models))]
             if plan.train is not None:
                 check_checkpoints_kept(plan.train, plan.average, where)
                 if "check_decoding" not in (section(document, "train") or {}):  # averaging checks what generate uses
@@ -174,29 +173,6 @@ def plan_recipe(path: str | Path, stages: tuple[str, ...] = STAGES, confinement:
     confinement.check(Path(path), outputs, input_paths(plan, set(outputs), document), file_outputs(plan),
                       save_dir=outputs.get("train: save_dir"))
     return plan
-
-
-def planned_members(save_dir: Path, models: int, training: bool) -> list[Path]:
-    """The save dirs of the models the later stages use: all of ``--models`` when this run trains
-    them (kept_models trims them after training), else those there are (a --min-model-updates
-    run may have trained fewer)."""
-    planned = member_dirs(save_dir, models)
-    present = [directory for directory in planned if directory.is_dir()]
-    return planned if training or not present else present
-
-
-def kept_models(plan: Plan, count: int) -> None:
-    """After a training that trained ``count`` of the models planned: the later stages use those."""
-    if count >= len(plan.averages) and count >= len(plan.checkpoint.split(":")):
-        return
-    default_path = plan.generate is not None and plan.generate.path == [plan.checkpoint]
-    if len(plan.averages) > 1:
-        plan.averages = plan.averages[:count]
-        plan.checkpoint = ":".join(options.output for options in plan.averages)
-    elif plan.average is None:
-        plan.checkpoint = ":".join(plan.checkpoint.split(":")[:count])
-    if default_path:
-        plan.generate = dataclasses.replace(plan.generate, path=[plan.checkpoint])
 
 
 def output_paths(plan: Plan) -> dict[str, str]:
@@ -339,8 +315,6 @@ def run_plan(plan: Plan) -> PipelineReport:
         from nmt.training.side_by_side import train_models
 
         summaries = train_models(plan.train)
-        kept_models(plan, len(summaries))
-        report.model = Path(plan.checkpoint)
         results = [f"{summary.updates} updates, {summary.epoch} epochs, best valid loss "
                    f"{summary.best_valid_loss:.3f} ({summary.stop_reason})" if summary.best_valid_loss is not None
                    else f"{summary.updates} updates ({summary.stop_reason})" for summary in summaries]

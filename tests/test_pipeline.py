@@ -17,7 +17,7 @@ from nmt.generation.decoding_settings import RECORD_KEY, DecodingSettings, decod
 from nmt.generation.options import CheckSearchOptions
 from nmt.models.registry import get_arch
 from nmt.options import build
-from nmt.pipeline import kept_models, plan_recipe, run_recipe
+from nmt.pipeline import plan_recipe, run_recipe
 
 
 def tiny_recipe(tmp_path, raw) -> dict:
@@ -111,6 +111,7 @@ def test_models_trained_side_by_side_are_averaged_each_and_decoded_as_an_ensembl
     plan = plan_recipe(path)
     assert [options.inputs for options in plan.averages] == [[str(member)] for member in members]
     assert plan.generate.path == [f"{averages[0]}:{averages[1]}"]
+    assert f"- {averages[1]}" in plan.describe()  # --dry-run shows each model's average
     with pytest.MonkeyPatch.context() as patch:  # so that the 20-sentence validation split is still checked
         patch.setattr(decoding_check, "MIN_CHECK_SENTENCES", 20)
         report = run_recipe(path)
@@ -126,58 +127,6 @@ def test_models_trained_side_by_side_are_averaged_each_and_decoded_as_an_ensembl
                        "--split", "test", "--beam", 2, "--max-len-b", 8, "--quiet")
     assert ensemble.returncode == 0, ensemble.stderr
     assert report.translations.read_text(encoding="utf-8") == ensemble.stdout
-
-
-@pytest.mark.slow
-def test_models_the_time_does_not_afford_are_left_out_by_every_later_stage(tmp_path):
-    raw = write_demo_corpus(tmp_path / "raw", train_size=60, valid_size=20, test_size=5, seed=3)
-    recipe, path = tiny_recipe(tmp_path, raw), tmp_path / "recipe.yaml"
-    recipe["train"].update(models=2, threads=2, min_model_updates=10 ** 9)  # no machine makes that many in 5 minutes
-    path.write_text(yaml.safe_dump(recipe), encoding="utf-8")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(decoding_check, "MIN_CHECK_SENTENCES", 20)
-        report = run_recipe(path)
-    only = tmp_path / "checkpoints" / "model1"
-    assert report.results["train"].startswith("12 updates") and not (tmp_path / "checkpoints" / "model2").exists()
-    assert report.model == only / "averaged.pt" and (only / "averaged.pt").is_file()
-    later = plan_recipe(path, ("average", "generate", "score"))  # a later run finds the one model there is
-    assert [options.inputs for options in later.averages] == [[str(only)]]
-    assert later.generate.path == [str(only / "averaged.pt")]
-
-
-def test_each_models_average_goes_into_that_models_directory(tmp_path):
-    raw = write_demo_corpus(tmp_path / "raw", train_size=20, valid_size=5, test_size=5, seed=3)
-    recipe, path = tiny_recipe(tmp_path, raw), tmp_path / "recipe.yaml"
-    recipe["train"]["models"] = 2
-    path.write_text(yaml.safe_dump(recipe), encoding="utf-8")
-    second = tmp_path / "checkpoints" / "model2"
-    second.mkdir(parents=True)  # model1's directory gone (deleted, say): model2's average stays model2's
-    plan = plan_recipe(path, ("average", "generate"))
-    assert [(options.inputs, options.output) for options in plan.averages] == [([str(second)],
-                                                                               str(second / "averaged.pt"))]
-    assert "- " + str(second / "averaged.pt") in plan.describe()  # the dry run shows what runs
-
-
-def test_after_training_fewer_models_the_later_stages_take_the_models_trained(tmp_path):
-    raw = write_demo_corpus(tmp_path / "raw", train_size=20, valid_size=5, test_size=5, seed=3)
-    recipe, path = tiny_recipe(tmp_path, raw), tmp_path / "recipe.yaml"
-    recipe["train"]["models"] = 3
-    path.write_text(yaml.safe_dump(recipe), encoding="utf-8")
-    first = tmp_path / "checkpoints" / "model1"
-    plan = plan_recipe(path)
-    kept_models(plan, 2)
-    assert [options.inputs for options in plan.averages] == [[str(first)], [str(first.with_name("model2"))]]
-    assert plan.generate.path == [plan.checkpoint] and plan.checkpoint.count(":") == 1
-    del recipe["average"]  # each model's checkpoint_best.pt
-    path.write_text(yaml.safe_dump(recipe), encoding="utf-8")
-    plan = plan_recipe(path)
-    kept_models(plan, 1)
-    assert plan.checkpoint == str(first / "checkpoint_best.pt") and plan.generate.path == [plan.checkpoint]
-    recipe["generate"]["path"] = str(tmp_path / "mine.pt")  # the user's own choice stays
-    path.write_text(yaml.safe_dump(recipe), encoding="utf-8")
-    plan = plan_recipe(path)
-    kept_models(plan, 1)
-    assert plan.generate.path == [str(tmp_path / "mine.pt")]
 
 
 def test_training_leaves_the_decoding_check_to_an_average_stage(tmp_path):

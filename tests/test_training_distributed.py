@@ -16,15 +16,14 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from conftest import interrupted_at, run_nmt, tiny_config
+from conftest import interrupted_at, tiny_config
 
 from nmt.checkpoint.format import load_checkpoint
 from nmt.data.dataset import DataDir
 from nmt.errors import NmtError
 from nmt.log import logger, setup_logging
-from nmt.training import side_by_side
 from nmt.training.distributed import spawn
-from nmt.training.side_by_side import affordable_models, train_models
+from nmt.training.side_by_side import train_models
 from nmt.training.trainer import train
 
 pytestmark = pytest.mark.slow  # training in other processes
@@ -192,14 +191,12 @@ def test_models_are_their_own_processes(tiny_data_dir, tmp_path):
         train_models(tiny_config(tiny_data_dir, tmp_path, models=3, threads=2))
     with pytest.raises(NmtError, match="is the data directory"):
         train_models(tiny_config(tiny_data_dir, tiny_data_dir, models=2, threads=2))
-    with pytest.raises(NmtError, match="give --models \\(at least 2\\) and --max-time"):
-        tiny_config(tiny_data_dir, tmp_path, min_model_updates=10, max_time="1m")
     assert not any(tmp_path.iterdir())
 
 
-def test_models_stopped_by_ctrl_c_at_a_terminal_each_save_and_a_rerun_resumes_them_all(tiny_data_dir, tmp_path):
+def test_models_stopped_by_ctrl_c_at_a_terminal_each_save(tiny_data_dir, tmp_path):
     """The terminal's SIGINT reaches the whole process group: the models take the parent's one signal
-    (a second would stop them without saving); the re-run resumes both without timing a forecast."""
+    (a second would stop them without saving)."""
     command = [sys.executable, "-m", "nmt", "train", str(tiny_data_dir), "--arch", "transformer_tiny",
                "--max-tokens", "500", "--device", "cpu", "--models", "2", "--threads", "2", "--save-dir", str(tmp_path),
                "--save-interval-updates", "1", "--max-time", "10m", "--valid-subset", "none"]
@@ -214,9 +211,6 @@ def test_models_stopped_by_ctrl_c_at_a_terminal_each_save_and_a_rerun_resumes_th
     for member in ("model1", "model2"):
         state = load_checkpoint(tmp_path / member / "checkpoint_last.pt")["train_state"]
         assert (tmp_path / member / f"checkpoint_{state['epoch']}_{state['update']}.pt").exists()  # the stop's save
-    again = run_nmt(*command[3:], "--max-time", "1s", "--min-model-updates", str(10 ** 9))
-    assert again.returncode == 0, again.stderr
-    assert "resuming the 2 model(s)" in again.stderr and "would make about" not in again.stderr
 
 
 def fail_as_model_two(rank_and_marker: tuple[int, str]) -> str:
@@ -241,32 +235,3 @@ def test_a_model_that_fails_lets_the_others_save_and_stop(tmp_path):
     assert marker.read_text() == "SIGTERM"  # asked to save and stop, not killed
 
 
-def test_the_forecast_times_each_count_on_its_share_of_the_threads(tiny_data_dir, tmp_path, monkeypatch):
-    asked = []
-
-    def one_second_a_thread(config, data, device, threads):  # 8 threads: 8 updates a second
-        asked.append(threads)
-        return 1.0 / threads, 10
-
-    monkeypatch.setattr(side_by_side, "seconds_per_update", one_second_a_thread)
-    config = tiny_config(tiny_data_dir, tmp_path, models=4, max_time="100s", min_model_updates=300)
-    assert affordable_models(config, torch.device("cpu"), 8) == 2  # 4 models: 200 each; 3: 266; 2: 400
-    assert asked == [2, 2, 4]
-    assert affordable_models(config, torch.device("cpu"), 1) == 1 and asked == [2, 2, 4]  # one thread: one model
-    with pytest.raises(NmtError, match="on a GPU give --models alone"):
-        affordable_models(config, torch.device("cuda"), 8)
-
-
-def test_min_model_updates_trains_the_models_the_time_affords(tiny_data_dir, tmp_path, messages):
-    options = {"max_time": "10m", "valid_subset": "none", "threads": 2}
-    cpu = torch.device("cpu")
-    assert affordable_models(tiny_config(tiny_data_dir, tmp_path, models=2, min_model_updates=10, **options), cpu,
-                             2) == 2
-    assert "2 models side by side would make about" in messages[-2]
-    assert "at least --min-model-updates 10" in messages[-2] and "the forecast took" in messages[-1]
-    too_many = tiny_config(tiny_data_dir, tmp_path, models=2, min_model_updates=10 ** 9, **options)
-    assert affordable_models(too_many, cpu, 2) == 1
-    assert "fewer than --min-model-updates" in messages[-3] and "training 1 model of --models 2" in messages[-2]
-    assert not any(tmp_path.iterdir())  # the timing saved nothing
-    with pytest.raises(NmtError, match="give --models \\(at least 2\\) and --max-time"):
-        tiny_config(tiny_data_dir, tmp_path, models=2, min_model_updates=10, max_update=5)

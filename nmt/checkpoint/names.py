@@ -58,12 +58,9 @@ def member_dirs(save_dir: str | Path, models: int) -> list[Path]:
     return [Path(save_dir)] if models == 1 else [Path(save_dir) / f"model{index}" for index in range(1, models + 1)]
 
 
-def member_files(path: str | Path, members: list[Path], models: int) -> list[Path]:
-    """A file made from each model of ``members`` (an average): PATH for one model, else DIR/modelK/NAME
-    beside PATH, modelK the model's own directory name."""
-    if models == 1:
-        return [Path(path)]
-    return [Path(path).parent / member.name / Path(path).name for member in members]
+def member_files(path: str | Path, models: int) -> list[Path]:
+    """A file made from each of ``models`` models (an average): PATH for one, DIR/modelK/NAME for several."""
+    return [directory / Path(path).name for directory in member_dirs(Path(path).parent, models)]
 
 
 def refuse_duplicates(paths: list[str] | list[Path], why: str = "") -> None:

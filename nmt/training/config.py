@@ -108,10 +108,6 @@ class TrainConfig:
                 "SAVE_DIR/model1 ... SAVE_DIR/modelN, in a process of its own with its share of the threads and "
                 "the whole --max-time. A recipe's average stage then averages each model's checkpoints and "
                 "generate decodes the averages together (docs/translating.md).", "panel": OPTIM, "min": 1})
-    min_model_updates: int = field(default=0, metadata={
-        "help": "With --models N and --max-time: train only as many of the N models as each still makes this many "
-                "updates in the time, judged by timing a few updates on the threads each would have (logged); "
-                "fewer models train on more threads each (0: all N).", "panel": OPTIM, "min": 0})
 
     # Devices.
     compute: DeviceOptions = field(default_factory=DeviceOptions, metadata={"help": "Device options.",
@@ -187,9 +183,6 @@ class TrainConfig:
         if self.models > 1 and self.nproc > 1:
             raise NmtError("--models trains each model in a process of its own: leave out --nproc (or train the "
                            "models one after another, with --seed and --save-dir)")
-        if self.min_model_updates and (self.models == 1 or self.max_time is None):
-            raise NmtError("--min-model-updates judges how many of --models N models the updates --max-time affords: "
-                           "give --models (at least 2) and --max-time")
         if self.cpu_processes is not None and self.nproc > 1:
             raise NmtError("give --nproc (processes, one per GPU) or --cpu-processes (processes on a CPU), not both")
         self.max_time_seconds  # noqa: B018  (parses, or raises a clear error)
