@@ -13,7 +13,9 @@
 Everything is chosen on ``valid``; ``--split test`` is for the final candidates only. A variant
 is the recipe with ``--set SECTION.KEY=VALUE`` overrides (YAML values) and its own save dir under
 ``runs/sweep/NAME``; the preprocessed data directory is shared (preprocess finds it up to date).
-Decoding uses the recipe's ``generate:`` settings unless a list is given. Rows are appended to
+Decoding uses the recipe's ``generate:`` settings unless a list is given; a variant of several
+models (``--set train.models=2``) is trained side by side and decoded as their ensemble, its row
+giving each model's updates, epochs and loss joined by "/". Rows are appended to
 ``--csv`` (default ``benchmarks/sweep.csv``), so the file is the record of the whole search.
 """
 

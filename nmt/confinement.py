@@ -97,11 +97,18 @@ def foreign_save_dir(named: str, foreign: list[str], choose: str, trust: str) ->
 
 
 def foreign_training_files(directory: str, source: Path | None = None) -> list[str]:
-    """The files of ``directory`` that training would replace or change, where it is not an nmt run's (its
-    config.yaml one that nmt's training wrote, and not the YAML file ``source`` itself)."""
+    """The files of save dir ``directory``, and of its --models directories (modelK), that training would
+    replace or change, where that directory is not an nmt run's (its config.yaml one that nmt's training
+    wrote, and not the YAML file ``source`` itself)."""
     path = Path(directory)
     if not path.is_dir():
         return []
+    members = [member for member in sorted(path.glob("model[0-9]*")) if member.is_dir() and not member.is_symlink()]
+    return foreign_files_of(path, source) + [f"{member.name}/{name}" for member in members
+                                               for name in foreign_files_of(member, source)]
+
+
+def foreign_files_of(path: Path, source: Path | None) -> list[str]:
     found = sorted({p.name for pattern in TRAINING_FILES for p in path.glob(pattern)})
     config = path / CONFIG_FILE
     if not found or (is_written_training_config(config) and (source is None or real(config) != real(source))):

@@ -267,6 +267,9 @@ CASES = [
     ("train-save-dir-of-another-tool", [*TRAIN, "--save-dir", "theirs"],
      "--save-dir theirs holds metrics.jsonl, which training would replace or append to, and is not a run of nmt's",
      setup({"theirs/metrics.jsonl": "another tool's\n"})),
+    ("train-models-dir-of-another-tool", [*TRAIN, "--models", "2", "--threads", "2", "--save-dir", "theirs2"],
+     "--save-dir theirs2 holds model1/metrics.jsonl, which training would replace or append to",
+     setup({"theirs2/model1/metrics.jsonl": "another tool's\n"})),
     ("train-earlier-run-without-last", [*TRAIN, "--save-dir", "old-run"],
      "--save-dir old-run holds checkpoints of an earlier run (checkpoint1.pt) but no checkpoint_last.pt: continue it "
      "with --restore-file old-run/checkpoint1.pt", setup({"old-run/checkpoint1.pt": b"an earlier run's",

@@ -181,14 +181,14 @@ def die_without_result_as(rank_and_delay: tuple[int, float]) -> str:
 
 
 def test_models_are_their_own_processes(tiny_data_dir, tmp_path):
-    with pytest.raises(NmtError, match="--models trains each model in a process of its own"):
+    with pytest.raises(NmtError, match="--models trains each model in one process of its own"):
         tiny_config(tiny_data_dir, tmp_path, models=2, nproc=2)
     with pytest.raises(NmtError, match="train_models"):
         train(tiny_config(tiny_data_dir, tmp_path, models=2))
-    with pytest.raises(NmtError, match="leave out --cpu-processes"):
-        train_models(tiny_config(tiny_data_dir, tmp_path, models=2, cpu_processes=2))
-    with pytest.raises(NmtError, match="--models 3 on 2 thread"):
-        train_models(tiny_config(tiny_data_dir, tmp_path, models=3, threads=2))
+    with pytest.raises(NmtError, match="leave out --nproc and --cpu-processes"):
+        tiny_config(tiny_data_dir, tmp_path, models=2, cpu_processes=2)
+    with pytest.raises(NmtError, match="--models 3 on --threads 2"):
+        tiny_config(tiny_data_dir, tmp_path, models=3, threads=2)
     with pytest.raises(NmtError, match="is the data directory"):
         train_models(tiny_config(tiny_data_dir, tiny_data_dir, models=2, threads=2))
     assert not any(tmp_path.iterdir())
@@ -208,15 +208,20 @@ def test_models_stopped_by_ctrl_c_at_a_terminal_each_save(tiny_data_dir, tmp_pat
     os.killpg(parent.pid, signal.SIGINT)
     _, stderr = parent.communicate(timeout=120)
     assert parent.returncode == 130 and "Traceback" not in stderr, stderr
+    assert "interrupted at once" not in stderr  # a second signal would have stopped them without saving
     for member in ("model1", "model2"):
         state = load_checkpoint(tmp_path / member / "checkpoint_last.pt")["train_state"]
         assert (tmp_path / member / f"checkpoint_{state['epoch']}_{state['update']}.pt").exists()  # the stop's save
 
 
 def fail_as_model_two(rank_and_marker: tuple[int, str]) -> str:
-    """Model 2 fails at once; model 1 works until a signal, which it notes in ``marker``."""
+    """Model 2 fails once model 1 works; model 1 works until a signal, which it notes in ``marker``."""
     rank, marker = rank_and_marker
+    ready = Path(marker).with_suffix(".ready")
     if rank == 1:
+        deadline = time.monotonic() + 60
+        while not ready.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
         raise NmtError("the gradient norm became nan")
 
     def note(signum, frame):
@@ -224,6 +229,7 @@ def fail_as_model_two(rank_and_marker: tuple[int, str]) -> str:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, note)
+    ready.touch()
     time.sleep(60)
     return "model 1"
 
@@ -233,5 +239,3 @@ def test_a_model_that_fails_lets_the_others_save_and_stop(tmp_path):
     with pytest.raises(NmtError, match="^model 2: the gradient norm became nan"):
         spawn(fail_as_model_two, [(0, str(marker)), (1, str(marker))], group=False)
     assert marker.read_text() == "SIGTERM"  # asked to save and stop, not killed
-
-

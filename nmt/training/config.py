@@ -180,9 +180,13 @@ class TrainConfig:
             raise NmtError(f"{flag(needs)} needs validation, and --valid-subset is none")
         if self.max_tokens is None and self.max_sentences is None:
             raise NmtError("give --max-tokens or --max-sentences")
-        if self.models > 1 and self.nproc > 1:
-            raise NmtError("--models trains each model in a process of its own: leave out --nproc (or train the "
-                           "models one after another, with --seed and --save-dir)")
+        if self.models > 1 and (self.nproc > 1 or self.cpu_processes is not None):
+            raise NmtError("--models trains each model in one process of its own, on its share of the threads: leave "
+                           "out --nproc and --cpu-processes (or train the models one after another, with --seed and "
+                           "--save-dir)")
+        if self.compute.threads is not None and self.compute.threads < self.models:
+            raise NmtError(f"--models {self.models} on --threads {self.compute.threads}: each model needs one; give "
+                           "more --threads or fewer models")
         if self.cpu_processes is not None and self.nproc > 1:
             raise NmtError("give --nproc (processes, one per GPU) or --cpu-processes (processes on a CPU), not both")
         self.max_time_seconds  # noqa: B018  (parses, or raises a clear error)

@@ -278,8 +278,8 @@ def spawn(target: Callable[[Any], Any], arguments: list, group: bool = True) -> 
                         break  # the others would wait for it forever; its reason is in its result file
                     if (stop.requested or failed is not None) and not forwarded:
                         forwarded = True
-                        logger.warning("%swaiting for the %d workers to finish their update and save",
-                                       "a worker failed: " if failed is not None else "", nproc)
+                        why = "" if failed is None else f"{whose(failed, group).rstrip(': ')} failed: "
+                        logger.warning("%swaiting for the %d workers to finish their update and save", why, nproc)
                         for process in processes:
                             if process.is_alive():
                                 os.kill(process.pid, stop.signum or signal.SIGTERM)

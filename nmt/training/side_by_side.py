@@ -1,9 +1,10 @@
 """``--models N``: several models trained at once, side by side, to decode as an ensemble.
 
 Each model is the run its seed would be alone (--seed + k, SAVE_DIR/modelK), in a process of its
-own with its share of the threads and the whole --max-time: N models make about 1/N of the
-updates one model would, which pays only where one model's quality has stopped rising within the
-budget (docs/results.md: not yet on Multi30k's 2-hour CPU budget). A re-run resumes each model.
+own with its share of the threads (on a GPU, they share it) and the whole --max-time: each makes
+fewer updates than one model would (on 2 cores, 60% of one model's on both), which pays only where
+one model's quality has stopped rising within the budget (docs/results.md: not on Multi30k's
+2-hour CPU budget). A re-run resumes each model.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from pathlib import Path
 import torch
 
 from nmt.checkpoint.names import member_dirs
-from nmt.device import resolve_device
 from nmt.errors import NmtError
 from nmt.log import logger
 from nmt.training.config import TrainConfig
@@ -33,11 +33,8 @@ def train_models(config: TrainConfig) -> list[TrainSummary]:
     check_directories(config)
     if launched_by_torchrun():
         raise NmtError("--models trains each model in a process of its own: leave it out under torchrun")
-    if config.cpu_processes is not None:
-        raise NmtError("--models trains each model in one process, on its share of the threads: leave out "
-                       "--cpu-processes")
     threads = config.compute.threads or torch.get_num_threads()
-    if resolve_device(config.compute.device).type == "cpu" and threads < config.models:
+    if threads < config.models:  # torch's own count (--threads given is checked with the options)
         raise NmtError(f"--models {config.models} on {threads} thread(s): each model needs one; give more --threads "
                        "or fewer models")
     shares = [threads // config.models + (index < threads % config.models) for index in range(config.models)]
