@@ -33,7 +33,7 @@ from typing import Any
 import yaml
 
 from nmt.checkpoint.averaging import average
-from nmt.checkpoint.names import member_dirs
+from nmt.checkpoint.names import member_dirs, split_paths
 from nmt.confinement import Confinement
 from nmt.device import describe_cpu, resolve_device, resolve_precision
 from nmt.errors import NmtError
@@ -79,10 +79,10 @@ def plan_variant(document: dict[str, Any], save_dir: Path | None) -> Plan:
 
 def decode(plan: Plan, checkpoint: str, split: str, beam: int, lenpen: float) -> tuple[float, float]:
     """Cased sacreBLEU and chrF of ``checkpoint`` on ``split``, decoded with the recipe's other settings."""
-    first, *others = checkpoint.split(":")  # an ensemble's output goes beside its first model, named apart
+    first, *others = split_paths(checkpoint)  # an ensemble's output goes beside its first model, named apart
     output = Path(first).with_suffix(f".{'ensemble-' if others else ''}{split}-b{beam}-a{lenpen}.hyp")
     search = dataclasses.replace(plan.generate.search, beam=beam, lenpen=lenpen)
-    options = dataclasses.replace(plan.generate, path=[str(checkpoint)], data=plan.data, split=split, search=search,
+    options = dataclasses.replace(plan.generate, path=[checkpoint], data=plan.data, split=split, search=search,
                                   output=str(output), score_reference=False)
     generate(options, show_progress=False)
     bleu, chrf = score_files(output, [reference_file(plan.preprocess, split)], ["bleu", "chrf"])

@@ -315,11 +315,9 @@ def run_plan(plan: Plan) -> PipelineReport:
         from nmt.training.side_by_side import train_models
 
         summaries = train_models(plan.train)
-        results = [f"{summary.updates} updates, {summary.epoch} epochs, best valid loss "
-                   f"{summary.best_valid_loss:.3f} ({summary.stop_reason})" if summary.best_valid_loss is not None
-                   else f"{summary.updates} updates ({summary.stop_reason})" for summary in summaries]
-        return results[0] if len(results) == 1 else \
-            "; ".join(f"model {index}: {result}" for index, result in enumerate(results, 1))
+        if len(summaries) == 1:
+            return summaries[0].outcome()
+        return "; ".join(f"model {index}: {summary.outcome()}" for index, summary in enumerate(summaries, 1))
 
     def run_average() -> str:
         from nmt.checkpoint.averaging import average

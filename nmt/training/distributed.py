@@ -195,11 +195,11 @@ def _worker(rank: int, target: Callable[[Any], Any], arguments: list, group: boo
     """One spawned process: the torchrun environment (when the processes form a group), the parent's
     logging, then ``target(arguments[rank])``."""
     world_size = len(arguments)
-    if not group:  # a terminal's Ctrl-C reaches the parent alone, which passes it on once (a second would abort)
-        os.setpgrp()
     if group:
         os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
                           LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    else:  # a terminal's Ctrl-C reaches the parent alone, which passes it on once (a second would abort)
+        os.setpgrp()
     if "OMP_NUM_THREADS" not in os.environ:  # the cores shared, as --threads is (train_process)
         use_threads(os.cpu_count() or 1, world_size)
     verbose, level, log_format = log_settings

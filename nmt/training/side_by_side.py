@@ -44,9 +44,7 @@ def train_models(config: TrainConfig) -> list[TrainSummary]:
                 " and ".join(member.save_dir for _, member in members), "/".join(map(str, shares)))
     summaries = spawn(train_member, members, group=False)
     for index, summary in enumerate(summaries, 1):
-        logger.info("model %d: %s updates, %d epochs, best valid loss %s (%s)", index, f"{summary.updates:,}",
-                    summary.epoch, "-" if summary.best_valid_loss is None else f"{summary.best_valid_loss:.3f}",
-                    summary.stop_reason)
+        logger.info("model %d: %s", index, summary.outcome())
     return summaries
 
 

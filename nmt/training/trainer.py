@@ -74,6 +74,13 @@ class TrainSummary:
     tokens_per_second: float  # target tokens, this run
     skipped_updates: int = 0  # fp16 overflows (and out-of-memory skips): no step taken, not in train_loss
 
+    def outcome(self) -> str:
+        """How the run ended, in one line (`nmt run`'s table, each of --models' ends)."""
+        if self.best_valid_loss is None:
+            return f"{self.updates} updates ({self.stop_reason})"
+        return f"{self.updates} updates, {self.epoch} epochs, best valid loss {self.best_valid_loss:.3f} " \
+               f"({self.stop_reason})"
+
 
 @dataclass(frozen=True)
 class Job:
