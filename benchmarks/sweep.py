@@ -89,13 +89,14 @@ def decode(plan: Plan, checkpoint: str, split: str, beam: int, lenpen: float) ->
     return round(bleu.score, 2), round(chrf.score, 2)
 
 
-def averaged(plan: Plan, count: int | None) -> tuple[str, int]:
+def averaged(plan: Plan, count: int | None) -> tuple[str, str]:
     """The last ``count`` epoch checkpoints of each model of the run averaged (0: checkpoint_best.pt;
     None: those the recipe's `average:` picks, a share of the epochs say), and how many: one model's
-    path, or the models' ``a.pt:b.pt`` (an ensemble) for a run of `train: models`."""
+    path, or the models' ``a.pt:b.pt`` (an ensemble) for a run of `train: models`, with each model's
+    count joined by "/" (a share of the epochs can pick different counts)."""
     found = [averaged_one(plan, save_dir, count)
              for save_dir in member_dirs(plan.train.save_dir, plan.train.models)]
-    return ":".join(str(path) for path, _ in found), found[0][1]
+    return ":".join(str(path) for path, _ in found), "/".join(str(count) for _, count in found)
 
 
 def averaged_one(plan: Plan, save_dir: Path, count: int | None) -> tuple[Path, int]:

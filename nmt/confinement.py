@@ -21,6 +21,7 @@ from typing import Any, Iterable
 
 import yaml
 
+from nmt.checkpoint.names import found_member_dirs
 from nmt.errors import NmtError
 from nmt.files import regular_file_head
 from nmt.options import options_of
@@ -103,8 +104,7 @@ def foreign_training_files(directory: str, source: Path | None = None) -> list[s
     path = Path(directory)
     if not path.is_dir():
         return []
-    members = [member for member in sorted(path.glob("model[0-9]*")) if member.is_dir() and not member.is_symlink()]
-    return foreign_files_of(path, source) + [f"{member.name}/{name}" for member in members
+    return foreign_files_of(path, source) + [f"{member.name}/{name}" for member in found_member_dirs(path)
                                                for name in foreign_files_of(member, source)]
 
 

@@ -2,6 +2,7 @@ import pytest
 import torch
 
 from nmt.checkpoint.format import Vocabularies, load_checkpoint, model_from_checkpoint, model_state, save_checkpoint
+from nmt.checkpoint.names import found_member_dirs, member_dirs
 from nmt.data.vocabulary import PAD_ID, Vocabulary
 from nmt.errors import NmtError
 from nmt.models.registry import build_model, get_arch, resolve_config
@@ -176,3 +177,13 @@ def test_a_write_that_fails_while_a_signal_waits_says_why_before_the_signal_acts
         signal.signal(signal.SIGINT, previous)
     assert "No space left on device" in caplog.text
     assert list(tmp_path.iterdir()) == []  # no half-written checkpoint
+
+
+def test_the_model_directories_found_are_those_member_dirs_names(tmp_path):
+    for directory in member_dirs(tmp_path, 11):
+        directory.mkdir()
+    for other in ("model0", "model", "model1x", "modelling"):
+        (tmp_path / other).mkdir()
+    (tmp_path / "model12").write_text("a file, not a model's directory")
+    (tmp_path / "model13").symlink_to(tmp_path / "model1")
+    assert found_member_dirs(tmp_path) == member_dirs(tmp_path, 11)

@@ -31,7 +31,8 @@ def test_a_variant_of_two_models_is_trained_side_by_side_and_decoded_as_an_ensem
     assert done.returncode == 0, done.stderr
     rows = list(csv.DictReader(table.open()))
     assert len(rows) == 1 and rows[0]["overrides"] == "train.models=2 train.threads=2"
-    assert rows[0]["epochs"] == "2/2" and rows[0]["split"] == "valid" and float(rows[0]["bleu"]) >= 0
+    assert rows[0]["epochs"] == "2/2" and rows[0]["average"] == "1/1"
+    assert rows[0]["split"] == "valid" and float(rows[0]["bleu"]) >= 0
     members = [tmp_path / "runs" / "sweep" / "pair" / f"model{index}" for index in (1, 2)]
     assert all((member / "sweep-average1.pt").is_file() for member in members)
     assert (members[0] / "sweep-average1.ensemble-valid-b2-a0.6.hyp").is_file()

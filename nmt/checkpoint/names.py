@@ -19,6 +19,7 @@ from nmt.errors import NmtError
 
 LAST = "checkpoint_last.pt"
 BEST = "checkpoint_best.pt"
+MEMBER = re.compile(r"model([1-9]\d*)")
 NUMBERED = {"epoch": re.compile(r"checkpoint(\d+)\.pt"), "update": re.compile(r"checkpoint_(\d+)_(\d+)\.pt")}
 
 
@@ -56,6 +57,13 @@ def member_dirs(save_dir: str | Path, models: int) -> list[Path]:
     """Where each of ``--models N`` models trained side by side keeps its checkpoints: the save dir
     itself for one model, else SAVE_DIR/model1 ... SAVE_DIR/modelN."""
     return [Path(save_dir)] if models == 1 else [Path(save_dir) / f"model{index}" for index in range(1, models + 1)]
+
+
+def found_member_dirs(save_dir: Path) -> list[Path]:
+    """The model directories (model1, model2, ...) that --models runs left in a save dir, whatever their number."""
+    found = [(int(match.group(1)), path) for path in save_dir.iterdir()
+             if (match := MEMBER.fullmatch(path.name)) and path.is_dir() and not path.is_symlink()]
+    return [path for _, path in sorted(found)]
 
 
 def member_files(path: str | Path, models: int) -> list[Path]:
