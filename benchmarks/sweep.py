@@ -15,7 +15,7 @@ is the recipe with ``--set SECTION.KEY=VALUE`` overrides (YAML values) and its o
 ``runs/sweep/NAME``; the preprocessed data directory is shared (preprocess finds it up to date).
 Decoding uses the recipe's ``generate:`` settings unless a list is given; a variant of several
 models (``--set train.models=2``) is trained side by side and decoded as their ensemble, its row
-giving each model's updates, epochs and loss joined by "/". Rows are appended to
+giving each model's updates, epochs, loss and averaged checkpoints joined by "/". Rows are appended to
 ``--csv`` (default ``benchmarks/sweep.csv``), so the file is the record of the whole search.
 """
 
@@ -96,7 +96,7 @@ def averaged(plan: Plan, count: int | None) -> tuple[str, str]:
     count joined by "/" (a share of the epochs can pick different counts)."""
     found = [averaged_one(plan, save_dir, count)
              for save_dir in member_dirs(plan.train.save_dir, plan.train.models)]
-    return ":".join(str(path) for path, _ in found), "/".join(str(count) for _, count in found)
+    return ":".join(str(path) for path, _ in found), "/".join(str(used) for _, used in found)
 
 
 def averaged_one(plan: Plan, save_dir: Path, count: int | None) -> tuple[Path, int]:

@@ -185,5 +185,7 @@ def test_the_model_directories_found_are_those_member_dirs_names(tmp_path):
     for other in ("model0", "model", "model1x", "modelling"):
         (tmp_path / other).mkdir()
     (tmp_path / "model12").write_text("a file, not a model's directory")
-    (tmp_path / "model13").symlink_to(tmp_path / "model1")
     assert found_member_dirs(tmp_path) == member_dirs(tmp_path, 11)
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "model13").symlink_to(tmp_path / "elsewhere")  # training would write through it
+    assert found_member_dirs(tmp_path) == [*member_dirs(tmp_path, 11), tmp_path / "model13"]

@@ -60,9 +60,10 @@ def member_dirs(save_dir: str | Path, models: int) -> list[Path]:
 
 
 def found_member_dirs(save_dir: Path) -> list[Path]:
-    """The model directories (model1, model2, ...) that --models runs left in a save dir, whatever their number."""
+    """The model directories (model1, model2, ...) that --models runs left in a save dir, whatever their number;
+    a symlink to a directory is one (training writes through it)."""
     found = [(int(match.group(1)), path) for path in save_dir.iterdir()
-             if (match := MEMBER.fullmatch(path.name)) and path.is_dir() and not path.is_symlink()]
+             if (match := MEMBER.fullmatch(path.name)) and path.is_dir()]
     return [path for _, path in sorted(found)]
 
 
