@@ -115,7 +115,7 @@ def averaged_one(plan: Plan, save_dir: Path, count: int | None) -> tuple[Path, i
 def append(path: Path, rows: list[dict[str, Any]]) -> None:
     new = not path.exists()
     with path.open("a", newline="") as handle:
-        writer = csv.DictWriter(handle, COLUMNS)
+        writer = csv.DictWriter(handle, COLUMNS, lineterminator="\n")  # the committed CSV has Unix line ends
         if new:
             writer.writeheader()
         writer.writerows(rows)

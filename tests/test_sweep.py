@@ -29,6 +29,7 @@ def test_a_variant_of_two_models_is_trained_side_by_side_and_decoded_as_an_ensem
                "train.threads=2", "--csv", table]
     done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
+    assert b"\r" not in table.read_bytes()  # the line ends of the committed CSV, which runs append to
     rows = list(csv.DictReader(table.open()))
     assert len(rows) == 1 and rows[0]["overrides"] == "train.models=2 train.threads=2"
     assert rows[0]["epochs"] == "2/2" and rows[0]["average"] == "1/1"
